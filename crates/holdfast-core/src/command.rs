@@ -1,0 +1,133 @@
+//! What the Raft log carries.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A session's id, made by the leader before it proposes [`Command::OpenSession`].
+pub type SessionId = u64;
+
+/// The secret that proves a claim (a holder or a waiter). Made by the leader from a random source before
+/// it proposes, so every replica stores the same value.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Token(pub u128);
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for Token {
+    // Tokens are secrets: debug output (and so logs) shows only a prefix.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({:08x}…)", (self.0 >> 96) as u32)
+    }
+}
+
+/// A token is 32 lowercase or uppercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a token is 32 hex digits")]
+pub struct BadToken;
+
+impl FromStr for Token {
+    type Err = BadToken;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(BadToken);
+        }
+        u128::from_str_radix(s, 16).map(Token).map_err(|_| BadToken)
+    }
+}
+
+/// One log entry: a command and the leader's wall-clock stamp, in milliseconds since the Unix epoch.
+///
+/// Apply uses `max(at_ms, the previous entry's time)` as the entry's time, so time never runs backwards
+/// even when two proposals are stamped and appended in a different order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The leader's stamp.
+    pub at_ms: u64,
+    /// What to do.
+    pub cmd: Command,
+}
+
+/// A change to the lock state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Take a lock, or queue for it.
+    Acquire(Acquire),
+    /// Let go of a held lock; the next live waiter is granted in the same entry.
+    Release { name: String, token: Token },
+    /// Extend a TTL-leased hold to `at + ttl_ms`.
+    Renew { name: String, token: Token, ttl_ms: u64 },
+    /// Withdraw a claim: leave the queue, or let go if it was granted meanwhile.
+    Cancel { name: String, token: Token },
+    /// Open a session whose claims live as long as its lease is kept alive by heartbeats.
+    OpenSession { id: SessionId, owner: String, lease_ms: u64 },
+    /// End a session cleanly: its locks are handed over at once, its waits withdrawn.
+    CloseSession { id: SessionId },
+    /// Leases the leader found run out.
+    Expire(Expire),
+}
+
+/// Take a lock named `name`, or queue for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acquire {
+    pub name: String,
+    /// Who asks, for people reading the state; not an identity.
+    pub owner: String,
+    /// The claim's secret.
+    pub token: Token,
+    /// For a claim without a session: how long the grant lasts unless renewed. Ignored with a session.
+    pub ttl_ms: u64,
+    /// 0: answer busy if held. Otherwise queue, and give up the place after `wait_ms` (sessions wait as
+    /// long as they live and may pass [`crate::limits::WAIT_MS_MAX`]).
+    pub wait_ms: u64,
+    /// The session that owns the claim, if any.
+    pub session: Option<SessionId>,
+}
+
+/// What the leader found run out. Apply re-checks every item: one that was renewed, released or
+/// re-granted meanwhile is left alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expire {
+    /// TTL holds, by name and the fence of the grant that ran out.
+    pub locks: Vec<(String, u64)>,
+    /// Waiters whose wait ran out, by name and token.
+    pub waiters: Vec<(String, Token)>,
+    /// Sessions whose lease ran out on the leader.
+    pub sessions: Vec<SessionId>,
+}
+
+impl Expire {
+    /// Whether there is nothing to expire.
+    pub fn is_empty(&self) -> bool {
+        self.locks.is_empty() && self.waiters.is_empty() && self.sessions.is_empty()
+    }
+
+    /// Items carried.
+    pub fn len(&self) -> usize {
+        self.locks.len() + self.waiters.len() + self.sessions.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_round_trips_and_hides_in_debug() {
+        let t = Token(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        let s = t.to_string();
+        assert_eq!(s, "0123456789abcdef0011223344556677");
+        assert_eq!(s.parse::<Token>(), Ok(t));
+        assert_eq!(s.to_uppercase().parse::<Token>(), Ok(t));
+        assert_eq!(format!("{t:?}"), "Token(01234567…)");
+        assert_eq!("".parse::<Token>(), Err(BadToken));
+        assert_eq!("+123456789abcdef0011223344556677".parse::<Token>(), Err(BadToken));
+        assert_eq!("0123456789abcdef00112233445566778".parse::<Token>(), Err(BadToken));
+    }
+}

@@ -1,0 +1,67 @@
+//! Hard limits, the same on every replica.
+//!
+//! They are compiled in, not configured: a limit that differed between replicas would make them apply the
+//! same entry differently. Front doors may enforce tighter, configurable bounds (for example the TTL range)
+//! before they propose anything.
+
+/// Longest lock name, in bytes.
+pub const NAME_LEN_MAX: usize = 200;
+/// Longest owner description, in bytes.
+pub const OWNER_LEN_MAX: usize = 128;
+/// Shortest TTL or session lease any replica accepts.
+pub const TTL_MS_MIN: u64 = 10;
+/// Longest TTL or session lease any replica accepts (7 days).
+pub const TTL_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
+/// Longest a waiter may stay queued (1 day).
+pub const WAIT_MS_MAX: u64 = 24 * 3600 * 1000;
+/// Waiters queued on one lock.
+pub const WAITERS_PER_LOCK_MAX: usize = 1024;
+/// Locks that exist at once (held or with waiters).
+pub const LOCKS_MAX: usize = 4_000_000;
+/// Sessions open at once.
+pub const SESSIONS_MAX: usize = 200_000;
+/// Locks one session holds or waits for at once.
+pub const CLAIMS_PER_SESSION_MAX: usize = 1024;
+/// Items one `Expire` entry may carry.
+pub const EXPIRE_BATCH_MAX: usize = 4096;
+
+/// Whether `name` is a valid lock name: 1 to [`NAME_LEN_MAX`] bytes of `A-Z a-z 0-9 . _ - :`.
+///
+/// `/` is excluded so that a name is always one path segment of the HTTP API.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_LEN_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+}
+
+/// Whether `owner` is a valid owner description: up to [`OWNER_LEN_MAX`] bytes with no control characters.
+pub fn valid_owner(owner: &str) -> bool {
+    owner.len() <= OWNER_LEN_MAX && !owner.chars().any(char::is_control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(valid_name("nightly-import"));
+        assert!(valid_name("a.b_c:d-9"));
+        assert!(valid_name(&"x".repeat(NAME_LEN_MAX)));
+        assert!(!valid_name(""));
+        assert!(!valid_name(&"x".repeat(NAME_LEN_MAX + 1)));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name("a b"));
+        assert!(!valid_name("é"));
+    }
+
+    #[test]
+    fn owners() {
+        assert!(valid_owner(""));
+        assert!(valid_owner("worker-1 on host é"));
+        assert!(!valid_owner("bad\nowner"));
+        assert!(!valid_owner(&"o".repeat(OWNER_LEN_MAX + 1)));
+    }
+}

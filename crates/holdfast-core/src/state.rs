@@ -1,0 +1,657 @@
+//! [`LockState`]: named locks, their holders and FIFO waiters, and sessions.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Acquire, Command, Entry, Expire, SessionId, Token};
+use crate::limits;
+
+/// How a hold stays alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Lease {
+    /// Until `expires_at_ms` (leader time), unless renewed.
+    Ttl { ttl_ms: u64, expires_at_ms: u64 },
+    /// As long as the session lives.
+    Session(SessionId),
+}
+
+impl Lease {
+    /// The advertised end of a TTL hold; `None` for a session's hold, whose end only the leader's
+    /// in-memory lease keeper knows.
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        match self {
+            Lease::Ttl { expires_at_ms, .. } => Some(*expires_at_ms),
+            Lease::Session(_) => None,
+        }
+    }
+}
+
+/// A grant: who now holds which lock, under which fence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub name: String,
+    pub owner: String,
+    pub token: Token,
+    /// The log index of the entry that made this grant.
+    pub fence: u64,
+    pub granted_at_ms: u64,
+    pub lease: Lease,
+}
+
+/// What anyone may see of a holder (no token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderView {
+    pub owner: String,
+    pub fence: u64,
+    pub granted_at_ms: u64,
+    pub lease: Lease,
+}
+
+/// What anyone may see of a waiter (no token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaiterView {
+    pub owner: String,
+    pub queued_at_ms: u64,
+    pub session: Option<SessionId>,
+}
+
+/// A lock as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockView {
+    pub name: String,
+    pub holder: HolderView,
+    pub waiters: Vec<WaiterView>,
+}
+
+/// The answer to the proposer of an entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The proposer holds the lock (for a session re-asking, the grant it already had).
+    Granted(Grant),
+    /// The proposer is queued at `position` (1 = next).
+    Queued { position: usize, holder: HolderView },
+    /// Held by someone else and the proposer did not want to wait.
+    Busy { holder: HolderView },
+    /// The hold with this fence ended.
+    Released { name: String, fence: u64 },
+    /// The hold now lasts until its new `expires_at_ms`.
+    Renewed(Grant),
+    /// The waiter left the queue.
+    Withdrawn,
+    SessionOpened { id: SessionId },
+    /// The session ended; its locks were handed over and its waits withdrawn.
+    SessionClosed { id: SessionId },
+    /// How many of each kind actually expired (items that had changed meanwhile are skipped).
+    Expired { locks: usize, waiters: usize, sessions: usize },
+    /// Nothing changed, for this reason.
+    Rejected(Reject),
+}
+
+/// Why an entry changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Reject {
+    /// The name is empty, too long, or has characters other than `A-Z a-z 0-9 . _ - :`.
+    #[error("invalid lock name: 1 to {} bytes of A-Z a-z 0-9 . _ - :", limits::NAME_LEN_MAX)]
+    InvalidName,
+    /// The owner is too long or has control characters.
+    #[error("invalid owner: at most {} bytes, no control characters", limits::OWNER_LEN_MAX)]
+    InvalidOwner,
+    /// A TTL or lease outside the hard bounds.
+    #[error("ttl {0} ms is outside {min}..={max} ms", min = limits::TTL_MS_MIN, max = limits::TTL_MS_MAX)]
+    InvalidTtl(u64),
+    /// A wait longer than the hard bound.
+    #[error("wait {0} ms is longer than {max} ms", max = limits::WAIT_MS_MAX)]
+    InvalidWait(u64),
+    /// The token does not hold (or wait for) this lock: it is wrong, or its hold already ended.
+    #[error("the token does not hold lock {name:?}")]
+    NotHolder { name: String, holder: Option<HolderView> },
+    /// The TTL hold ran out before the renew arrived; it can no longer be renewed.
+    #[error("the hold on {name:?} expired before it was renewed")]
+    Expired { name: String },
+    /// A session's hold is renewed by the session's heartbeats, not by `Renew`.
+    #[error("lock {name:?} is held by a session; its heartbeats keep it")]
+    SessionHold { name: String },
+    /// The lock's queue is full.
+    #[error("the queue for {name:?} is full ({} waiters)", limits::WAITERS_PER_LOCK_MAX)]
+    QueueFull { name: String },
+    /// The cluster holds as many locks as it may.
+    #[error("too many locks ({})", limits::LOCKS_MAX)]
+    TooManyLocks,
+    /// The cluster has as many sessions as it may.
+    #[error("too many sessions ({})", limits::SESSIONS_MAX)]
+    TooManySessions,
+    /// The session holds or waits for as many locks as it may.
+    #[error("the session has too many claims ({})", limits::CLAIMS_PER_SESSION_MAX)]
+    TooManyClaims,
+    /// No session with this id is open.
+    #[error("no open session {0}")]
+    NoSession(SessionId),
+    /// A session with this id is already open.
+    #[error("session {0} is already open")]
+    SessionExists(SessionId),
+    /// A claim with this token already exists on the lock.
+    #[error("duplicate token")]
+    DuplicateToken,
+    /// An `Expire` entry larger than [`limits::EXPIRE_BATCH_MAX`].
+    #[error("expire batch of {0} items is too large")]
+    BatchTooLarge(usize),
+}
+
+/// Everything one entry did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The entry's time: `max(stamp, previous time)`.
+    pub at_ms: u64,
+    /// The answer to the proposer.
+    pub outcome: Outcome,
+    /// Every grant the entry made: the proposer's and any hand-overs, in order.
+    pub grants: Vec<Grant>,
+    /// Every hold the entry ended, by name and fence, in order.
+    pub ended: Vec<(String, u64)>,
+    /// Every waiter the entry removed from a queue without granting it, by name and token.
+    pub dropped: Vec<(String, Token)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Holder {
+    owner: String,
+    token: Token,
+    fence: u64,
+    granted_at_ms: u64,
+    lease: Lease,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Waiter {
+    owner: String,
+    token: Token,
+    /// The TTL the grant will carry (unused for a session's waiter).
+    ttl_ms: u64,
+    queued_at_ms: u64,
+    /// Past this time the waiter is gone; `u64::MAX` for a session's waiter.
+    wait_until_ms: u64,
+    session: Option<SessionId>,
+}
+
+/// A lock exists while it is held; a lock with waiters is always held (a release hands it over in the
+/// same entry), so there is no "free lock with a queue".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Lock {
+    holder: Holder,
+    waiters: VecDeque<Waiter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Session {
+    owner: String,
+    lease_ms: u64,
+    opened_at_ms: u64,
+    /// Names of the locks the session holds or waits for.
+    claims: BTreeSet<String>,
+}
+
+/// The replicated lock state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockState {
+    locks: BTreeMap<String, Lock>,
+    sessions: BTreeMap<SessionId, Session>,
+    /// Time of the last applied entry.
+    now_ms: u64,
+    /// Index of the last applied entry.
+    applied_index: u64,
+}
+
+/// A snapshot that cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Written by a format this build does not know.
+    #[error("snapshot format {0} is not supported (expected {SNAPSHOT_FORMAT})")]
+    Format(u32),
+    /// The bytes do not decode.
+    #[error("snapshot does not decode: {0}")]
+    Decode(#[from] bincode::Error),
+}
+
+const SNAPSHOT_FORMAT: u32 = 1;
+
+impl LockState {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Apply the entry at log `index`. Indexes must strictly increase; entries the lock state does not see
+    /// (Raft's blank and membership entries) may leave gaps.
+    pub fn apply(&mut self, index: u64, entry: &Entry) -> Applied {
+        assert!(
+            index > self.applied_index,
+            "entry {index} applied after {}: the log went backwards",
+            self.applied_index
+        );
+        self.applied_index = index;
+        self.now_ms = self.now_ms.max(entry.at_ms);
+        let mut applied = Applied {
+            at_ms: self.now_ms,
+            outcome: Outcome::Withdrawn,
+            grants: Vec::new(),
+            ended: Vec::new(),
+            dropped: Vec::new(),
+        };
+        let outcome = match &entry.cmd {
+            Command::Acquire(acquire) => self.acquire(acquire, &mut applied),
+            Command::Release { name, token } => self.release(name, *token, &mut applied),
+            Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
+            Command::Cancel { name, token } => self.cancel(name, *token, &mut applied),
+            Command::OpenSession { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms),
+            Command::CloseSession { id } => match self.close_session(*id, &mut applied) {
+                true => Outcome::SessionClosed { id: *id },
+                false => Outcome::Rejected(Reject::NoSession(*id)),
+            },
+            Command::Expire(expire) => self.expire(expire, &mut applied),
+        };
+        if let Outcome::Rejected(_) = outcome {
+            assert!(applied.grants.is_empty() && applied.ended.is_empty() && applied.dropped.is_empty());
+        }
+        applied.outcome = outcome;
+        applied
+    }
+
+    fn acquire(&mut self, a: &Acquire, applied: &mut Applied) -> Outcome {
+        if !limits::valid_name(&a.name) {
+            return Outcome::Rejected(Reject::InvalidName);
+        }
+        if !limits::valid_owner(&a.owner) {
+            return Outcome::Rejected(Reject::InvalidOwner);
+        }
+        if a.session.is_none() && !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&a.ttl_ms) {
+            return Outcome::Rejected(Reject::InvalidTtl(a.ttl_ms));
+        }
+        if a.session.is_none() && a.wait_ms > limits::WAIT_MS_MAX {
+            return Outcome::Rejected(Reject::InvalidWait(a.wait_ms));
+        }
+        if let Some(id) = a.session {
+            let Some(session) = self.sessions.get(&id) else {
+                return Outcome::Rejected(Reject::NoSession(id));
+            };
+            // A session asking again for a lock it holds or waits for gets the same answer again.
+            if session.claims.contains(&a.name) {
+                let lock = &self.locks[&a.name];
+                if lock.holder.lease == Lease::Session(id) {
+                    return Outcome::Granted(grant_of(&a.name, &lock.holder));
+                }
+                let position = lock.waiters.iter().position(|w| w.session == Some(id));
+                let position = position.expect("a session's claim is a hold or a wait") + 1;
+                return Outcome::Queued { position, holder: view_of(&lock.holder) };
+            }
+            if session.claims.len() >= limits::CLAIMS_PER_SESSION_MAX {
+                return Outcome::Rejected(Reject::TooManyClaims);
+            }
+        }
+        let at = self.now_ms;
+        let outcome = match self.locks.get_mut(&a.name) {
+            None => {
+                if self.locks.len() >= limits::LOCKS_MAX {
+                    return Outcome::Rejected(Reject::TooManyLocks);
+                }
+                let lease = match a.session {
+                    Some(id) => Lease::Session(id),
+                    None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: at.saturating_add(a.ttl_ms) },
+                };
+                let holder = Holder {
+                    owner: a.owner.clone(),
+                    token: a.token,
+                    fence: self.applied_index,
+                    granted_at_ms: at,
+                    lease,
+                };
+                let grant = grant_of(&a.name, &holder);
+                self.locks.insert(a.name.clone(), Lock { holder, waiters: VecDeque::new() });
+                applied.grants.push(grant.clone());
+                Outcome::Granted(grant)
+            }
+            Some(lock) => {
+                if lock.holder.token == a.token || lock.waiters.iter().any(|w| w.token == a.token) {
+                    return Outcome::Rejected(Reject::DuplicateToken);
+                }
+                if a.wait_ms == 0 && a.session.is_none() {
+                    return Outcome::Busy { holder: view_of(&lock.holder) };
+                }
+                if lock.waiters.len() >= limits::WAITERS_PER_LOCK_MAX {
+                    return Outcome::Rejected(Reject::QueueFull { name: a.name.clone() });
+                }
+                lock.waiters.push_back(Waiter {
+                    owner: a.owner.clone(),
+                    token: a.token,
+                    ttl_ms: a.ttl_ms,
+                    queued_at_ms: at,
+                    wait_until_ms: match a.session {
+                        Some(_) => u64::MAX,
+                        None => at.saturating_add(a.wait_ms),
+                    },
+                    session: a.session,
+                });
+                Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
+            }
+        };
+        if let Some(id) = a.session {
+            let session = self.sessions.get_mut(&id).expect("checked above");
+            assert!(session.claims.insert(a.name.clone()), "a new claim");
+        }
+        outcome
+    }
+
+    fn release(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
+        match self.locks.get(name) {
+            Some(lock) if lock.holder.token == token => {
+                let fence = lock.holder.fence;
+                self.end_hold(name, applied);
+                Outcome::Released { name: name.to_owned(), fence }
+            }
+            lock => Outcome::Rejected(Reject::NotHolder {
+                name: name.to_owned(),
+                holder: lock.map(|l| view_of(&l.holder)),
+            }),
+        }
+    }
+
+    fn renew(&mut self, name: &str, token: Token, ttl_ms: u64) -> Outcome {
+        if !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&ttl_ms) {
+            return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
+        }
+        let at = self.now_ms;
+        let lock = match self.locks.get_mut(name) {
+            Some(lock) if lock.holder.token == token => lock,
+            lock => {
+                return Outcome::Rejected(Reject::NotHolder {
+                    name: name.to_owned(),
+                    holder: lock.map(|l| view_of(&l.holder)),
+                })
+            }
+        };
+        match lock.holder.lease {
+            Lease::Session(_) => Outcome::Rejected(Reject::SessionHold { name: name.to_owned() }),
+            // Once the advertised end has passed, the holder (counting from when it sent its last
+            // request) already considers the lock lost; reviving it would make its view disagree.
+            Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms => {
+                Outcome::Rejected(Reject::Expired { name: name.to_owned() })
+            }
+            Lease::Ttl { .. } => {
+                lock.holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: at.saturating_add(ttl_ms) };
+                Outcome::Renewed(grant_of(name, &lock.holder))
+            }
+        }
+    }
+
+    fn cancel(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
+        let Some(lock) = self.locks.get_mut(name) else {
+            return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: None });
+        };
+        if lock.holder.token == token {
+            return self.release(name, token, applied);
+        }
+        let Some(i) = lock.waiters.iter().position(|w| w.token == token) else {
+            return Outcome::Rejected(Reject::NotHolder {
+                name: name.to_owned(),
+                holder: Some(view_of(&lock.holder)),
+            });
+        };
+        let waiter = lock.waiters.remove(i).expect("position is in range");
+        if let Some(id) = waiter.session {
+            self.sessions.get_mut(&id).expect("a claim's session is open").claims.remove(name);
+        }
+        applied.dropped.push((name.to_owned(), token));
+        Outcome::Withdrawn
+    }
+
+    fn open_session(&mut self, id: SessionId, owner: &str, lease_ms: u64) -> Outcome {
+        if !limits::valid_owner(owner) {
+            return Outcome::Rejected(Reject::InvalidOwner);
+        }
+        if !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&lease_ms) {
+            return Outcome::Rejected(Reject::InvalidTtl(lease_ms));
+        }
+        if self.sessions.contains_key(&id) {
+            return Outcome::Rejected(Reject::SessionExists(id));
+        }
+        if self.sessions.len() >= limits::SESSIONS_MAX {
+            return Outcome::Rejected(Reject::TooManySessions);
+        }
+        let session = Session { owner: owner.to_owned(), lease_ms, opened_at_ms: self.now_ms, claims: BTreeSet::new() };
+        self.sessions.insert(id, session);
+        Outcome::SessionOpened { id }
+    }
+
+    /// Ends session `id`, handing over its locks. False if it was not open.
+    fn close_session(&mut self, id: SessionId, applied: &mut Applied) -> bool {
+        let Some(claims) = self.sessions.get(&id).map(|s| s.claims.clone()) else {
+            return false;
+        };
+        for name in &claims {
+            let lock = self.locks.get_mut(name).expect("a session's claim names an existing lock");
+            if lock.holder.lease == Lease::Session(id) {
+                self.end_hold(name, applied);
+            } else {
+                let i = lock.waiters.iter().position(|w| w.session == Some(id));
+                let waiter = lock.waiters.remove(i.expect("a claim that is not a hold is a wait"));
+                applied.dropped.push((name.clone(), waiter.expect("in range").token));
+            }
+        }
+        self.sessions.remove(&id);
+        true
+    }
+
+    fn expire(&mut self, expire: &Expire, applied: &mut Applied) -> Outcome {
+        if expire.len() > limits::EXPIRE_BATCH_MAX {
+            return Outcome::Rejected(Reject::BatchTooLarge(expire.len()));
+        }
+        let at = self.now_ms;
+        let (mut locks, mut waiters, mut sessions) = (0, 0, 0);
+        for (name, fence) in &expire.locks {
+            let due = self.locks.get(name).is_some_and(|lock| {
+                lock.holder.fence == *fence
+                    && matches!(lock.holder.lease, Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms)
+            });
+            if due {
+                self.end_hold(name, applied);
+                locks += 1;
+            }
+        }
+        for (name, token) in &expire.waiters {
+            let Some(lock) = self.locks.get_mut(name) else { continue };
+            let due = lock.waiters.iter().position(|w| w.token == *token && w.wait_until_ms <= at);
+            if let Some(i) = due {
+                lock.waiters.remove(i);
+                applied.dropped.push((name.clone(), *token));
+                waiters += 1;
+            }
+        }
+        for id in &expire.sessions {
+            if self.close_session(*id, applied) {
+                sessions += 1;
+            }
+        }
+        Outcome::Expired { locks, waiters, sessions }
+    }
+
+    /// Ends the hold on `name` and grants the lock to the first waiter still waiting, in this same entry.
+    /// Removes the lock if nobody waits.
+    fn end_hold(&mut self, name: &str, applied: &mut Applied) {
+        let (at, index) = (self.now_ms, self.applied_index);
+        let lock = self.locks.get_mut(name).expect("ending a hold on an existing lock");
+        let old = lock.holder.fence;
+        applied.ended.push((name.to_owned(), old));
+        if let Lease::Session(id) = lock.holder.lease {
+            self.sessions.get_mut(&id).expect("a holder's session is open").claims.remove(name);
+        }
+        while let Some(waiter) = lock.waiters.pop_front() {
+            if waiter.session.is_none() && waiter.wait_until_ms <= at {
+                applied.dropped.push((name.to_owned(), waiter.token));
+                continue;
+            }
+            let lease = match waiter.session {
+                Some(id) => Lease::Session(id),
+                None => Lease::Ttl { ttl_ms: waiter.ttl_ms, expires_at_ms: at.saturating_add(waiter.ttl_ms) },
+            };
+            lock.holder = Holder { owner: waiter.owner, token: waiter.token, fence: index, granted_at_ms: at, lease };
+            assert!(index > old, "fences of lock {name:?} went from {old} to {index}");
+            applied.grants.push(grant_of(name, &lock.holder));
+            return;
+        }
+        self.locks.remove(name);
+    }
+
+    // --- queries ---
+
+    /// Time of the last applied entry (leader time, ms since the Unix epoch).
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Index of the last entry applied to the lock state.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// The lock called `name`, if held.
+    pub fn get(&self, name: &str) -> Option<LockView> {
+        self.locks.get(name).map(|lock| lock_view(name, lock))
+    }
+
+    /// Up to `limit` locks whose names start with `prefix`, after `after` (exclusive), in name order.
+    pub fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<LockView> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after.to_owned()),
+            _ => Bound::Included(prefix.to_owned()),
+        };
+        self.locks
+            .range((start, Bound::Unbounded))
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .take(limit)
+            .map(|(name, lock)| lock_view(name, lock))
+            .collect()
+    }
+
+    /// The grant `token` holds on `name`, if it holds it now.
+    pub fn grant(&self, name: &str, token: Token) -> Option<Grant> {
+        let lock = self.locks.get(name)?;
+        (lock.holder.token == token).then(|| grant_of(name, &lock.holder))
+    }
+
+    /// Whether `token` is queued for `name`.
+    pub fn is_waiting(&self, name: &str, token: Token) -> bool {
+        self.locks.get(name).is_some_and(|lock| lock.waiters.iter().any(|w| w.token == token))
+    }
+
+    /// Every TTL hold: name, fence, TTL and advertised end. For the leader's lease keeper.
+    pub fn ttl_holds(&self) -> impl Iterator<Item = (&str, u64, u64, u64)> + '_ {
+        self.locks.iter().filter_map(|(name, lock)| match lock.holder.lease {
+            Lease::Ttl { ttl_ms, expires_at_ms } => Some((name.as_str(), lock.holder.fence, ttl_ms, expires_at_ms)),
+            Lease::Session(_) => None,
+        })
+    }
+
+    /// Every waiter without a session: name, token, end of its wait. For the leader's lease keeper.
+    pub fn timed_waiters(&self) -> impl Iterator<Item = (&str, Token, u64)> + '_ {
+        self.locks.iter().flat_map(|(name, lock)| {
+            lock.waiters
+                .iter()
+                .filter(|w| w.session.is_none())
+                .map(move |w| (name.as_str(), w.token, w.wait_until_ms))
+        })
+    }
+
+    /// Every open session with its lease.
+    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, u64)> + '_ {
+        self.sessions.iter().map(|(id, s)| (*id, s.lease_ms))
+    }
+
+    /// Locks held.
+    pub fn lock_count(&self) -> usize {
+        self.locks.len()
+    }
+
+    /// Waiters queued, over all locks.
+    pub fn waiter_count(&self) -> usize {
+        self.locks.values().map(|l| l.waiters.len()).sum()
+    }
+
+    /// Sessions open.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    // --- snapshot ---
+
+    /// The whole state as bytes; equal states give equal bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        bincode::serialize(&(SNAPSHOT_FORMAT, self)).expect("the lock state always serializes")
+    }
+
+    /// The state [`LockState::snapshot`] wrote.
+    pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let format: u32 = bincode::deserialize(bytes)?;
+        if format != SNAPSHOT_FORMAT {
+            return Err(SnapshotError::Format(format));
+        }
+        let (_, state): (u32, LockState) = bincode::deserialize(bytes)?;
+        Ok(state)
+    }
+
+    /// Asserts every structural invariant. O(state): for tests and after restoring a snapshot.
+    pub fn check_invariants(&self) {
+        let mut claims: BTreeMap<SessionId, BTreeSet<String>> = BTreeMap::new();
+        for (name, lock) in &self.locks {
+            assert!(limits::valid_name(name), "stored name {name:?} is valid");
+            assert!(lock.holder.fence <= self.applied_index, "fence of {name:?} is not from the future");
+            assert!(lock.waiters.len() <= limits::WAITERS_PER_LOCK_MAX);
+            let mut tokens = BTreeSet::from([lock.holder.token]);
+            for w in &lock.waiters {
+                assert!(tokens.insert(w.token), "tokens on {name:?} are unique");
+                assert!(w.queued_at_ms <= self.now_ms, "waiters on {name:?} were queued in the past");
+            }
+            if let Lease::Session(id) = lock.holder.lease {
+                assert!(claims.entry(id).or_default().insert(name.clone()));
+            }
+            for id in lock.waiters.iter().filter_map(|w| w.session) {
+                assert!(claims.entry(id).or_default().insert(name.clone()), "a session waits once per lock");
+            }
+        }
+        for (id, session) in &self.sessions {
+            assert_eq!(
+                claims.remove(id).unwrap_or_default(),
+                session.claims,
+                "session {id}'s claims match the locks"
+            );
+        }
+        assert!(claims.is_empty(), "every claimed session is open: {claims:?}");
+    }
+}
+
+fn grant_of(name: &str, h: &Holder) -> Grant {
+    Grant {
+        name: name.to_owned(),
+        owner: h.owner.clone(),
+        token: h.token,
+        fence: h.fence,
+        granted_at_ms: h.granted_at_ms,
+        lease: h.lease,
+    }
+}
+
+fn view_of(h: &Holder) -> HolderView {
+    HolderView { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, lease: h.lease }
+}
+
+fn lock_view(name: &str, lock: &Lock) -> LockView {
+    LockView {
+        name: name.to_owned(),
+        holder: view_of(&lock.holder),
+        waiters: lock
+            .waiters
+            .iter()
+            .map(|w| WaiterView { owner: w.owner.clone(), queued_at_ms: w.queued_at_ms, session: w.session })
+            .collect(),
+    }
+}

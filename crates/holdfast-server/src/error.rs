@@ -1,0 +1,188 @@
+//! Errors as the client sees them: the one place that maps them to HTTP statuses and problem types.
+//!
+//! Bodies are RFC 9457 `application/problem+json` with a stable `type` of the form `urn:holdfast:<slug>`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use holdfast_core::{HolderView, Reject};
+use serde_json::json;
+
+use crate::http::{holder_json, retry_after_s};
+use crate::node::NodeError;
+
+/// An error answered to a client.
+#[derive(Debug)]
+pub enum ApiError {
+    /// Bad input; nothing changed. `slug` names the problem type.
+    Invalid { slug: &'static str, detail: String },
+    /// The lock is held by someone else (or the wait ran out).
+    Busy {
+        name: String,
+        holder: Option<HolderView>,
+    },
+    /// The token does not hold the lock.
+    NotHolder { name: String },
+    /// The hold ran out before the renew.
+    Expired { name: String },
+    /// No such lock is held.
+    NotFound { name: String },
+    /// A limit was reached (queue full, too many locks…).
+    Limit { slug: &'static str, detail: String },
+    /// No leader could serve the request in time.
+    Unavailable { detail: String },
+    /// No such endpoint.
+    NoRoute,
+    /// A bug: an answer the endpoint does not expect.
+    Internal { detail: String },
+}
+
+impl ApiError {
+    pub fn invalid(slug: &'static str, detail: String) -> Self {
+        ApiError::Invalid { slug, detail }
+    }
+
+    pub fn unexpected(what: impl std::fmt::Debug) -> Self {
+        ApiError::Internal {
+            detail: format!("unexpected answer from the state machine: {what:?}"),
+        }
+    }
+}
+
+impl From<NodeError> for ApiError {
+    fn from(e: NodeError) -> Self {
+        ApiError::Unavailable {
+            detail: e.to_string(),
+        }
+    }
+}
+
+impl From<Reject> for ApiError {
+    fn from(reject: Reject) -> Self {
+        let detail = reject.to_string();
+        match reject {
+            Reject::InvalidName => ApiError::invalid("invalid-name", detail),
+            Reject::InvalidOwner => ApiError::invalid("invalid-owner", detail),
+            Reject::InvalidTtl(_) => ApiError::invalid("invalid-ttl", detail),
+            Reject::InvalidWait(_) => ApiError::invalid("invalid-wait", detail),
+            Reject::NotHolder { name, .. } => ApiError::NotHolder { name },
+            Reject::Expired { name } => ApiError::Expired { name },
+            Reject::SessionHold { .. } => ApiError::invalid("session-hold", detail),
+            Reject::QueueFull { .. } => ApiError::Limit {
+                slug: "queue-full",
+                detail,
+            },
+            Reject::TooManyLocks => ApiError::Limit {
+                slug: "too-many-locks",
+                detail,
+            },
+            Reject::TooManySessions => ApiError::Limit {
+                slug: "too-many-sessions",
+                detail,
+            },
+            Reject::TooManyClaims => ApiError::Limit {
+                slug: "too-many-claims",
+                detail,
+            },
+            Reject::NoSession(_)
+            | Reject::SessionExists(_)
+            | Reject::DuplicateToken
+            | Reject::BatchTooLarge(_) => ApiError::Internal { detail },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, slug, title, detail) = match &self {
+            ApiError::Invalid { slug, detail } => (
+                StatusCode::BAD_REQUEST,
+                *slug,
+                "Invalid request",
+                detail.clone(),
+            ),
+            ApiError::Busy { name, holder } => {
+                let detail = match holder {
+                    Some(h) => {
+                        format!("lock {name:?} is held by {:?} (fence {})", h.owner, h.fence)
+                    }
+                    None => format!("lock {name:?} was not granted in time"),
+                };
+                (StatusCode::CONFLICT, "busy", "Lock is held", detail)
+            }
+            ApiError::NotHolder { name } => (
+                StatusCode::CONFLICT,
+                "not-holder",
+                "Token does not hold the lock",
+                format!(
+                    "the token does not hold lock {name:?}: it is wrong, or its hold already ended"
+                ),
+            ),
+            ApiError::Expired { name } => (
+                StatusCode::GONE,
+                "expired",
+                "Hold expired",
+                format!("the hold on {name:?} ran out before the renew arrived; acquire it again"),
+            ),
+            ApiError::NotFound { name } => (
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "Lock not held",
+                format!("nobody holds lock {name:?}"),
+            ),
+            ApiError::Limit { slug, detail } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                *slug,
+                "Limit reached",
+                detail.clone(),
+            ),
+            ApiError::Unavailable { detail } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Cluster unavailable",
+                detail.clone(),
+            ),
+            ApiError::NoRoute => (
+                StatusCode::NOT_FOUND,
+                "no-route",
+                "No such endpoint",
+                "see docs/http-api.md".into(),
+            ),
+            ApiError::Internal { detail } => {
+                tracing::error!(detail, "internal error");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "Internal error",
+                    detail.clone(),
+                )
+            }
+        };
+        let mut body = json!({
+            "type": format!("urn:holdfast:{slug}"),
+            "title": title,
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        let mut retry_after = None;
+        if let ApiError::Busy { holder, .. } = &self {
+            body["holder"] = holder
+                .as_ref()
+                .map(holder_json)
+                .unwrap_or(serde_json::Value::Null);
+            retry_after = Some(holder.as_ref().map(retry_after_s).unwrap_or(1));
+        }
+        if let ApiError::Limit { .. } | ApiError::Unavailable { .. } = &self {
+            retry_after = Some(1);
+        }
+        let mut response = (status, body.to_string()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}

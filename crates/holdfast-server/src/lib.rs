@@ -1,0 +1,217 @@
+//! A holdfast node: openraft wired to the sled store and the gRPC peer network, the leader's lease
+//! keeper, and the HTTP API.
+//!
+//! Layout:
+//! - [`node`]: proposing on the leader, forwarding from followers, linearizable reads, grant watches.
+//! - [`keeper`]: hold deadlines, the leader's batched expiry, grant watchers (the apply observer).
+//! - [`network`]: openraft's RPCs and forwarded requests over gRPC on the peer port.
+//! - [`http`]: the HTTP/JSON API; [`error`]: how errors become HTTP answers.
+//!
+//! [`run`] takes its listeners and a shutdown future, so the same node runs on real sockets and in tests.
+//! This crate must not depend on the client library or the binary.
+
+pub mod error;
+pub mod http;
+pub mod keeper;
+pub mod network;
+pub mod node;
+
+pub use holdfast_core::limits;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use holdfast_proto::peer::peer_server::PeerServer;
+use holdfast_store::NodeId;
+use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use crate::keeper::Events;
+use crate::network::{Network, PeerService, Peers, MESSAGE_BYTES_MAX, SNAPSHOT_CHUNK_BYTES};
+use crate::node::{FrontLimits, Node};
+
+/// How long in-flight HTTP requests (long polls) may run on after shutdown begins.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// A node's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This node's id; it must be one of `members`.
+    pub id: NodeId,
+    /// Every member's id and the peer address the others reach it at.
+    pub members: BTreeMap<NodeId, String>,
+    /// Where the log, vote and snapshots live.
+    pub data_dir: PathBuf,
+    /// Bounds on what clients may ask for.
+    pub limits: FrontLimits,
+    /// How often the leader sends heartbeats to followers.
+    pub heartbeat_ms: u64,
+    /// The shortest election timeout; the longest is twice this.
+    pub election_timeout_ms: u64,
+    /// A snapshot is taken after this many entries since the last one.
+    pub snapshot_every_entries: u64,
+}
+
+/// Runs a node on `client` (HTTP) and `peer` (Raft gRPC) until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    client: TcpListener,
+    peer: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        config.members.contains_key(&config.id),
+        "node {} is not in the member list {:?}",
+        config.id,
+        config.members
+    );
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+    let events = Arc::new(Events::default());
+    let (log_store, sm_store) = holdfast_store::open(&config.data_dir, events.clone())
+        .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
+    let state = sm_store.state();
+
+    let raft_config = openraft::Config {
+        cluster_name: "holdfast".into(),
+        heartbeat_interval: config.heartbeat_ms,
+        election_timeout_min: config.election_timeout_ms,
+        election_timeout_max: config.election_timeout_ms * 2,
+        install_snapshot_timeout: 10_000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: 1_000,
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+        max_payload_entries: 512,
+        ..Default::default()
+    };
+    let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
+    let peers = Arc::new(Peers::default());
+    let network = Network {
+        peers: peers.clone(),
+    };
+    let raft = Raft::new(config.id, raft_config, network, log_store, sm_store)
+        .await
+        .context("starting raft")?;
+
+    // Every node may initialize with the full member list: the first entry is then the same everywhere,
+    // so no node is special (what a Kubernetes StatefulSet needs). A node with data just rejoins.
+    if !raft.is_initialized().await? {
+        let members: BTreeMap<NodeId, BasicNode> = config
+            .members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        if let Err(e) = raft.initialize(members).await {
+            tracing::info!(%e, "not initializing: the cluster already is");
+        }
+    }
+
+    let node = Arc::new(Node::new(
+        config.id,
+        raft.clone(),
+        state,
+        events,
+        peers,
+        config.limits.clone(),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+
+    let peer_service = PeerServer::new(PeerService { node: node.clone() })
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
+    let peer_addr = peer.local_addr()?;
+    let mut peer_stop = stop_rx.clone();
+    let peer_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(peer_service)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(peer),
+                async move {
+                    let _ = peer_stop.changed().await;
+                },
+            ),
+    );
+    let keeper = tokio::spawn(keeper::run(node.clone(), stop_rx.clone()));
+
+    let client_addr = client.local_addr()?;
+    tracing::info!(id = config.id, %client_addr, %peer_addr, data_dir = %config.data_dir.display(), "holdfast node started");
+    let mut http_stop = stop_rx.clone();
+    let http = axum::serve(client, http::router(node.clone())).with_graceful_shutdown(async move {
+        let _ = http_stop.changed().await;
+    });
+    let mut http = tokio::spawn(async move { http.await });
+
+    tokio::select! {
+        _ = shutdown => {}
+        result = &mut http => { result?.context("HTTP server")?; }
+    }
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(DRAIN, &mut http).await.is_err() {
+        http.abort();
+    }
+    let _ = keeper.await;
+    let _ = peer_server.await;
+    raft.shutdown()
+        .await
+        .map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
+    Ok(())
+}
+
+/// `GET /v1/cluster`: this node, the leader, term, members, and how far the log is.
+pub fn cluster_status(node: &Node) -> Value {
+    let metrics = node.raft.metrics();
+    let m = metrics.borrow();
+    let membership = m.membership_config.membership();
+    let members: BTreeMap<String, String> = membership
+        .nodes()
+        .map(|(id, n)| (id.to_string(), n.addr.clone()))
+        .collect();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    json!({
+        "id": node.id,
+        "state": format!("{:?}", m.state),
+        "leader": m.current_leader,
+        "term": m.current_term,
+        "members": members,
+        "voters": voters,
+        "last_log_index": m.last_log_index,
+        "applied_index": m.last_applied.map(|l| l.index),
+        "snapshot_index": m.snapshot.map(|l| l.index),
+        "millis_since_quorum_ack": m.millis_since_quorum_ack,
+    })
+}
+
+/// `GET /readyz`: a leader is known, and this node applied its log.
+pub fn readiness(node: &Node) -> Result<(), String> {
+    let metrics = node.raft.metrics();
+    let m = metrics.borrow();
+    m.running_state
+        .as_ref()
+        .map_err(|e| format!("raft stopped: {e}"))?;
+    let Some(leader) = m.current_leader else {
+        return Err("no leader known".into());
+    };
+    if leader == node.id && m.state != ServerState::Leader {
+        return Err("leader election in progress".into());
+    }
+    let applied = m.last_applied.map(|l| l.index);
+    if applied
+        < m.last_log_index
+            .map(|i| i.saturating_sub(READY_LAG_ENTRIES))
+    {
+        return Err(format!(
+            "catching up: applied {applied:?} of {:?}",
+            m.last_log_index
+        ));
+    }
+    Ok(())
+}
+
+/// A node this many entries behind its own log is still catching up.
+const READY_LAG_ENTRIES: u64 = 100;

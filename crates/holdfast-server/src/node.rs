@@ -1,0 +1,436 @@
+//! A node: proposes on the leader, forwards from followers, reads linearizably, waits for grants.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, Token};
+use holdfast_store::{NodeId, Response, SharedState, TypeConfig};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{Raft, ServerState};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::keeper::Events;
+use crate::network::{decode, encode, Peers};
+
+/// How long a write or a read may take, forwarding and retries included, before the caller is told the
+/// cluster is unavailable.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between attempts while no leader is known or the leader just changed.
+const RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+/// A change a client asks for; the leader turns it into a [`Command`] (adding its stamp and, for an
+/// acquire, the token) and proposes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    Acquire {
+        name: String,
+        owner: String,
+        ttl_ms: u64,
+        wait_ms: u64,
+    },
+    Release {
+        name: String,
+        token: Token,
+    },
+    Renew {
+        name: String,
+        token: Token,
+        ttl_ms: u64,
+    },
+    Cancel {
+        name: String,
+        token: Token,
+    },
+}
+
+/// A read a client asks for, answered by the leader after it confirmed its leadership.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Query {
+    Lock {
+        name: String,
+    },
+    List {
+        prefix: String,
+        after: Option<String>,
+        limit: usize,
+    },
+}
+
+/// The answer to a [`Query`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum QueryReply {
+    Lock(Option<LockView>),
+    List(Vec<LockView>),
+}
+
+/// A committed and applied write.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Written {
+    /// The log index of the entry.
+    pub index: u64,
+    /// What the lock state answered.
+    pub response: Response,
+    /// The token the leader made, for an acquire.
+    pub token: Option<Token>,
+}
+
+impl Written {
+    /// The lock state's answer. Every entry a node proposes is a lock command, so there always is one.
+    pub fn outcome(&self) -> &Outcome {
+        self.response
+            .outcome
+            .as_ref()
+            .expect("a proposed lock command has an outcome")
+    }
+}
+
+/// What a follower sends the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ForwardRequest {
+    Write(Request),
+    Read(Query),
+}
+
+/// What the leader answers a follower.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ForwardReply {
+    Written(Written),
+    Read(QueryReply),
+}
+
+/// Why a node could not serve a request.
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+pub enum NodeError {
+    /// This node is not the leader (the leader's id, if known). Nothing was proposed: safe to retry.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader { leader: Option<NodeId> },
+    /// The leader could not be reached; the request was not delivered. Safe to retry.
+    #[error("leader unreachable: {0}")]
+    Unreachable(String),
+    /// No answer in time. A write may or may not have been applied.
+    #[error("no answer within {0:?}; a write may or may not have taken effect")]
+    Timeout(Duration),
+    /// The node cannot serve at all (shutting down, storage failure).
+    #[error("node unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// What [`Node::watch`] found for a queued claim.
+pub enum Watch {
+    /// The claim holds the lock.
+    Granted(Grant),
+    /// Still queued: the receiver is sent the grant, or dropped if the claim leaves the queue.
+    Waiting(oneshot::Receiver<Grant>),
+    /// Neither held nor queued any more.
+    Gone,
+}
+
+/// Bounds the front doors apply before proposing anything.
+#[derive(Debug, Clone)]
+pub struct FrontLimits {
+    pub ttl_ms_min: u64,
+    pub ttl_ms_max: u64,
+    pub wait_ms_max: u64,
+}
+
+/// One holdfast node.
+pub struct Node {
+    pub id: NodeId,
+    pub raft: Raft<TypeConfig>,
+    pub state: SharedState,
+    pub events: Arc<Events>,
+    pub peers: Arc<Peers>,
+    pub limits: FrontLimits,
+    /// The last time stamp this node issued as leader; stamps never go backwards.
+    last_stamp_ms: AtomicU64,
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Node {
+    pub fn new(
+        id: NodeId,
+        raft: Raft<TypeConfig>,
+        state: SharedState,
+        events: Arc<Events>,
+        peers: Arc<Peers>,
+        limits: FrontLimits,
+    ) -> Self {
+        Node {
+            id,
+            raft,
+            state,
+            events,
+            peers,
+            limits,
+            last_stamp_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The leader's stamp for a new entry: `max(last stamp, last applied time, wall clock)`.
+    pub fn stamp(&self) -> u64 {
+        let floor = wall_ms().max(self.state.read().expect("lock state poisoned").now_ms());
+        let previous = self.last_stamp_ms.fetch_max(floor, Ordering::SeqCst);
+        previous.max(floor)
+    }
+
+    /// The leader as this node knows it.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// Whether this node is the leader now (by its own view; proposals and reads still confirm it).
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// Applies `request` through the leader (this node, or forwarded), waiting until it is committed and
+    /// applied. Retries only where nothing was delivered: while no leader is known, or when the contacted
+    /// node was not (or no longer) the leader.
+    pub async fn write(&self, request: Request) -> Result<Written, NodeError> {
+        let reply = self.through_leader(ForwardRequest::Write(request)).await?;
+        match reply {
+            ForwardReply::Written(written) => Ok(written),
+            ForwardReply::Read(_) => Err(NodeError::Unavailable(
+                "the leader answered a write with a read".into(),
+            )),
+        }
+    }
+
+    /// Answers `query` from the leader's state after it confirmed it is still leader.
+    pub async fn read(&self, query: Query) -> Result<QueryReply, NodeError> {
+        match self.through_leader(ForwardRequest::Read(query)).await? {
+            ForwardReply::Read(reply) => Ok(reply),
+            ForwardReply::Written(_) => Err(NodeError::Unavailable(
+                "the leader answered a read with a write".into(),
+            )),
+        }
+    }
+
+    async fn through_leader(&self, request: ForwardRequest) -> Result<ForwardReply, NodeError> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let mut metrics = self.raft.metrics();
+        loop {
+            let leader = metrics.borrow_and_update().current_leader;
+            let attempt = match leader {
+                Some(leader) if leader == self.id => self.serve_forwarded(request.clone()).await,
+                Some(leader) => self.forward(leader, &request, deadline).await,
+                None => Err(NodeError::NotLeader { leader: None }),
+            };
+            match attempt {
+                Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_))
+                    if Instant::now() < deadline =>
+                {
+                    // Wait for news of a leader, but not forever: the metrics may not change while a
+                    // partitioned leader still believes it leads.
+                    let _ = tokio::time::timeout(RETRY_PAUSE * 4, metrics.changed()).await;
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_)) => {
+                    return Err(NodeError::Unavailable(format!(
+                        "no leader answered within {REQUEST_TIMEOUT:?}"
+                    )))
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        leader: NodeId,
+        request: &ForwardRequest,
+        deadline: Instant,
+    ) -> Result<ForwardReply, NodeError> {
+        let addr = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|n| n.addr.clone())
+        };
+        let Some(addr) = addr else {
+            return Err(NodeError::NotLeader { leader: None });
+        };
+        let mut client = self
+            .peers
+            .client(leader, &addr)
+            .map_err(|e| NodeError::Unreachable(e.to_string()))?;
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(timeout, client.forward(encode(request))).await {
+            Err(_) => Err(NodeError::Timeout(REQUEST_TIMEOUT)),
+            Ok(Err(status))
+                if status.code() == tonic::Code::Unavailable && is_connect_error(&status) =>
+            {
+                Err(NodeError::Unreachable(status.message().to_owned()))
+            }
+            Ok(Err(status)) => Err(NodeError::Unavailable(format!(
+                "forwarding to node {leader}: {status}"
+            ))),
+            Ok(Ok(reply)) => {
+                let reply: Result<ForwardReply, NodeError> =
+                    decode(reply.get_ref()).map_err(|e| NodeError::Unavailable(e.to_string()))?;
+                reply
+            }
+        }
+    }
+
+    /// Serves a request as the leader; answers [`NodeError::NotLeader`] if this node is not.
+    pub async fn serve_forwarded(
+        &self,
+        request: ForwardRequest,
+    ) -> Result<ForwardReply, NodeError> {
+        match request {
+            ForwardRequest::Write(request) => {
+                self.propose(request).await.map(ForwardReply::Written)
+            }
+            ForwardRequest::Read(query) => self.answer(query).await.map(ForwardReply::Read),
+        }
+    }
+
+    async fn propose(&self, request: Request) -> Result<Written, NodeError> {
+        let (cmd, token) = match request {
+            Request::Acquire {
+                name,
+                owner,
+                ttl_ms,
+                wait_ms,
+            } => {
+                // The leader makes the token before it proposes, so apply stays deterministic.
+                let token = Token(rand::random());
+                (
+                    Command::Acquire(Acquire {
+                        name,
+                        owner,
+                        token,
+                        ttl_ms,
+                        wait_ms,
+                        session: None,
+                    }),
+                    Some(token),
+                )
+            }
+            Request::Release { name, token } => (Command::Release { name, token }, None),
+            Request::Renew {
+                name,
+                token,
+                ttl_ms,
+            } => (
+                Command::Renew {
+                    name,
+                    token,
+                    ttl_ms,
+                },
+                None,
+            ),
+            Request::Cancel { name, token } => (Command::Cancel { name, token }, None),
+        };
+        let (index, response) = self.propose_command(cmd).await?;
+        Ok(Written {
+            index,
+            response,
+            token,
+        })
+    }
+
+    /// Proposes `cmd` stamped with leader time; returns its log index and the lock state's answer once
+    /// it is committed and applied here.
+    pub async fn propose_command(&self, cmd: Command) -> Result<(u64, Response), NodeError> {
+        if !self.is_leader() {
+            return Err(NodeError::NotLeader {
+                leader: self.leader(),
+            });
+        }
+        let entry = Entry {
+            at_ms: self.stamp(),
+            cmd,
+        };
+        let written = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(entry))
+            .await
+            .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
+        match written {
+            Ok(reply) => Ok((reply.log_id.index, reply.data)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(NodeError::NotLeader {
+                    leader: f.leader_id,
+                })
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(NodeError::Unavailable(e.to_string()))
+            }
+            Err(RaftError::Fatal(e)) => Err(NodeError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Confirms leadership with a quorum, waits until this node applied everything committed before,
+    /// then answers from its state.
+    async fn answer(&self, query: Query) -> Result<QueryReply, NodeError> {
+        self.confirm_leader().await?;
+        let state = self.state.read().expect("lock state poisoned");
+        Ok(match query {
+            Query::Lock { name } => QueryReply::Lock(state.get(&name)),
+            Query::List {
+                prefix,
+                after,
+                limit,
+            } => QueryReply::List(state.list(&prefix, after.as_deref(), limit)),
+        })
+    }
+
+    /// Confirms with a quorum that this node is still the leader, and that it applied everything
+    /// committed before now (openraft's `ensure_linearizable`).
+    pub async fn confirm_leader(&self) -> Result<(), NodeError> {
+        let confirmed = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable())
+            .await
+            .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
+        match confirmed {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(NodeError::NotLeader {
+                    leader: f.leader_id,
+                })
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(NodeError::NotLeader { leader: None })
+                    .inspect_err(|_| tracing::debug!(%e, "leadership not confirmed"))
+            }
+            Err(RaftError::Fatal(e)) => Err(NodeError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Watches queued claim `token` on `name`, once this node has applied the entry (at `index`) that
+    /// queued it.
+    pub async fn watch(&self, name: &str, token: Token, index: u64) -> Result<Watch, NodeError> {
+        self.raft
+            .wait(Some(REQUEST_TIMEOUT))
+            .applied_index_at_least(Some(index), "the queued claim is applied here")
+            .await
+            .map_err(|e| NodeError::Unavailable(e.to_string()))?;
+        // Holding the state lock while registering means no grant can be applied in between.
+        let state = self.state.read().expect("lock state poisoned");
+        if let Some(grant) = state.grant(name, token) {
+            return Ok(Watch::Granted(grant));
+        }
+        if !state.is_waiting(name, token) {
+            return Ok(Watch::Gone);
+        }
+        Ok(Watch::Waiting(self.events.watch(name, token)))
+    }
+}
+
+/// Whether a gRPC status says the connection could not be made (so the request was never delivered).
+fn is_connect_error(status: &tonic::Status) -> bool {
+    let text = format!("{status:?}").to_ascii_lowercase();
+    text.contains("connect") || text.contains("refused")
+}

@@ -1,0 +1,239 @@
+//! `holdfast`: the one binary. `holdfast server` runs a node.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use holdfast_server::limits;
+use holdfast_server::node::FrontLimits;
+
+#[derive(Parser)]
+#[command(
+    name = "holdfast",
+    version,
+    about = "A replicated lock service: locks with fences, decided by Raft."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Run a node. With no flags: a working single-node cluster on 127.0.0.1:7070, data in ./holdfast-data.
+    Server(ServerArgs),
+}
+
+#[derive(Parser)]
+struct ServerArgs {
+    /// This node's id (a positive number, unique in the cluster).
+    #[arg(long, env = "HOLDFAST_ID", default_value_t = 1)]
+    id: u64,
+    /// Every member as ID=HOST:PEER_PORT, comma-separated: the peer addresses the nodes reach each other
+    /// at, the same list on every node. Default: this node alone, at --peer-addr.
+    #[arg(long, env = "HOLDFAST_MEMBERS")]
+    members: Option<String>,
+    /// Where to listen for clients (HTTP).
+    #[arg(long, env = "HOLDFAST_CLIENT_ADDR", default_value = "127.0.0.1:7070")]
+    client_addr: SocketAddr,
+    /// Where to listen for peers (Raft over gRPC).
+    #[arg(long, env = "HOLDFAST_PEER_ADDR", default_value = "127.0.0.1:7071")]
+    peer_addr: SocketAddr,
+    /// Where the log, vote and snapshots are kept.
+    #[arg(long, env = "HOLDFAST_DATA_DIR", default_value = "./holdfast-data")]
+    data_dir: PathBuf,
+    /// The shortest TTL a client may ask for.
+    #[arg(long, env = "HOLDFAST_TTL_MIN", default_value = "500ms", value_parser = humantime::parse_duration)]
+    ttl_min: Duration,
+    /// The longest TTL a client may ask for.
+    #[arg(long, env = "HOLDFAST_TTL_MAX", default_value = "24h", value_parser = humantime::parse_duration)]
+    ttl_max: Duration,
+    /// The longest a client may wait in a lock's queue in one request.
+    #[arg(long, env = "HOLDFAST_WAIT_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    wait_max: Duration,
+    /// How often the leader sends Raft heartbeats.
+    #[arg(long, env = "HOLDFAST_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    heartbeat_interval: Duration,
+    /// The shortest election timeout (the longest is twice this).
+    #[arg(long, env = "HOLDFAST_ELECTION_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    election_timeout: Duration,
+    /// Take a snapshot after this many log entries.
+    #[arg(long, env = "HOLDFAST_SNAPSHOT_EVERY", default_value_t = 20_000)]
+    snapshot_every: u64,
+    /// Log format on stderr; the level comes from RUST_LOG (default: info).
+    #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Commands::Server(args) => server(args),
+    }
+}
+
+fn server(args: ServerArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let config = server_config(&args)?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = tokio::net::TcpListener::bind(args.client_addr)
+            .await
+            .with_context(|| format!("listening for clients on {}", args.client_addr))?;
+        let peer = tokio::net::TcpListener::bind(args.peer_addr)
+            .await
+            .with_context(|| format!("listening for peers on {}", args.peer_addr))?;
+        holdfast_server::run(config, client, peer, shutdown_signal()).await
+    })
+}
+
+fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
+    if args.id == 0 {
+        bail!("--id must be a positive number");
+    }
+    let members = match &args.members {
+        Some(list) => parse_members(list)?,
+        None => BTreeMap::from([(args.id, args.peer_addr.to_string())]),
+    };
+    if !members.contains_key(&args.id) {
+        bail!(
+            "--members must include this node's id {} (got {list:?})",
+            args.id,
+            list = args.members
+        );
+    }
+    let ms = |d: Duration| d.as_millis() as u64;
+    if args.ttl_min > args.ttl_max {
+        bail!("--ttl-min must not exceed --ttl-max");
+    }
+    if ms(args.ttl_min) < limits::TTL_MS_MIN || ms(args.ttl_max) > limits::TTL_MS_MAX {
+        bail!(
+            "--ttl-min and --ttl-max must lie within {} ms..={} ms",
+            limits::TTL_MS_MIN,
+            limits::TTL_MS_MAX
+        );
+    }
+    if ms(args.wait_max) > limits::WAIT_MS_MAX {
+        bail!("--wait-max must be at most {} ms", limits::WAIT_MS_MAX);
+    }
+    if args.heartbeat_interval.is_zero() || args.election_timeout <= args.heartbeat_interval * 2 {
+        bail!("--election-timeout must be more than twice --heartbeat-interval");
+    }
+    Ok(holdfast_server::Config {
+        id: args.id,
+        members,
+        data_dir: args.data_dir.clone(),
+        limits: FrontLimits {
+            ttl_ms_min: ms(args.ttl_min),
+            ttl_ms_max: ms(args.ttl_max),
+            wait_ms_max: ms(args.wait_max),
+        },
+        heartbeat_ms: ms(args.heartbeat_interval),
+        election_timeout_ms: ms(args.election_timeout),
+        snapshot_every_entries: args.snapshot_every.max(1),
+    })
+}
+
+/// `1=h1:7071,2=h2:7071,3=h3:7071`.
+fn parse_members(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut members = BTreeMap::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addr) = item
+            .split_once('=')
+            .with_context(|| format!("member {item:?}: expected ID=HOST:PORT"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("member {item:?}: the id is not a number"))?;
+        let addr = addr.trim();
+        if id == 0 {
+            bail!("member {item:?}: ids are positive");
+        }
+        match addr.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+            _ => bail!("member {item:?}: expected HOST:PORT after '='"),
+        }
+        if members.insert(id, addr.to_owned()).is_some() {
+            bail!("member id {id} is listed twice");
+        }
+    }
+    if members.is_empty() {
+        bail!("--members is empty");
+    }
+    Ok(members)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_parse_and_refuse_bad_lists() {
+        let m = parse_members("1=h1:7071, 2=h2:7071,3=10.0.0.3:7071").unwrap();
+        assert_eq!(
+            m,
+            BTreeMap::from([
+                (1, "h1:7071".into()),
+                (2, "h2:7071".into()),
+                (3, "10.0.0.3:7071".into())
+            ])
+        );
+        for bad in [
+            "",
+            "1",
+            "x=h:1",
+            "0=h:1",
+            "1=h",
+            "1=:7071",
+            "1=h:99999",
+            "1=h:1,1=h:2",
+        ] {
+            assert!(parse_members(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn no_flags_is_a_single_node_on_the_default_ports() {
+        let cli = Cli::try_parse_from(["holdfast", "server"]).unwrap();
+        let Commands::Server(args) = cli.command;
+        let config = server_config(&args).unwrap();
+        assert_eq!(config.id, 1);
+        assert_eq!(
+            config.members,
+            BTreeMap::from([(1, "127.0.0.1:7071".to_string())])
+        );
+        assert_eq!(args.client_addr.to_string(), "127.0.0.1:7070");
+        assert_eq!(config.data_dir, PathBuf::from("./holdfast-data"));
+    }
+}
