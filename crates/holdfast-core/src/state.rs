@@ -70,20 +70,36 @@ pub enum Outcome {
     /// The proposer holds the lock (for a session re-asking, the grant it already had).
     Granted(Grant),
     /// The proposer is queued at `position` (1 = next).
-    Queued { position: usize, holder: HolderView },
+    Queued {
+        position: usize,
+        holder: HolderView,
+    },
     /// Held by someone else and the proposer did not want to wait.
-    Busy { holder: HolderView },
+    Busy {
+        holder: HolderView,
+    },
     /// The hold with this fence ended.
-    Released { name: String, fence: u64 },
+    Released {
+        name: String,
+        fence: u64,
+    },
     /// The hold now lasts until its new `expires_at_ms`.
     Renewed(Grant),
     /// The waiter left the queue.
     Withdrawn,
-    SessionOpened { id: SessionId },
+    SessionOpened {
+        id: SessionId,
+    },
     /// The session ended; its locks were handed over and its waits withdrawn.
-    SessionClosed { id: SessionId },
+    SessionClosed {
+        id: SessionId,
+    },
     /// How many of each kind actually expired (items that had changed meanwhile are skipped).
-    Expired { locks: usize, waiters: usize, sessions: usize },
+    Expired {
+        locks: usize,
+        waiters: usize,
+        sessions: usize,
+    },
     /// Nothing changed, for this reason.
     Rejected(Reject),
 }
@@ -92,10 +108,16 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum Reject {
     /// The name is empty, too long, or has characters other than `A-Z a-z 0-9 . _ - :`.
-    #[error("invalid lock name: 1 to {} bytes of A-Z a-z 0-9 . _ - :", limits::NAME_LEN_MAX)]
+    #[error(
+        "invalid lock name: 1 to {} bytes of A-Z a-z 0-9 . _ - :",
+        limits::NAME_LEN_MAX
+    )]
     InvalidName,
     /// The owner is too long or has control characters.
-    #[error("invalid owner: at most {} bytes, no control characters", limits::OWNER_LEN_MAX)]
+    #[error(
+        "invalid owner: at most {} bytes, no control characters",
+        limits::OWNER_LEN_MAX
+    )]
     InvalidOwner,
     /// A TTL or lease outside the hard bounds.
     #[error("ttl {0} ms is outside {min}..={max} ms", min = limits::TTL_MS_MIN, max = limits::TTL_MS_MAX)]
@@ -105,7 +127,10 @@ pub enum Reject {
     InvalidWait(u64),
     /// The token does not hold (or wait for) this lock: it is wrong, or its hold already ended.
     #[error("the token does not hold lock {name:?}")]
-    NotHolder { name: String, holder: Option<HolderView> },
+    NotHolder {
+        name: String,
+        holder: Option<HolderView>,
+    },
     /// The TTL hold ran out before the renew arrived; it can no longer be renewed.
     #[error("the hold on {name:?} expired before it was renewed")]
     Expired { name: String },
@@ -113,7 +138,10 @@ pub enum Reject {
     #[error("lock {name:?} is held by a session; its heartbeats keep it")]
     SessionHold { name: String },
     /// The lock's queue is full.
-    #[error("the queue for {name:?} is full ({} waiters)", limits::WAITERS_PER_LOCK_MAX)]
+    #[error(
+        "the queue for {name:?} is full ({} waiters)",
+        limits::WAITERS_PER_LOCK_MAX
+    )]
     QueueFull { name: String },
     /// The cluster holds as many locks as it may.
     #[error("too many locks ({})", limits::LOCKS_MAX)]
@@ -241,17 +269,29 @@ impl LockState {
         let outcome = match &entry.cmd {
             Command::Acquire(acquire) => self.acquire(acquire, &mut applied),
             Command::Release { name, token } => self.release(name, *token, &mut applied),
-            Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
+            Command::Renew {
+                name,
+                token,
+                ttl_ms,
+            } => self.renew(name, *token, *ttl_ms),
             Command::Cancel { name, token } => self.cancel(name, *token, &mut applied),
-            Command::OpenSession { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms),
-            Command::CloseSession { id } => match self.close_session(*id, &mut applied) {
-                true => Outcome::SessionClosed { id: *id },
-                false => Outcome::Rejected(Reject::NoSession(*id)),
-            },
+            Command::OpenSession {
+                id,
+                owner,
+                lease_ms,
+            } => self.open_session(*id, owner, *lease_ms),
+            Command::CloseSession { id } => {
+                match self.close_session(*id, &BTreeSet::new(), &mut applied) {
+                    true => Outcome::SessionClosed { id: *id },
+                    false => Outcome::Rejected(Reject::NoSession(*id)),
+                }
+            }
             Command::Expire(expire) => self.expire(expire, &mut applied),
         };
         if let Outcome::Rejected(_) = outcome {
-            assert!(applied.grants.is_empty() && applied.ended.is_empty() && applied.dropped.is_empty());
+            assert!(
+                applied.grants.is_empty() && applied.ended.is_empty() && applied.dropped.is_empty()
+            );
         }
         applied.outcome = outcome;
         applied
@@ -282,7 +322,10 @@ impl LockState {
                 }
                 let position = lock.waiters.iter().position(|w| w.session == Some(id));
                 let position = position.expect("a session's claim is a hold or a wait") + 1;
-                return Outcome::Queued { position, holder: view_of(&lock.holder) };
+                return Outcome::Queued {
+                    position,
+                    holder: view_of(&lock.holder),
+                };
             }
             if session.claims.len() >= limits::CLAIMS_PER_SESSION_MAX {
                 return Outcome::Rejected(Reject::TooManyClaims);
@@ -296,7 +339,10 @@ impl LockState {
                 }
                 let lease = match a.session {
                     Some(id) => Lease::Session(id),
-                    None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: at.saturating_add(a.ttl_ms) },
+                    None => Lease::Ttl {
+                        ttl_ms: a.ttl_ms,
+                        expires_at_ms: at.saturating_add(a.ttl_ms),
+                    },
                 };
                 let holder = Holder {
                     owner: a.owner.clone(),
@@ -306,7 +352,13 @@ impl LockState {
                     lease,
                 };
                 let grant = grant_of(&a.name, &holder);
-                self.locks.insert(a.name.clone(), Lock { holder, waiters: VecDeque::new() });
+                self.locks.insert(
+                    a.name.clone(),
+                    Lock {
+                        holder,
+                        waiters: VecDeque::new(),
+                    },
+                );
                 applied.grants.push(grant.clone());
                 Outcome::Granted(grant)
             }
@@ -315,10 +367,14 @@ impl LockState {
                     return Outcome::Rejected(Reject::DuplicateToken);
                 }
                 if a.wait_ms == 0 && a.session.is_none() {
-                    return Outcome::Busy { holder: view_of(&lock.holder) };
+                    return Outcome::Busy {
+                        holder: view_of(&lock.holder),
+                    };
                 }
                 if lock.waiters.len() >= limits::WAITERS_PER_LOCK_MAX {
-                    return Outcome::Rejected(Reject::QueueFull { name: a.name.clone() });
+                    return Outcome::Rejected(Reject::QueueFull {
+                        name: a.name.clone(),
+                    });
                 }
                 lock.waiters.push_back(Waiter {
                     owner: a.owner.clone(),
@@ -331,7 +387,10 @@ impl LockState {
                     },
                     session: a.session,
                 });
-                Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
+                Outcome::Queued {
+                    position: lock.waiters.len(),
+                    holder: view_of(&lock.holder),
+                }
             }
         };
         if let Some(id) = a.session {
@@ -345,8 +404,11 @@ impl LockState {
         match self.locks.get(name) {
             Some(lock) if lock.holder.token == token => {
                 let fence = lock.holder.fence;
-                self.end_hold(name, applied);
-                Outcome::Released { name: name.to_owned(), fence }
+                self.end_hold(name, &BTreeSet::new(), applied);
+                Outcome::Released {
+                    name: name.to_owned(),
+                    fence,
+                }
             }
             lock => Outcome::Rejected(Reject::NotHolder {
                 name: name.to_owned(),
@@ -370,14 +432,21 @@ impl LockState {
             }
         };
         match lock.holder.lease {
-            Lease::Session(_) => Outcome::Rejected(Reject::SessionHold { name: name.to_owned() }),
+            Lease::Session(_) => Outcome::Rejected(Reject::SessionHold {
+                name: name.to_owned(),
+            }),
             // Once the advertised end has passed, the holder (counting from when it sent its last
             // request) already considers the lock lost; reviving it would make its view disagree.
             Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms => {
-                Outcome::Rejected(Reject::Expired { name: name.to_owned() })
+                Outcome::Rejected(Reject::Expired {
+                    name: name.to_owned(),
+                })
             }
             Lease::Ttl { .. } => {
-                lock.holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: at.saturating_add(ttl_ms) };
+                lock.holder.lease = Lease::Ttl {
+                    ttl_ms,
+                    expires_at_ms: at.saturating_add(ttl_ms),
+                };
                 Outcome::Renewed(grant_of(name, &lock.holder))
             }
         }
@@ -385,7 +454,10 @@ impl LockState {
 
     fn cancel(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
         let Some(lock) = self.locks.get_mut(name) else {
-            return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: None });
+            return Outcome::Rejected(Reject::NotHolder {
+                name: name.to_owned(),
+                holder: None,
+            });
         };
         if lock.holder.token == token {
             return self.release(name, token, applied);
@@ -398,7 +470,11 @@ impl LockState {
         };
         let waiter = lock.waiters.remove(i).expect("position is in range");
         if let Some(id) = waiter.session {
-            self.sessions.get_mut(&id).expect("a claim's session is open").claims.remove(name);
+            self.sessions
+                .get_mut(&id)
+                .expect("a claim's session is open")
+                .claims
+                .remove(name);
         }
         applied.dropped.push((name.to_owned(), token));
         Outcome::Withdrawn
@@ -417,24 +493,41 @@ impl LockState {
         if self.sessions.len() >= limits::SESSIONS_MAX {
             return Outcome::Rejected(Reject::TooManySessions);
         }
-        let session = Session { owner: owner.to_owned(), lease_ms, opened_at_ms: self.now_ms, claims: BTreeSet::new() };
+        let session = Session {
+            owner: owner.to_owned(),
+            lease_ms,
+            opened_at_ms: self.now_ms,
+            claims: BTreeSet::new(),
+        };
         self.sessions.insert(id, session);
         Outcome::SessionOpened { id }
     }
 
     /// Ends session `id`, handing over its locks. False if it was not open.
-    fn close_session(&mut self, id: SessionId, applied: &mut Applied) -> bool {
+    fn close_session(
+        &mut self,
+        id: SessionId,
+        ending: &BTreeSet<SessionId>,
+        applied: &mut Applied,
+    ) -> bool {
         let Some(claims) = self.sessions.get(&id).map(|s| s.claims.clone()) else {
             return false;
         };
         for name in &claims {
-            let lock = self.locks.get_mut(name).expect("a session's claim names an existing lock");
+            let lock = self
+                .locks
+                .get_mut(name)
+                .expect("a session's claim names an existing lock");
             if lock.holder.lease == Lease::Session(id) {
-                self.end_hold(name, applied);
+                self.end_hold(name, ending, applied);
             } else {
                 let i = lock.waiters.iter().position(|w| w.session == Some(id));
-                let waiter = lock.waiters.remove(i.expect("a claim that is not a hold is a wait"));
-                applied.dropped.push((name.clone(), waiter.expect("in range").token));
+                let waiter = lock
+                    .waiters
+                    .remove(i.expect("a claim that is not a hold is a wait"));
+                applied
+                    .dropped
+                    .push((name.clone(), waiter.expect("in range").token));
             }
         }
         self.sessions.remove(&id);
@@ -446,6 +539,14 @@ impl LockState {
             return Outcome::Rejected(Reject::BatchTooLarge(expire.len()));
         }
         let at = self.now_ms;
+        // Sessions that end in this entry must not be handed a lock in it: closing them would end that
+        // hold again and grant the next waiter the same fence.
+        let ending: BTreeSet<SessionId> = expire
+            .sessions
+            .iter()
+            .copied()
+            .filter(|id| self.sessions.contains_key(id))
+            .collect();
         let (mut locks, mut waiters, mut sessions) = (0, 0, 0);
         for (name, fence) in &expire.locks {
             let due = self.locks.get(name).is_some_and(|lock| {
@@ -453,13 +554,18 @@ impl LockState {
                     && matches!(lock.holder.lease, Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms)
             });
             if due {
-                self.end_hold(name, applied);
+                self.end_hold(name, &ending, applied);
                 locks += 1;
             }
         }
         for (name, token) in &expire.waiters {
-            let Some(lock) = self.locks.get_mut(name) else { continue };
-            let due = lock.waiters.iter().position(|w| w.token == *token && w.wait_until_ms <= at);
+            let Some(lock) = self.locks.get_mut(name) else {
+                continue;
+            };
+            let due = lock
+                .waiters
+                .iter()
+                .position(|w| w.session.is_none() && w.token == *token && w.wait_until_ms <= at);
             if let Some(i) = due {
                 lock.waiters.remove(i);
                 applied.dropped.push((name.clone(), *token));
@@ -467,34 +573,66 @@ impl LockState {
             }
         }
         for id in &expire.sessions {
-            if self.close_session(*id, applied) {
+            if self.close_session(*id, &ending, applied) {
                 sessions += 1;
             }
         }
-        Outcome::Expired { locks, waiters, sessions }
+        Outcome::Expired {
+            locks,
+            waiters,
+            sessions,
+        }
     }
 
     /// Ends the hold on `name` and grants the lock to the first waiter still waiting, in this same entry.
     /// Removes the lock if nobody waits.
-    fn end_hold(&mut self, name: &str, applied: &mut Applied) {
+    fn end_hold(&mut self, name: &str, ending: &BTreeSet<SessionId>, applied: &mut Applied) {
         let (at, index) = (self.now_ms, self.applied_index);
-        let lock = self.locks.get_mut(name).expect("ending a hold on an existing lock");
+        let lock = self
+            .locks
+            .get_mut(name)
+            .expect("ending a hold on an existing lock");
         let old = lock.holder.fence;
         applied.ended.push((name.to_owned(), old));
         if let Lease::Session(id) = lock.holder.lease {
-            self.sessions.get_mut(&id).expect("a holder's session is open").claims.remove(name);
+            self.sessions
+                .get_mut(&id)
+                .expect("a holder's session is open")
+                .claims
+                .remove(name);
         }
         while let Some(waiter) = lock.waiters.pop_front() {
             if waiter.session.is_none() && waiter.wait_until_ms <= at {
                 applied.dropped.push((name.to_owned(), waiter.token));
                 continue;
             }
+            if let Some(id) = waiter.session.filter(|id| ending.contains(id)) {
+                self.sessions
+                    .get_mut(&id)
+                    .expect("a waiter's session is open")
+                    .claims
+                    .remove(name);
+                applied.dropped.push((name.to_owned(), waiter.token));
+                continue;
+            }
             let lease = match waiter.session {
                 Some(id) => Lease::Session(id),
-                None => Lease::Ttl { ttl_ms: waiter.ttl_ms, expires_at_ms: at.saturating_add(waiter.ttl_ms) },
+                None => Lease::Ttl {
+                    ttl_ms: waiter.ttl_ms,
+                    expires_at_ms: at.saturating_add(waiter.ttl_ms),
+                },
             };
-            lock.holder = Holder { owner: waiter.owner, token: waiter.token, fence: index, granted_at_ms: at, lease };
-            assert!(index > old, "fences of lock {name:?} went from {old} to {index}");
+            lock.holder = Holder {
+                owner: waiter.owner,
+                token: waiter.token,
+                fence: index,
+                granted_at_ms: at,
+                lease,
+            };
+            assert!(
+                index > old,
+                "fences of lock {name:?} went from {old} to {index}"
+            );
             applied.grants.push(grant_of(name, &lock.holder));
             return;
         }
@@ -541,15 +679,22 @@ impl LockState {
 
     /// Whether `token` is queued for `name`.
     pub fn is_waiting(&self, name: &str, token: Token) -> bool {
-        self.locks.get(name).is_some_and(|lock| lock.waiters.iter().any(|w| w.token == token))
+        self.locks
+            .get(name)
+            .is_some_and(|lock| lock.waiters.iter().any(|w| w.token == token))
     }
 
     /// Every TTL hold: name, fence, TTL and advertised end. For the leader's lease keeper.
     pub fn ttl_holds(&self) -> impl Iterator<Item = (&str, u64, u64, u64)> + '_ {
-        self.locks.iter().filter_map(|(name, lock)| match lock.holder.lease {
-            Lease::Ttl { ttl_ms, expires_at_ms } => Some((name.as_str(), lock.holder.fence, ttl_ms, expires_at_ms)),
-            Lease::Session(_) => None,
-        })
+        self.locks
+            .iter()
+            .filter_map(|(name, lock)| match lock.holder.lease {
+                Lease::Ttl {
+                    ttl_ms,
+                    expires_at_ms,
+                } => Some((name.as_str(), lock.holder.fence, ttl_ms, expires_at_ms)),
+                Lease::Session(_) => None,
+            })
     }
 
     /// Every waiter without a session: name, token, end of its wait. For the leader's lease keeper.
@@ -604,18 +749,27 @@ impl LockState {
         let mut claims: BTreeMap<SessionId, BTreeSet<String>> = BTreeMap::new();
         for (name, lock) in &self.locks {
             assert!(limits::valid_name(name), "stored name {name:?} is valid");
-            assert!(lock.holder.fence <= self.applied_index, "fence of {name:?} is not from the future");
+            assert!(
+                lock.holder.fence <= self.applied_index,
+                "fence of {name:?} is not from the future"
+            );
             assert!(lock.waiters.len() <= limits::WAITERS_PER_LOCK_MAX);
             let mut tokens = BTreeSet::from([lock.holder.token]);
             for w in &lock.waiters {
                 assert!(tokens.insert(w.token), "tokens on {name:?} are unique");
-                assert!(w.queued_at_ms <= self.now_ms, "waiters on {name:?} were queued in the past");
+                assert!(
+                    w.queued_at_ms <= self.now_ms,
+                    "waiters on {name:?} were queued in the past"
+                );
             }
             if let Lease::Session(id) = lock.holder.lease {
                 assert!(claims.entry(id).or_default().insert(name.clone()));
             }
             for id in lock.waiters.iter().filter_map(|w| w.session) {
-                assert!(claims.entry(id).or_default().insert(name.clone()), "a session waits once per lock");
+                assert!(
+                    claims.entry(id).or_default().insert(name.clone()),
+                    "a session waits once per lock"
+                );
             }
         }
         for (id, session) in &self.sessions {
@@ -625,7 +779,10 @@ impl LockState {
                 "session {id}'s claims match the locks"
             );
         }
-        assert!(claims.is_empty(), "every claimed session is open: {claims:?}");
+        assert!(
+            claims.is_empty(),
+            "every claimed session is open: {claims:?}"
+        );
     }
 }
 
@@ -641,7 +798,12 @@ fn grant_of(name: &str, h: &Holder) -> Grant {
 }
 
 fn view_of(h: &Holder) -> HolderView {
-    HolderView { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, lease: h.lease }
+    HolderView {
+        owner: h.owner.clone(),
+        fence: h.fence,
+        granted_at_ms: h.granted_at_ms,
+        lease: h.lease,
+    }
 }
 
 fn lock_view(name: &str, lock: &Lock) -> LockView {
@@ -651,7 +813,11 @@ fn lock_view(name: &str, lock: &Lock) -> LockView {
         waiters: lock
             .waiters
             .iter()
-            .map(|w| WaiterView { owner: w.owner.clone(), queued_at_ms: w.queued_at_ms, session: w.session })
+            .map(|w| WaiterView {
+                owner: w.owner.clone(),
+                queued_at_ms: w.queued_at_ms,
+                session: w.session,
+            })
             .collect(),
     }
 }
