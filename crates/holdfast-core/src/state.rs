@@ -166,6 +166,28 @@ pub enum Reject {
     BatchTooLarge(usize),
 }
 
+/// An open session and its claims.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub id: SessionId,
+    pub owner: String,
+    pub lease_ms: u64,
+    /// The locks it holds, in name order.
+    pub holds: Vec<Grant>,
+    /// The queues it is in, in name order.
+    pub waits: Vec<SessionWait>,
+}
+
+/// A session's place in a lock's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionWait {
+    pub name: String,
+    pub token: Token,
+    /// 1 = next.
+    pub position: usize,
+    pub holder: HolderView,
+}
+
 /// Everything one entry did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
@@ -710,6 +732,39 @@ impl LockState {
     /// Every open session with its lease.
     pub fn sessions(&self) -> impl Iterator<Item = (SessionId, u64)> + '_ {
         self.sessions.iter().map(|(id, s)| (*id, s.lease_ms))
+    }
+
+    /// Session `id`'s lease, if it is open.
+    pub fn session_lease_ms(&self, id: SessionId) -> Option<u64> {
+        self.sessions.get(&id).map(|s| s.lease_ms)
+    }
+
+    /// Session `id` and its claims, if it is open.
+    pub fn session(&self, id: SessionId) -> Option<SessionView> {
+        let session = self.sessions.get(&id)?;
+        let mut view = SessionView {
+            id,
+            owner: session.owner.clone(),
+            lease_ms: session.lease_ms,
+            holds: Vec::new(),
+            waits: Vec::new(),
+        };
+        for name in &session.claims {
+            let lock = &self.locks[name];
+            if lock.holder.lease == Lease::Session(id) {
+                view.holds.push(grant_of(name, &lock.holder));
+            } else {
+                let i = lock.waiters.iter().position(|w| w.session == Some(id));
+                let i = i.expect("a session's claim that is not a hold is a wait");
+                view.waits.push(SessionWait {
+                    name: name.clone(),
+                    token: lock.waiters[i].token,
+                    position: i + 1,
+                    holder: view_of(&lock.holder),
+                });
+            }
+        }
+        Some(view)
     }
 
     /// Locks held.

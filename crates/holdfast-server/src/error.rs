@@ -32,6 +32,8 @@ pub enum ApiError {
     Unavailable { detail: String },
     /// No such endpoint.
     NoRoute,
+    /// The endpoint does not take this method.
+    NoMethod,
     /// A bug: an answer the endpoint does not expect.
     Internal { detail: String },
 }
@@ -140,6 +142,12 @@ impl IntoResponse for ApiError {
                 "unavailable",
                 "Cluster unavailable",
                 detail.clone(),
+            ),
+            ApiError::NoMethod => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "see docs/http-api.md".into(),
             ),
             ApiError::NoRoute => (
                 StatusCode::NOT_FOUND,

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use axum::extract::{DefaultBodyLimit, Path, Query as QueryParams, State};
+use axum::extract::{Path, Query as QueryParams, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -13,10 +13,8 @@ use holdfast_core::{limits, Grant, HolderView, Lease, LockView, Outcome, Token};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::node::{wall_ms, Node, Query, QueryReply, Request, Watch};
+use crate::node::{wall_ms, Node, Query, QueryReply, Request, Watch, Written};
 
-/// Largest request body accepted (the API takes none; this bounds what a client can make us read).
-const BODY_BYTES_MAX: usize = 16 * 1024;
 /// Default TTL when `ttl` is not given.
 const TTL_MS_DEFAULT: u64 = 30_000;
 /// Default and largest page of `GET /v1/locks`.
@@ -38,7 +36,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::NoRoute })
-        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .method_not_allowed_fallback(|| async { ApiError::NoMethod })
         .with_state(node)
 }
 
@@ -64,14 +62,17 @@ async fn acquire(
             ),
         ));
     }
-    let written = node
-        .write(Request::Acquire {
+    let written = acquire_or_undo(
+        &node,
+        name.clone(),
+        Request::Acquire {
             name: name.clone(),
             owner,
             ttl_ms,
             wait_ms,
-        })
-        .await?;
+        },
+    )
+    .await?;
     match written.outcome().clone() {
         Outcome::Granted(grant) => Ok(grant_json(&grant, true)),
         Outcome::Busy { holder } => Err(ApiError::Busy {
@@ -88,6 +89,47 @@ async fn acquire(
         Outcome::Rejected(reject) => Err(reject.into()),
         other => Err(ApiError::unexpected(other)),
     }
+}
+
+/// Proposes an acquire of `name` in a task of its own. If the request goes away before the answer, the
+/// task undoes what the acquire did (releases the grant, or leaves the queue), so that nobody holds or
+/// waits for a lock on behalf of a client that is gone.
+async fn acquire_or_undo(
+    node: &Arc<Node>,
+    name: String,
+    request: Request,
+) -> Result<Written, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task_node = node.clone();
+    tokio::spawn(async move {
+        let result = task_node.write(request).await;
+        let Err(Ok(written)) = tx.send(result) else {
+            return;
+        };
+        let Some(token) = written.token else { return };
+        if !matches!(
+            written.outcome(),
+            Outcome::Granted(_) | Outcome::Queued { .. }
+        ) {
+            return;
+        }
+        tracing::debug!(
+            name,
+            "the client went away before its acquire was answered; undoing it"
+        );
+        if let Err(e) = task_node
+            .write(Request::Cancel {
+                name: name.clone(),
+                token,
+            })
+            .await
+        {
+            tracing::warn!(%e, name, "could not undo the acquire of a client that went away");
+        }
+    });
+    Ok(rx.await.map_err(|_| ApiError::Internal {
+        detail: "the acquire task ended without an answer".into(),
+    })??)
 }
 
 /// Long-polls a queued claim until it is granted or `deadline` passes. If the request goes away (the

@@ -429,8 +429,9 @@ impl Node {
     }
 }
 
-/// Whether a gRPC status says the connection could not be made (so the request was never delivered).
+/// Whether a gRPC status says the connection could not be made, so the request was never delivered.
+/// A connection reset or closed after sending is not one: the request may have been applied.
 fn is_connect_error(status: &tonic::Status) -> bool {
     let text = format!("{status:?}").to_ascii_lowercase();
-    text.contains("connect") || text.contains("refused")
+    text.contains("tcp connect error") || text.contains("connection refused")
 }
