@@ -62,19 +62,11 @@ pub enum Command {
     /// Let go of a held lock; the next live waiter is granted in the same entry.
     Release { name: String, token: Token },
     /// Extend a TTL-leased hold to `at + ttl_ms`.
-    Renew {
-        name: String,
-        token: Token,
-        ttl_ms: u64,
-    },
+    Renew { name: String, token: Token, ttl_ms: u64 },
     /// Withdraw a claim: leave the queue, or let go if it was granted meanwhile.
     Cancel { name: String, token: Token },
     /// Open a session whose claims live as long as its lease is kept alive by heartbeats.
-    OpenSession {
-        id: SessionId,
-        owner: String,
-        lease_ms: u64,
-    },
+    OpenSession { id: SessionId, owner: String, lease_ms: u64 },
     /// End a session cleanly: its locks are handed over at once, its waits withdrawn.
     CloseSession { id: SessionId },
     /// Leases the leader found run out.
@@ -135,13 +127,7 @@ mod tests {
         assert_eq!(s.to_uppercase().parse::<Token>(), Ok(t));
         assert_eq!(format!("{t:?}"), "Token(01234567…)");
         assert_eq!("".parse::<Token>(), Err(BadToken));
-        assert_eq!(
-            "+123456789abcdef0011223344556677".parse::<Token>(),
-            Err(BadToken)
-        );
-        assert_eq!(
-            "0123456789abcdef00112233445566778".parse::<Token>(),
-            Err(BadToken)
-        );
+        assert_eq!("+123456789abcdef0011223344556677".parse::<Token>(), Err(BadToken));
+        assert_eq!("0123456789abcdef00112233445566778".parse::<Token>(), Err(BadToken));
     }
 }

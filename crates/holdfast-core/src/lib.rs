@@ -19,6 +19,6 @@ pub mod state;
 
 pub use command::{Acquire, Command, Entry, Expire, SessionId, Token};
 pub use state::{
-    Applied, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject, SnapshotError,
+    Applied, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject, SessionView, SessionWait, SnapshotError,
     WaiterView,
 };

@@ -31,9 +31,7 @@ pub const EXPIRE_BATCH_MAX: usize = 4096;
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= NAME_LEN_MAX
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
 }
 
 /// Whether `owner` is a valid owner description: up to [`OWNER_LEN_MAX`] bytes with no control characters.

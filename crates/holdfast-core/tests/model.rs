@@ -12,8 +12,8 @@
 
 use holdfast_core::limits::{TTL_MS_MAX, TTL_MS_MIN};
 use holdfast_core::{
-    Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView,
-    Outcome, Reject, SessionId, Token, WaiterView,
+    Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
+    SessionId, Token, WaiterView,
 };
 use proptest::prelude::*;
 
@@ -89,12 +89,7 @@ fn grant_of(name: &str, h: &MHolder) -> Grant {
 }
 
 fn view_of(h: &MHolder) -> HolderView {
-    HolderView {
-        owner: h.owner.clone(),
-        fence: h.fence,
-        granted_at_ms: h.granted_at_ms,
-        lease: h.lease,
-    }
+    HolderView { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, lease: h.lease }
 }
 
 fn lock_view(l: &MLock) -> LockView {
@@ -104,11 +99,7 @@ fn lock_view(l: &MLock) -> LockView {
         waiters: l
             .waiters
             .iter()
-            .map(|w| WaiterView {
-                owner: w.owner.clone(),
-                queued_at_ms: w.queued_at_ms,
-                session: w.session,
-            })
+            .map(|w| WaiterView { owner: w.owner.clone(), queued_at_ms: w.queued_at_ms, session: w.session })
             .collect(),
     }
 }
@@ -145,11 +136,7 @@ impl Model {
         let outcome = match &entry.cmd {
             Command::Acquire(a) => self.acquire(a, &mut fx),
             Command::Release { name, token } => self.release(name, *token, &[], &mut fx),
-            Command::Renew {
-                name,
-                token,
-                ttl_ms,
-            } => self.renew(name, *token, *ttl_ms),
+            Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
             Command::Cancel { name, token } => self.cancel(name, *token, &mut fx),
             Command::OpenSession { id, lease_ms, .. } => {
                 if !valid_ttl(*lease_ms) {
@@ -170,13 +157,7 @@ impl Model {
             }
             Command::Expire(e) => self.expire(e, &mut fx),
         };
-        Applied {
-            at_ms: self.now_ms,
-            outcome,
-            grants: fx.grants,
-            ended: fx.ended,
-            dropped: fx.dropped,
-        }
+        Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
     }
 
     fn acquire(&mut self, a: &Acquire, fx: &mut Effects) -> Outcome {
@@ -193,10 +174,7 @@ impl Model {
                     return Outcome::Granted(grant_of(&a.name, &lock.holder));
                 }
                 if let Some(i) = lock.waiters.iter().position(|w| w.session == Some(id)) {
-                    return Outcome::Queued {
-                        position: i + 1,
-                        holder: view_of(&lock.holder),
-                    };
+                    return Outcome::Queued { position: i + 1, holder: view_of(&lock.holder) };
                 }
             }
         }
@@ -210,22 +188,12 @@ impl Model {
                     granted_at_ms: now,
                     lease: match a.session {
                         Some(id) => Lease::Session(id),
-                        None => Lease::Ttl {
-                            ttl_ms: a.ttl_ms,
-                            expires_at_ms: now + a.ttl_ms,
-                        },
+                        None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: now + a.ttl_ms },
                     },
                 };
                 let grant = grant_of(&a.name, &holder);
                 let at = self.locks.partition_point(|l| l.name < a.name);
-                self.locks.insert(
-                    at,
-                    MLock {
-                        name: a.name.clone(),
-                        holder,
-                        waiters: vec![],
-                    },
-                );
+                self.locks.insert(at, MLock { name: a.name.clone(), holder, waiters: vec![] });
                 fx.grants.push(grant.clone());
                 Outcome::Granted(grant)
             }
@@ -235,9 +203,7 @@ impl Model {
                     return Outcome::Rejected(Reject::DuplicateToken);
                 }
                 if a.session.is_none() && a.wait_ms == 0 {
-                    return Outcome::Busy {
-                        holder: view_of(&lock.holder),
-                    };
+                    return Outcome::Busy { holder: view_of(&lock.holder) };
                 }
                 lock.waiters.push(MWaiter {
                     owner: a.owner.clone(),
@@ -247,29 +213,17 @@ impl Model {
                     wait_until_ms: a.session.is_none().then(|| now + a.wait_ms),
                     session: a.session,
                 });
-                Outcome::Queued {
-                    position: lock.waiters.len(),
-                    holder: view_of(&lock.holder),
-                }
+                Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
             }
         }
     }
 
-    fn release(
-        &mut self,
-        name: &str,
-        token: Token,
-        ending: &[SessionId],
-        fx: &mut Effects,
-    ) -> Outcome {
+    fn release(&mut self, name: &str, token: Token, ending: &[SessionId], fx: &mut Effects) -> Outcome {
         match self.lock(name) {
             Some(l) if l.holder.token == token => {
                 let fence = l.holder.fence;
                 self.end_hold(name, ending, fx);
-                Outcome::Released {
-                    name: name.to_owned(),
-                    fence,
-                }
+                Outcome::Released { name: name.to_owned(), fence }
             }
             _ => self.not_holder(name),
         }
@@ -280,27 +234,17 @@ impl Model {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let now = self.now_ms;
-        let Some(i) = self
-            .find(name)
-            .filter(|i| self.locks[*i].holder.token == token)
-        else {
+        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.token == token) else {
             return self.not_holder(name);
         };
         let holder = &mut self.locks[i].holder;
         match holder.lease {
-            Lease::Session(_) => Outcome::Rejected(Reject::SessionHold {
-                name: name.to_owned(),
-            }),
+            Lease::Session(_) => Outcome::Rejected(Reject::SessionHold { name: name.to_owned() }),
             Lease::Ttl { expires_at_ms, .. } if now >= expires_at_ms => {
-                Outcome::Rejected(Reject::Expired {
-                    name: name.to_owned(),
-                })
+                Outcome::Rejected(Reject::Expired { name: name.to_owned() })
             }
             Lease::Ttl { .. } => {
-                holder.lease = Lease::Ttl {
-                    ttl_ms,
-                    expires_at_ms: now + ttl_ms,
-                };
+                holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: now + ttl_ms };
                 Outcome::Renewed(grant_of(name, holder))
             }
         }
@@ -332,11 +276,7 @@ impl Model {
             let i = self.find(&name).expect("only hand-overs change locks here");
             if self.locks[i].holder.lease == Lease::Session(id) {
                 self.end_hold(&name, ending, fx);
-            } else if let Some(w) = self.locks[i]
-                .waiters
-                .iter()
-                .position(|w| w.session == Some(id))
-            {
+            } else if let Some(w) = self.locks[i].waiters.iter().position(|w| w.session == Some(id)) {
                 let waiter = self.locks[i].waiters.remove(w);
                 fx.dropped.push((name, waiter.token));
             }
@@ -347,12 +287,7 @@ impl Model {
 
     fn expire(&mut self, e: &Expire, fx: &mut Effects) -> Outcome {
         let now = self.now_ms;
-        let ending: Vec<SessionId> = e
-            .sessions
-            .iter()
-            .copied()
-            .filter(|id| self.is_open(*id))
-            .collect();
+        let ending: Vec<SessionId> = e.sessions.iter().copied().filter(|id| self.is_open(*id)).collect();
         let (mut locks, mut waiters, mut sessions) = (0, 0, 0);
         for (name, fence) in &e.locks {
             let due = self.lock(name).is_some_and(|l| {
@@ -381,11 +316,7 @@ impl Model {
                 sessions += 1;
             }
         }
-        Outcome::Expired {
-            locks,
-            waiters,
-            sessions,
-        }
+        Outcome::Expired { locks, waiters, sessions }
     }
 
     /// Ends the hold on `name`; grants the first waiter still waiting whose session is not among `ending`.
@@ -396,8 +327,7 @@ impl Model {
         fx.ended.push((name.to_owned(), lock.holder.fence));
         while !lock.waiters.is_empty() {
             let w = lock.waiters.remove(0);
-            let gone = w.wait_until_ms.is_some_and(|t| t <= now)
-                || w.session.is_some_and(|id| ending.contains(&id));
+            let gone = w.wait_until_ms.is_some_and(|t| t <= now) || w.session.is_some_and(|id| ending.contains(&id));
             if gone {
                 fx.dropped.push((name.to_owned(), w.token));
                 continue;
@@ -409,10 +339,7 @@ impl Model {
                 granted_at_ms: now,
                 lease: match w.session {
                     Some(id) => Lease::Session(id),
-                    None => Lease::Ttl {
-                        ttl_ms: w.ttl_ms,
-                        expires_at_ms: now + w.ttl_ms,
-                    },
+                    None => Lease::Ttl { ttl_ms: w.ttl_ms, expires_at_ms: now + w.ttl_ms },
                 },
             };
             fx.grants.push(grant_of(name, &lock.holder));
@@ -433,19 +360,13 @@ impl Model {
     }
 
     fn grant(&self, name: &str, token: Token) -> Option<Grant> {
-        self.lock(name)
-            .filter(|l| l.holder.token == token)
-            .map(|l| grant_of(name, &l.holder))
+        self.lock(name).filter(|l| l.holder.token == token).map(|l| grant_of(name, &l.holder))
     }
 
     fn ttl_holds(&self) -> Vec<(String, u64, u64, u64)> {
         let mut holds = Vec::new();
         for l in &self.locks {
-            if let Lease::Ttl {
-                ttl_ms,
-                expires_at_ms,
-            } = l.holder.lease
-            {
+            if let Lease::Ttl { ttl_ms, expires_at_ms } = l.holder.lease {
                 holds.push((l.name.clone(), l.holder.fence, ttl_ms, expires_at_ms));
             }
         }
@@ -615,11 +536,7 @@ fn history() -> impl Strategy<Value = Vec<(u64, Op)>> {
 }
 
 fn pick<T>(all: Vec<T>, bits: u64) -> Vec<T> {
-    all.into_iter()
-        .enumerate()
-        .filter(|(i, _)| bits >> (i % 64) & 1 == 1)
-        .map(|(_, x)| x)
-        .collect()
+    all.into_iter().enumerate().filter(|(i, _)| bits >> (i % 64) & 1 == 1).map(|(_, x)| x).collect()
 }
 
 fn turned<T>(mut items: Vec<T>, turn: usize) -> Vec<T> {
@@ -634,9 +551,7 @@ fn turned<T>(mut items: Vec<T>, turn: usize) -> Vec<T> {
 fn command(model: &Model, clock: u64, op: &Op) -> Command {
     let name = |i: usize| NAMES[i].to_owned();
     let target = |t: &Target| match t {
-        Target::Held(n) if !model.locks.is_empty() => {
-            model.locks[n % model.locks.len()].name.clone()
-        }
+        Target::Held(n) if !model.locks.is_empty() => model.locks[n % model.locks.len()].name.clone(),
         Target::Held(n) | Target::Any(n) => name(*n),
     };
     let token_of = |name: &str, who: &Who| match (model.lock(name), who) {
@@ -646,12 +561,7 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
         (_, Who::Any(t)) => token(*t),
     };
     match op {
-        Op::Acquire {
-            name: n,
-            token: t,
-            ttl,
-            wait,
-        } => Command::Acquire(Acquire {
+        Op::Acquire { name: n, token: t, ttl, wait } => Command::Acquire(Acquire {
             name: name(*n),
             owner: format!("worker-{t}"),
             token: token(*t),
@@ -659,16 +569,9 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
             wait_ms: WAITS[*wait],
             session: None,
         }),
-        Op::SessionAcquire {
-            name: n,
-            token: t,
-            session,
-            wait,
-        } => {
+        Op::SessionAcquire { name: n, token: t, session, wait } => {
             let id = match session {
-                Owner::Open(n) if !model.sessions.is_empty() => {
-                    model.sessions[*n as usize % model.sessions.len()].0
-                }
+                Owner::Open(n) if !model.sessions.is_empty() => model.sessions[*n as usize % model.sessions.len()].0,
                 Owner::Open(id) | Owner::Any(id) => *id,
             };
             Command::Acquire(Acquire {
@@ -685,51 +588,27 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
             let token = token_of(&name, who);
             Command::Release { name, token }
         }
-        Op::Renew {
-            target: n,
-            who,
-            ttl,
-        } => {
+        Op::Renew { target: n, who, ttl } => {
             let name = target(n);
             let token = token_of(&name, who);
-            Command::Renew {
-                name,
-                token,
-                ttl_ms: TTLS[*ttl],
-            }
+            Command::Renew { name, token, ttl_ms: TTLS[*ttl] }
         }
         Op::Cancel { target: n, who } => {
             let name = target(n);
             let token = token_of(&name, who);
             Command::Cancel { name, token }
         }
-        Op::OpenSession { id, lease } => Command::OpenSession {
-            id: *id,
-            owner: format!("svc-{id}"),
-            lease_ms: TTLS[*lease],
-        },
+        Op::OpenSession { id, lease } => {
+            Command::OpenSession { id: *id, owner: format!("svc-{id}"), lease_ms: TTLS[*lease] }
+        }
         Op::CloseSession { id } => Command::CloseSession { id: *id },
-        Op::Expire {
-            pick: bits,
-            stale_locks,
-            stale_waiters,
-            sessions,
-            turn,
-        } => {
+        Op::Expire { pick: bits, stale_locks, stale_waiters, sessions, turn } => {
             // What the leader would find due at this entry's time.
             let at = model.now_ms.max(clock);
-            let due_locks: Vec<(String, u64)> = model
-                .ttl_holds()
-                .into_iter()
-                .filter(|(_, _, _, end)| *end <= at)
-                .map(|(n, f, _, _)| (n, f))
-                .collect();
-            let due_waiters: Vec<(String, Token)> = model
-                .timed_waiters()
-                .into_iter()
-                .filter(|(_, _, end)| *end <= at)
-                .map(|(n, t, _)| (n, t))
-                .collect();
+            let due_locks: Vec<(String, u64)> =
+                model.ttl_holds().into_iter().filter(|(_, _, _, end)| *end <= at).map(|(n, f, _, _)| (n, f)).collect();
+            let due_waiters: Vec<(String, Token)> =
+                model.timed_waiters().into_iter().filter(|(_, _, end)| *end <= at).map(|(n, t, _)| (n, t)).collect();
             let mut locks = pick(due_locks, *bits);
             // Stale items: an old or future fence, or the current fence of a hold not yet due.
             locks.extend(stale_locks.iter().map(|(n, fence)| {
@@ -763,21 +642,12 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
         prop_assert_eq!(real.get(name), model.lock(name).map(lock_view));
         for t in 0..=TOKENS {
             prop_assert_eq!(real.grant(name, token(t)), model.grant(name, token(t)));
-            let waiting = model
-                .lock(name)
-                .is_some_and(|l| l.waiters.iter().any(|w| w.token == token(t)));
+            let waiting = model.lock(name).is_some_and(|l| l.waiters.iter().any(|w| w.token == token(t)));
             prop_assert_eq!(real.is_waiting(name, token(t)), waiting);
         }
     }
     for prefix in ["", "a", "a.", "b", "z"] {
-        for after in [
-            None,
-            Some(""),
-            Some("a"),
-            Some("a.1"),
-            Some("b"),
-            Some("zz"),
-        ] {
+        for after in [None, Some(""), Some("a"), Some("a.1"), Some("b"), Some("zz")] {
             for limit in [0, 1, 2, usize::MAX] {
                 prop_assert_eq!(
                     real.list(prefix, after, limit),
@@ -790,22 +660,13 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
             }
         }
     }
-    let ttl_holds: Vec<_> = real
-        .ttl_holds()
-        .map(|(n, f, t, e)| (n.to_owned(), f, t, e))
-        .collect();
+    let ttl_holds: Vec<_> = real.ttl_holds().map(|(n, f, t, e)| (n.to_owned(), f, t, e)).collect();
     prop_assert_eq!(ttl_holds, model.ttl_holds());
-    let timed: Vec<_> = real
-        .timed_waiters()
-        .map(|(n, t, w)| (n.to_owned(), t, w))
-        .collect();
+    let timed: Vec<_> = real.timed_waiters().map(|(n, t, w)| (n.to_owned(), t, w)).collect();
     prop_assert_eq!(timed, model.timed_waiters());
     prop_assert_eq!(real.sessions().collect::<Vec<_>>(), model.sessions());
     prop_assert_eq!(real.lock_count(), model.locks.len());
-    prop_assert_eq!(
-        real.waiter_count(),
-        model.locks.iter().map(|l| l.waiters.len()).sum::<usize>()
-    );
+    prop_assert_eq!(real.waiter_count(), model.locks.iter().map(|l| l.waiters.len()).sum::<usize>());
     prop_assert_eq!(real.session_count(), model.sessions.len());
     real.check_invariants();
     Ok(())
@@ -844,10 +705,7 @@ fn run(history: Vec<(u64, Op)>) -> Result<(), TestCaseError> {
             _ => {}
         }
         index += gap;
-        let entry = Entry {
-            at_ms: clock,
-            cmd: command(&model, clock, &op),
-        };
+        let entry = Entry { at_ms: clock, cmd: command(&model, clock, &op) };
         let expected = model.apply(index, &entry);
         let applied = real.apply(index, &entry);
         prop_assert_eq!(&applied, &expected, "entry {} {:?}", index, entry);

@@ -7,12 +7,12 @@
 //! Tests named `bug_…` reproduce bugs found in `src/`; each says what is wrong and what it expects.
 
 use holdfast_core::limits::{
-    CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, NAME_LEN_MAX, OWNER_LEN_MAX, SESSIONS_MAX,
-    TTL_MS_MAX, TTL_MS_MIN, WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
+    CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, NAME_LEN_MAX, OWNER_LEN_MAX, SESSIONS_MAX, TTL_MS_MAX, TTL_MS_MIN,
+    WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
 };
 use holdfast_core::{
-    Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView,
-    Outcome, Reject, SessionId, SnapshotError, Token, WaiterView,
+    Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
+    SessionId, SnapshotError, Token, WaiterView,
 };
 
 /// A realistic leader stamp (ms since the Unix epoch), so that `at + ttl` arithmetic is exercised.
@@ -29,14 +29,7 @@ fn at(at_ms: u64, cmd: Command) -> Entry {
 }
 
 fn acquire(name: &str, owner: &str, token: Token, ttl_ms: u64, wait_ms: u64) -> Command {
-    Command::Acquire(Acquire {
-        name: name.to_owned(),
-        owner: owner.to_owned(),
-        token,
-        ttl_ms,
-        wait_ms,
-        session: None,
-    })
+    Command::Acquire(Acquire { name: name.to_owned(), owner: owner.to_owned(), token, ttl_ms, wait_ms, session: None })
 }
 
 /// A session's acquire: TTL and wait are ignored for sessions, so they are left at 0.
@@ -52,33 +45,19 @@ fn session_acquire(name: &str, owner: &str, token: Token, id: SessionId) -> Comm
 }
 
 fn release(name: &str, token: Token) -> Command {
-    Command::Release {
-        name: name.to_owned(),
-        token,
-    }
+    Command::Release { name: name.to_owned(), token }
 }
 
 fn renew(name: &str, token: Token, ttl_ms: u64) -> Command {
-    Command::Renew {
-        name: name.to_owned(),
-        token,
-        ttl_ms,
-    }
+    Command::Renew { name: name.to_owned(), token, ttl_ms }
 }
 
 fn cancel(name: &str, token: Token) -> Command {
-    Command::Cancel {
-        name: name.to_owned(),
-        token,
-    }
+    Command::Cancel { name: name.to_owned(), token }
 }
 
 fn open(id: SessionId, owner: &str, lease_ms: u64) -> Command {
-    Command::OpenSession {
-        id,
-        owner: owner.to_owned(),
-        lease_ms,
-    }
+    Command::OpenSession { id, owner: owner.to_owned(), lease_ms }
 }
 
 fn close(id: SessionId) -> Command {
@@ -102,21 +81,11 @@ fn ttl_grant(name: &str, owner: &str, token: Token, fence: u64, at_ms: u64, ttl_
         token,
         fence,
         granted_at_ms: at_ms,
-        lease: Lease::Ttl {
-            ttl_ms,
-            expires_at_ms: at_ms + ttl_ms,
-        },
+        lease: Lease::Ttl { ttl_ms, expires_at_ms: at_ms + ttl_ms },
     }
 }
 
-fn session_grant(
-    name: &str,
-    owner: &str,
-    token: Token,
-    fence: u64,
-    at_ms: u64,
-    id: SessionId,
-) -> Grant {
+fn session_grant(name: &str, owner: &str, token: Token, fence: u64, at_ms: u64, id: SessionId) -> Grant {
     Grant {
         name: name.to_owned(),
         owner: owner.to_owned(),
@@ -128,39 +97,20 @@ fn session_grant(
 }
 
 fn holder(g: &Grant) -> HolderView {
-    HolderView {
-        owner: g.owner.clone(),
-        fence: g.fence,
-        granted_at_ms: g.granted_at_ms,
-        lease: g.lease,
-    }
+    HolderView { owner: g.owner.clone(), fence: g.fence, granted_at_ms: g.granted_at_ms, lease: g.lease }
 }
 
 fn waiter(owner: &str, queued_at_ms: u64, session: Option<SessionId>) -> WaiterView {
-    WaiterView {
-        owner: owner.to_owned(),
-        queued_at_ms,
-        session,
-    }
+    WaiterView { owner: owner.to_owned(), queued_at_ms, session }
 }
 
 fn view(g: &Grant, waiters: Vec<WaiterView>) -> LockView {
-    LockView {
-        name: g.name.clone(),
-        holder: holder(g),
-        waiters,
-    }
+    LockView { name: g.name.clone(), holder: holder(g), waiters }
 }
 
 /// An `Applied` whose outcome is all it did.
 fn only(at_ms: u64, outcome: Outcome) -> Applied {
-    Applied {
-        at_ms,
-        outcome,
-        grants: vec![],
-        ended: vec![],
-        dropped: vec![],
-    }
+    Applied { at_ms, outcome, grants: vec![], ended: vec![], dropped: vec![] }
 }
 
 fn s(x: &str) -> String {
@@ -182,20 +132,10 @@ struct Seen {
 fn seen(state: &LockState) -> Seen {
     Seen {
         locks: state.list("", None, usize::MAX),
-        ttl_holds: state
-            .ttl_holds()
-            .map(|(n, f, t, e)| (n.to_owned(), f, t, e))
-            .collect(),
-        timed_waiters: state
-            .timed_waiters()
-            .map(|(n, t, w)| (n.to_owned(), t, w))
-            .collect(),
+        ttl_holds: state.ttl_holds().map(|(n, f, t, e)| (n.to_owned(), f, t, e)).collect(),
+        timed_waiters: state.timed_waiters().map(|(n, t, w)| (n.to_owned(), t, w)).collect(),
         sessions: state.sessions().collect(),
-        counts: (
-            state.lock_count(),
-            state.waiter_count(),
-            state.session_count(),
-        ),
+        counts: (state.lock_count(), state.waiter_count(), state.session_count()),
     }
 }
 
@@ -207,10 +147,7 @@ fn state_bytes(state: &LockState) -> Vec<u8> {
     let tail = bytes.split_off(bytes.len() - 16);
     let mut expected_tail = state.now_ms().to_le_bytes().to_vec();
     expected_tail.extend_from_slice(&state.applied_index().to_le_bytes());
-    assert_eq!(
-        tail, expected_tail,
-        "the snapshot ends with now_ms and applied_index"
-    );
+    assert_eq!(tail, expected_tail, "the snapshot ends with now_ms and applied_index");
     bytes
 }
 
@@ -219,17 +156,9 @@ fn state_bytes(state: &LockState) -> Vec<u8> {
 fn assert_no_change(state: &mut LockState, index: u64, entry: Entry, outcome: Outcome) {
     let (before, before_bytes) = (seen(state), state_bytes(state));
     let at_ms = state.now_ms().max(entry.at_ms);
-    assert_eq!(
-        state.apply(index, &entry),
-        only(at_ms, outcome),
-        "{entry:?}"
-    );
+    assert_eq!(state.apply(index, &entry), only(at_ms, outcome), "{entry:?}");
     assert_eq!(seen(state), before, "{entry:?} changed the state");
-    assert_eq!(
-        state_bytes(state),
-        before_bytes,
-        "{entry:?} changed the state"
-    );
+    assert_eq!(state_bytes(state), before_bytes, "{entry:?} changed the state");
     assert_eq!((state.applied_index(), state.now_ms()), (index, at_ms));
     state.check_invariants();
 }
@@ -250,10 +179,7 @@ fn acquire_of_a_free_lock_grants_it_with_the_entry_index_as_fence() {
         token: tok(1),
         fence: 7,
         granted_at_ms: T0,
-        lease: Lease::Ttl {
-            ttl_ms: 30_000,
-            expires_at_ms: T0 + 30_000,
-        },
+        lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 30_000 },
     };
     assert_eq!(
         applied,
@@ -273,10 +199,7 @@ fn acquire_of_a_free_lock_grants_it_with_the_entry_index_as_fence() {
                 owner: s("worker-1"),
                 fence: 7,
                 granted_at_ms: T0,
-                lease: Lease::Ttl {
-                    ttl_ms: 30_000,
-                    expires_at_ms: T0 + 30_000
-                },
+                lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 30_000 },
             },
             waiters: vec![],
         })
@@ -307,9 +230,7 @@ fn acquire_of_a_held_lock_without_waiting_is_busy_and_names_the_holder() {
         &mut state,
         4,
         at(T0 + 5, acquire("job", "worker-2", tok(2), 30_000, 0)),
-        Outcome::Busy {
-            holder: holder(&grant),
-        },
+        Outcome::Busy { holder: holder(&grant) },
     );
     assert_eq!(state.get("job"), Some(view(&grant, vec![])));
 }
@@ -324,9 +245,7 @@ fn a_held_lock_whose_ttl_ran_out_stays_held_until_an_expire_entry() {
         &mut state,
         4,
         at(T0 + 10_000, acquire("job", "worker-2", tok(2), 100, 0)),
-        Outcome::Busy {
-            holder: holder(&grant),
-        },
+        Outcome::Busy { holder: holder(&grant) },
     );
 }
 
@@ -335,43 +254,13 @@ fn waiters_queue_in_fifo_order_at_positions_1_and_2() {
     let mut state = LockState::new();
     state.apply(3, &at(T0, acquire("job", "worker-1", tok(1), 30_000, 0)));
     let grant = ttl_grant("job", "worker-1", tok(1), 3, T0, 30_000);
-    let first = state.apply(
-        4,
-        &at(T0 + 1, acquire("job", "worker-2", tok(2), 20_000, 60_000)),
-    );
-    assert_eq!(
-        first,
-        only(
-            T0 + 1,
-            Outcome::Queued {
-                position: 1,
-                holder: holder(&grant)
-            }
-        )
-    );
-    let second = state.apply(
-        6,
-        &at(T0 + 2, acquire("job", "worker-3", tok(3), 20_000, 5_000)),
-    );
-    assert_eq!(
-        second,
-        only(
-            T0 + 2,
-            Outcome::Queued {
-                position: 2,
-                holder: holder(&grant)
-            }
-        )
-    );
+    let first = state.apply(4, &at(T0 + 1, acquire("job", "worker-2", tok(2), 20_000, 60_000)));
+    assert_eq!(first, only(T0 + 1, Outcome::Queued { position: 1, holder: holder(&grant) }));
+    let second = state.apply(6, &at(T0 + 2, acquire("job", "worker-3", tok(3), 20_000, 5_000)));
+    assert_eq!(second, only(T0 + 2, Outcome::Queued { position: 2, holder: holder(&grant) }));
     assert_eq!(
         state.get("job"),
-        Some(view(
-            &grant,
-            vec![
-                waiter("worker-2", T0 + 1, None),
-                waiter("worker-3", T0 + 2, None)
-            ]
-        ))
+        Some(view(&grant, vec![waiter("worker-2", T0 + 1, None), waiter("worker-3", T0 + 2, None)]))
     );
     assert_eq!(
         state.timed_waiters().collect::<Vec<_>>(),
@@ -380,14 +269,7 @@ fn waiters_queue_in_fifo_order_at_positions_1_and_2() {
     assert!(state.is_waiting("job", tok(2)) && state.is_waiting("job", tok(3)));
     assert!(!state.is_waiting("job", tok(1)));
     assert_eq!(state.grant("job", tok(2)), None);
-    assert_eq!(
-        (
-            state.lock_count(),
-            state.waiter_count(),
-            state.session_count()
-        ),
-        (1, 2, 0)
-    );
+    assert_eq!((state.lock_count(), state.waiter_count(), state.session_count()), (1, 2, 0));
     state.check_invariants();
 }
 
@@ -396,10 +278,7 @@ fn acquire_with_a_wait_on_a_free_lock_is_granted_at_once() {
     let mut state = LockState::new();
     let grant = ttl_grant("job", "worker-1", tok(1), 2, T0, 1_000);
     assert_eq!(
-        state.apply(
-            2,
-            &at(T0, acquire("job", "worker-1", tok(1), 1_000, 60_000))
-        ),
+        state.apply(2, &at(T0, acquire("job", "worker-1", tok(1), 1_000, 60_000))),
         Applied {
             at_ms: T0,
             outcome: Outcome::Granted(grant.clone()),
@@ -418,14 +297,8 @@ fn acquire_with_a_wait_on_a_free_lock_is_granted_at_once() {
 fn held_with_two_waiters() -> LockState {
     let mut state = LockState::new();
     state.apply(3, &at(T0, acquire("job", "worker-1", tok(1), 30_000, 0)));
-    state.apply(
-        4,
-        &at(T0 + 1, acquire("job", "worker-2", tok(2), 20_000, 60_000)),
-    );
-    state.apply(
-        5,
-        &at(T0 + 2, acquire("job", "worker-3", tok(3), 10_000, 5_000)),
-    );
+    state.apply(4, &at(T0 + 1, acquire("job", "worker-2", tok(2), 20_000, 60_000)));
+    state.apply(5, &at(T0 + 2, acquire("job", "worker-3", tok(3), 10_000, 5_000)));
     state
 }
 
@@ -439,19 +312,13 @@ fn release_hands_the_lock_to_the_first_waiter_in_the_same_entry() {
         applied,
         Applied {
             at_ms: T0 + 100,
-            outcome: Outcome::Released {
-                name: s("job"),
-                fence: 3
-            },
+            outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
         }
     );
-    assert_eq!(
-        state.get("job"),
-        Some(view(&next, vec![waiter("worker-3", T0 + 2, None)]))
-    );
+    assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 2, None)])));
     assert_eq!(state.grant("job", tok(2)), Some(next));
     assert_eq!(state.grant("job", tok(1)), None);
     state.check_invariants();
@@ -465,10 +332,7 @@ fn release_without_waiters_frees_the_lock() {
         state.apply(4, &at(T0 + 10, release("job", tok(1)))),
         Applied {
             at_ms: T0 + 10,
-            outcome: Outcome::Released {
-                name: s("job"),
-                fence: 3
-            },
+            outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
@@ -500,10 +364,7 @@ fn hand_over_skips_and_drops_a_waiter_whose_wait_ran_out() {
         applied,
         Applied {
             at_ms: T0 + 60_001,
-            outcome: Outcome::Released {
-                name: s("job"),
-                fence: 3
-            },
+            outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![],
             ended: vec![(s("job"), 3)],
             dropped: vec![(s("job"), tok(2)), (s("job"), tok(3))],
@@ -518,20 +379,14 @@ fn hand_over_grants_the_first_waiter_still_waiting() {
     let mut state = held_with_two_waiters();
     // Swap the order: worker-3's short wait first, worker-2's long wait second.
     state.apply(6, &at(T0 + 3, cancel("job", tok(2))));
-    state.apply(
-        7,
-        &at(T0 + 4, acquire("job", "worker-2", tok(2), 20_000, 60_000)),
-    );
+    state.apply(7, &at(T0 + 4, acquire("job", "worker-2", tok(2), 20_000, 60_000)));
     let applied = state.apply(8, &at(T0 + 5_002, release("job", tok(1))));
     let next = ttl_grant("job", "worker-2", tok(2), 8, T0 + 5_002, 20_000);
     assert_eq!(
         applied,
         Applied {
             at_ms: T0 + 5_002,
-            outcome: Outcome::Released {
-                name: s("job"),
-                fence: 3
-            },
+            outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![(s("job"), tok(3))],
@@ -551,20 +406,14 @@ fn release_with_a_wrong_token_is_not_holder_and_changes_nothing() {
             &mut state,
             index,
             at(T0 + 10, release("job", token)),
-            Reject::NotHolder {
-                name: s("job"),
-                holder: Some(holder(&grant)),
-            },
+            Reject::NotHolder { name: s("job"), holder: Some(holder(&grant)) },
         );
     }
     assert_rejected(
         &mut state,
         9,
         at(T0 + 10, release("nothing", tok(1))),
-        Reject::NotHolder {
-            name: s("nothing"),
-            holder: None,
-        },
+        Reject::NotHolder { name: s("nothing"), holder: None },
     );
 }
 
@@ -577,10 +426,7 @@ fn release_of_a_hold_that_already_ended_is_not_holder() {
         &mut state,
         7,
         at(T0 + 11, release("job", tok(1))),
-        Reject::NotHolder {
-            name: s("job"),
-            holder: Some(holder(&next)),
-        },
+        Reject::NotHolder { name: s("job"), holder: Some(holder(&next)) },
     );
 }
 
@@ -596,30 +442,15 @@ fn renew_extends_the_hold_from_the_renew_time_and_keeps_the_fence() {
         token: tok(1),
         fence: 3,
         granted_at_ms: T0,
-        lease: Lease::Ttl {
-            ttl_ms: 60_000,
-            expires_at_ms: T0 + 29_999 + 60_000,
-        },
+        lease: Lease::Ttl { ttl_ms: 60_000, expires_at_ms: T0 + 29_999 + 60_000 },
     };
     // A renew is not a grant: `grants` stays empty.
-    assert_eq!(
-        applied,
-        only(T0 + 29_999, Outcome::Renewed(renewed.clone()))
-    );
+    assert_eq!(applied, only(T0 + 29_999, Outcome::Renewed(renewed.clone())));
     assert_eq!(
         state.get("job"),
-        Some(view(
-            &renewed,
-            vec![
-                waiter("worker-2", T0 + 1, None),
-                waiter("worker-3", T0 + 2, None)
-            ]
-        ))
+        Some(view(&renewed, vec![waiter("worker-2", T0 + 1, None), waiter("worker-3", T0 + 2, None)]))
     );
-    assert_eq!(
-        state.ttl_holds().collect::<Vec<_>>(),
-        vec![("job", 3, 60_000, T0 + 89_999)]
-    );
+    assert_eq!(state.ttl_holds().collect::<Vec<_>>(), vec![("job", 3, 60_000, T0 + 89_999)]);
     state.check_invariants();
 }
 
@@ -627,18 +458,8 @@ fn renew_extends_the_hold_from_the_renew_time_and_keeps_the_fence() {
 fn renew_at_or_after_the_advertised_end_is_expired_and_changes_nothing() {
     let mut state = held_with_two_waiters();
     // Exactly at expires_at: the holder already counts the lock as lost.
-    assert_rejected(
-        &mut state,
-        6,
-        at(T0 + 30_000, renew("job", tok(1), 60_000)),
-        Reject::Expired { name: s("job") },
-    );
-    assert_rejected(
-        &mut state,
-        7,
-        at(T0 + 90_000, renew("job", tok(1), 60_000)),
-        Reject::Expired { name: s("job") },
-    );
+    assert_rejected(&mut state, 6, at(T0 + 30_000, renew("job", tok(1), 60_000)), Reject::Expired { name: s("job") });
+    assert_rejected(&mut state, 7, at(T0 + 90_000, renew("job", tok(1), 60_000)), Reject::Expired { name: s("job") });
 }
 
 #[test]
@@ -649,27 +470,16 @@ fn renew_with_a_wrong_token_an_unknown_lock_or_a_bad_ttl_is_rejected() {
         &mut state,
         6,
         at(T0 + 10, renew("job", tok(2), 60_000)),
-        Reject::NotHolder {
-            name: s("job"),
-            holder: Some(holder(&grant)),
-        },
+        Reject::NotHolder { name: s("job"), holder: Some(holder(&grant)) },
     );
     assert_rejected(
         &mut state,
         7,
         at(T0 + 10, renew("other", tok(1), 60_000)),
-        Reject::NotHolder {
-            name: s("other"),
-            holder: None,
-        },
+        Reject::NotHolder { name: s("other"), holder: None },
     );
     for (index, ttl_ms) in [(8, 0), (9, TTL_MS_MIN - 1), (10, TTL_MS_MAX + 1)] {
-        assert_rejected(
-            &mut state,
-            index,
-            at(T0 + 10, renew("job", tok(1), ttl_ms)),
-            Reject::InvalidTtl(ttl_ms),
-        );
+        assert_rejected(&mut state, index, at(T0 + 10, renew("job", tok(1), ttl_ms)), Reject::InvalidTtl(ttl_ms));
     }
 }
 
@@ -678,12 +488,7 @@ fn renew_of_a_session_hold_is_session_hold() {
     let mut state = LockState::new();
     state.apply(1, &at(T0, open(1, "svc", 2_000)));
     state.apply(2, &at(T0, session_acquire("job", "svc", tok(1), 1)));
-    assert_rejected(
-        &mut state,
-        3,
-        at(T0 + 10, renew("job", tok(1), 60_000)),
-        Reject::SessionHold { name: s("job") },
-    );
+    assert_rejected(&mut state, 3, at(T0 + 10, renew("job", tok(1), 60_000)), Reject::SessionHold { name: s("job") });
 }
 
 // --- cancel ---
@@ -702,24 +507,12 @@ fn cancel_of_a_waiter_withdraws_it_and_the_queue_closes_up() {
             dropped: vec![(s("job"), tok(2))],
         }
     );
-    assert_eq!(
-        state.get("job"),
-        Some(view(&grant, vec![waiter("worker-3", T0 + 2, None)]))
-    );
+    assert_eq!(state.get("job"), Some(view(&grant, vec![waiter("worker-3", T0 + 2, None)])));
     assert!(!state.is_waiting("job", tok(2)));
     // worker-4 now queues behind worker-3 at position 2.
     assert_eq!(
-        state.apply(
-            7,
-            &at(T0 + 11, acquire("job", "worker-4", tok(4), 100, 100))
-        ),
-        only(
-            T0 + 11,
-            Outcome::Queued {
-                position: 2,
-                holder: holder(&grant)
-            }
-        )
+        state.apply(7, &at(T0 + 11, acquire("job", "worker-4", tok(4), 100, 100))),
+        only(T0 + 11, Outcome::Queued { position: 2, holder: holder(&grant) })
     );
     state.check_invariants();
 }
@@ -732,19 +525,13 @@ fn cancel_of_the_holder_releases_and_hands_over() {
         state.apply(8, &at(T0 + 10, cancel("job", tok(1)))),
         Applied {
             at_ms: T0 + 10,
-            outcome: Outcome::Released {
-                name: s("job"),
-                fence: 3
-            },
+            outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
         }
     );
-    assert_eq!(
-        state.get("job"),
-        Some(view(&next, vec![waiter("worker-3", T0 + 2, None)]))
-    );
+    assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 2, None)])));
 }
 
 #[test]
@@ -755,19 +542,13 @@ fn cancel_of_an_unknown_claim_is_not_holder_and_changes_nothing() {
         &mut state,
         6,
         at(T0 + 10, cancel("job", tok(99))),
-        Reject::NotHolder {
-            name: s("job"),
-            holder: Some(holder(&grant)),
-        },
+        Reject::NotHolder { name: s("job"), holder: Some(holder(&grant)) },
     );
     assert_rejected(
         &mut state,
         7,
         at(T0 + 10, cancel("other", tok(1))),
-        Reject::NotHolder {
-            name: s("other"),
-            holder: None,
-        },
+        Reject::NotHolder { name: s("other"), holder: None },
     );
 }
 
@@ -784,20 +565,13 @@ fn expire_of_a_due_hold_ends_it_and_hands_over_in_the_same_entry() {
         applied,
         Applied {
             at_ms: T0 + 30_000,
-            outcome: Outcome::Expired {
-                locks: 1,
-                waiters: 0,
-                sessions: 0
-            },
+            outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
         }
     );
-    assert_eq!(
-        state.get("job"),
-        Some(view(&next, vec![waiter("worker-3", T0 + 2, None)]))
-    );
+    assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 2, None)])));
     state.check_invariants();
 }
 
@@ -808,11 +582,7 @@ fn expire_stamped_before_the_advertised_end_changes_nothing() {
         &mut state,
         6,
         at(T0 + 29_999, expire(&[("job", 3)], &[], &[])),
-        Outcome::Expired {
-            locks: 0,
-            waiters: 0,
-            sessions: 0,
-        },
+        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
     );
 }
 
@@ -826,11 +596,7 @@ fn expire_stamped_before_the_previous_entry_uses_the_previous_time() {
         applied,
         Applied {
             at_ms: T0 + 30_000,
-            outcome: Outcome::Expired {
-                locks: 1,
-                waiters: 0,
-                sessions: 0
-            },
+            outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
             grants: vec![ttl_grant("job", "worker-2", tok(2), 7, T0 + 30_000, 20_000)],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
@@ -847,11 +613,7 @@ fn a_renewed_hold_survives_an_expire_that_carries_its_old_deadline() {
         &mut state,
         7,
         at(T0 + 30_000, expire(&[("job", 3)], &[], &[])),
-        Outcome::Expired {
-            locks: 0,
-            waiters: 0,
-            sessions: 0,
-        },
+        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
     );
     // At the renewed end it goes.
     let applied = state.apply(8, &at(T0 + 50_000, expire(&[("job", 3)], &[], &[])));
@@ -859,11 +621,7 @@ fn a_renewed_hold_survives_an_expire_that_carries_its_old_deadline() {
         applied,
         Applied {
             at_ms: T0 + 50_000,
-            outcome: Outcome::Expired {
-                locks: 1,
-                waiters: 0,
-                sessions: 0
-            },
+            outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
             grants: vec![ttl_grant("job", "worker-2", tok(2), 8, T0 + 50_000, 20_000)],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
@@ -881,15 +639,8 @@ fn expire_with_a_stale_fence_leaves_a_later_grant_alone() {
     assert_no_change(
         &mut state,
         6,
-        at(
-            T0 + 1_000,
-            expire(&[("job", 3), ("job", 4), ("nothing", 5)], &[], &[]),
-        ),
-        Outcome::Expired {
-            locks: 0,
-            waiters: 0,
-            sessions: 0,
-        },
+        at(T0 + 1_000, expire(&[("job", 3), ("job", 4), ("nothing", 5)], &[], &[])),
+        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
     );
 }
 
@@ -902,11 +653,7 @@ fn expire_of_a_session_hold_by_fence_changes_nothing() {
         &mut state,
         3,
         at(T0 + 100_000, expire(&[("job", 2)], &[], &[])),
-        Outcome::Expired {
-            locks: 0,
-            waiters: 0,
-            sessions: 0,
-        },
+        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
     );
 }
 
@@ -919,46 +666,23 @@ fn expire_removes_waiters_whose_wait_ran_out_and_only_those() {
         &mut state,
         6,
         at(T0 + 5_001, expire(&[], &[("job", tok(3))], &[])),
-        Outcome::Expired {
-            locks: 0,
-            waiters: 0,
-            sessions: 0,
-        },
+        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
     );
     let applied = state.apply(
         7,
-        &at(
-            T0 + 5_002,
-            expire(
-                &[],
-                &[
-                    ("job", tok(3)),
-                    ("job", tok(2)),
-                    ("job", tok(1)),
-                    ("nothing", tok(3)),
-                ],
-                &[],
-            ),
-        ),
+        &at(T0 + 5_002, expire(&[], &[("job", tok(3)), ("job", tok(2)), ("job", tok(1)), ("nothing", tok(3))], &[])),
     );
     assert_eq!(
         applied,
         Applied {
             at_ms: T0 + 5_002,
-            outcome: Outcome::Expired {
-                locks: 0,
-                waiters: 1,
-                sessions: 0
-            },
+            outcome: Outcome::Expired { locks: 0, waiters: 1, sessions: 0 },
             grants: vec![],
             ended: vec![],
             dropped: vec![(s("job"), tok(3))],
         }
     );
-    assert_eq!(
-        state.get("job"),
-        Some(view(&grant, vec![waiter("worker-2", T0 + 1, None)]))
-    );
+    assert_eq!(state.get("job"), Some(view(&grant, vec![waiter("worker-2", T0 + 1, None)])));
     state.check_invariants();
 }
 
@@ -971,21 +695,14 @@ fn expire_of_locks_waiters_and_sessions_in_one_entry() {
     state.apply(4, &at(T0, acquire("a", "worker-3", tok(3), 100, 10_000)));
     state.apply(5, &at(T0, session_acquire("b", "svc", tok(4), 1)));
     state.apply(6, &at(T0, acquire("b", "worker-5", tok(5), 100, 10_000)));
-    let applied = state.apply(
-        9,
-        &at(T0 + 100, expire(&[("a", 2)], &[("a", tok(2))], &[1])),
-    );
+    let applied = state.apply(9, &at(T0 + 100, expire(&[("a", 2)], &[("a", tok(2))], &[1])));
     // The lock items go first: a's hand-over drops worker-2 (whose wait ran out) before the waiter item
     // is looked at, so the waiter item finds nothing.
     assert_eq!(
         applied,
         Applied {
             at_ms: T0 + 100,
-            outcome: Outcome::Expired {
-                locks: 1,
-                waiters: 0,
-                sessions: 1
-            },
+            outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 1 },
             grants: vec![
                 ttl_grant("a", "worker-3", tok(3), 9, T0 + 100, 100),
                 ttl_grant("b", "worker-5", tok(5), 9, T0 + 100, 100),
@@ -1002,10 +719,7 @@ fn expire_of_locks_waiters_and_sessions_in_one_entry() {
 #[test]
 fn time_never_goes_backwards() {
     let mut state = LockState::new();
-    state.apply(
-        1,
-        &at(T0 + 5_000, acquire("a", "worker-1", tok(1), 1_000, 0)),
-    );
+    state.apply(1, &at(T0 + 5_000, acquire("a", "worker-1", tok(1), 1_000, 0)));
     // Stamped earlier than the previous entry: uses the previous entry's time.
     let applied = state.apply(2, &at(T0, acquire("b", "worker-2", tok(2), 1_000, 0)));
     let grant = ttl_grant("b", "worker-2", tok(2), 2, T0 + 5_000, 1_000);
@@ -1026,25 +740,14 @@ fn time_never_goes_backwards() {
         only(
             T0 + 5_000,
             Outcome::Renewed(Grant {
-                lease: Lease::Ttl {
-                    ttl_ms: 2_000,
-                    expires_at_ms: T0 + 7_000
-                },
+                lease: Lease::Ttl { ttl_ms: 2_000, expires_at_ms: T0 + 7_000 },
                 ..ttl_grant("a", "worker-1", tok(1), 1, T0 + 5_000, 1_000)
             })
         )
     );
     // Once the log's time has reached the end, an early-stamped renew is too late.
-    state.apply(
-        4,
-        &at(T0 + 7_000, acquire("c", "worker-3", tok(3), 1_000, 0)),
-    );
-    assert_rejected(
-        &mut state,
-        5,
-        at(T0 + 6_999, renew("a", tok(1), 2_000)),
-        Reject::Expired { name: s("a") },
-    );
+    state.apply(4, &at(T0 + 7_000, acquire("c", "worker-3", tok(3), 1_000, 0)));
+    assert_rejected(&mut state, 5, at(T0 + 6_999, renew("a", tok(1), 2_000)), Reject::Expired { name: s("a") });
     assert_eq!(state.now_ms(), T0 + 7_000);
 }
 
@@ -1053,10 +756,7 @@ fn time_never_goes_backwards() {
 #[test]
 fn session_acquire_is_granted_with_a_session_lease_and_asking_again_changes_nothing() {
     let mut state = LockState::new();
-    assert_eq!(
-        state.apply(1, &at(T0, open(7, "svc-a", 2_000))),
-        only(T0, Outcome::SessionOpened { id: 7 })
-    );
+    assert_eq!(state.apply(1, &at(T0, open(7, "svc-a", 2_000))), only(T0, Outcome::SessionOpened { id: 7 }));
     assert_eq!(state.sessions().collect::<Vec<_>>(), vec![(7, 2_000)]);
     let grant = session_grant("job", "svc-a", tok(1), 2, T0 + 1, 7);
     assert_eq!(
@@ -1093,42 +793,21 @@ fn session_waits_even_when_not_asked_to_and_asking_again_keeps_its_place() {
     state.apply(3, &at(T0, open(2, "svc-b", 2_000)));
     assert_eq!(
         state.apply(4, &at(T0 + 1, session_acquire("job", "svc-a", tok(11), 1))),
-        only(
-            T0 + 1,
-            Outcome::Queued {
-                position: 1,
-                holder: holder(&grant)
-            }
-        )
+        only(T0 + 1, Outcome::Queued { position: 1, holder: holder(&grant) })
     );
     assert_eq!(
         state.apply(5, &at(T0 + 2, session_acquire("job", "svc-b", tok(21), 2))),
-        only(
-            T0 + 2,
-            Outcome::Queued {
-                position: 2,
-                holder: holder(&grant)
-            }
-        )
+        only(T0 + 2, Outcome::Queued { position: 2, holder: holder(&grant) })
     );
     assert_no_change(
         &mut state,
         6,
         at(T0 + 3, session_acquire("job", "svc-b", tok(21), 2)),
-        Outcome::Queued {
-            position: 2,
-            holder: holder(&grant),
-        },
+        Outcome::Queued { position: 2, holder: holder(&grant) },
     );
     assert_eq!(
         state.get("job"),
-        Some(view(
-            &grant,
-            vec![
-                waiter("svc-a", T0 + 1, Some(1)),
-                waiter("svc-b", T0 + 2, Some(2))
-            ]
-        ))
+        Some(view(&grant, vec![waiter("svc-a", T0 + 1, Some(1)), waiter("svc-b", T0 + 2, Some(2))]))
     );
     // Session waiters are not timed: the lease keeper expires their sessions, not their waits.
     assert_eq!(state.timed_waiters().count(), 0);
@@ -1140,22 +819,14 @@ fn session_waits_even_when_not_asked_to_and_asking_again_keeps_its_place() {
         applied,
         Applied {
             at_ms: far,
-            outcome: Outcome::Released {
-                name: s("job"),
-                fence: 1
-            },
+            outcome: Outcome::Released { name: s("job"), fence: 1 },
             grants: vec![next.clone()],
             ended: vec![(s("job"), 1)],
             dropped: vec![],
         }
     );
     // Asking again now answers with the hand-over's grant.
-    assert_no_change(
-        &mut state,
-        8,
-        at(far, session_acquire("job", "svc-a", tok(11), 1)),
-        Outcome::Granted(next),
-    );
+    assert_no_change(&mut state, 8, at(far, session_acquire("job", "svc-a", tok(11), 1)), Outcome::Granted(next));
 }
 
 /// Session 1 holds `a` (fence 3) and `b` (fence 4) and waits for `c`; session 2 waits for `a`; worker-2
@@ -1191,20 +862,12 @@ fn close_session_hands_over_every_lock_it_held_and_withdraws_its_waits() {
             dropped: vec![(s("c"), tok(13))],
         }
     );
-    assert_eq!(
-        state.list("", None, 10),
-        vec![view(&a, vec![]), view(&b, vec![]), view(&c, vec![])]
-    );
+    assert_eq!(state.list("", None, 10), vec![view(&a, vec![]), view(&b, vec![]), view(&c, vec![])]);
     assert_eq!(state.sessions().collect::<Vec<_>>(), vec![(2, 3_000)]);
     state.check_invariants();
     assert_rejected(&mut state, 12, at(T0 + 100, close(1)), Reject::NoSession(1));
     // A closed session's claims are gone: asking under its id is refused.
-    assert_rejected(
-        &mut state,
-        13,
-        at(T0 + 100, session_acquire("a", "svc-a", tok(11), 1)),
-        Reject::NoSession(1),
-    );
+    assert_rejected(&mut state, 13, at(T0 + 100, session_acquire("a", "svc-a", tok(11), 1)), Reject::NoSession(1));
 }
 
 #[test]
@@ -1214,17 +877,7 @@ fn expire_of_a_session_is_a_close() {
     let closed = via_close.apply(11, &at(T0 + 100, close(1)));
     // Unknown sessions in the batch are skipped.
     let expired = via_expire.apply(11, &at(T0 + 100, expire(&[], &[], &[99, 1, 1])));
-    assert_eq!(
-        expired,
-        Applied {
-            outcome: Outcome::Expired {
-                locks: 0,
-                waiters: 0,
-                sessions: 1
-            },
-            ..closed
-        }
-    );
+    assert_eq!(expired, Applied { outcome: Outcome::Expired { locks: 0, waiters: 0, sessions: 1 }, ..closed });
     assert_eq!(via_expire, via_close);
     assert_eq!(via_expire.snapshot(), via_close.snapshot());
 }
@@ -1238,10 +891,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
         state.apply(9, &at(T0 + 1, release("a", tok(11)))),
         Applied {
             at_ms: T0 + 1,
-            outcome: Outcome::Released {
-                name: s("a"),
-                fence: 3
-            },
+            outcome: Outcome::Released { name: s("a"), fence: 3 },
             grants: vec![a.clone()],
             ended: vec![(s("a"), 3)],
             dropped: vec![],
@@ -1283,22 +933,12 @@ fn acquire_with_an_invalid_name_owner_ttl_or_wait_is_rejected() {
     let long_name = "n".repeat(NAME_LEN_MAX + 1);
     for name in ["", "a/b", "a b", "é", long_name.as_str()] {
         let index = state.applied_index() + 1;
-        assert_rejected(
-            &mut state,
-            index,
-            at(T0 + 10, acquire(name, "w", tok(50), 1_000, 0)),
-            Reject::InvalidName,
-        );
+        assert_rejected(&mut state, index, at(T0 + 10, acquire(name, "w", tok(50), 1_000, 0)), Reject::InvalidName);
     }
     let long_owner = "o".repeat(OWNER_LEN_MAX + 1);
     for owner in ["bad\nowner", "tab\there", long_owner.as_str()] {
         let index = state.applied_index() + 1;
-        assert_rejected(
-            &mut state,
-            index,
-            at(T0 + 10, acquire("job", owner, tok(50), 1_000, 0)),
-            Reject::InvalidOwner,
-        );
+        assert_rejected(&mut state, index, at(T0 + 10, acquire("job", owner, tok(50), 1_000, 0)), Reject::InvalidOwner);
     }
     for ttl_ms in [0, TTL_MS_MIN - 1, TTL_MS_MAX + 1, u64::MAX] {
         let index = state.applied_index() + 1;
@@ -1324,33 +964,13 @@ fn acquire_with_an_invalid_name_owner_ttl_or_wait_is_rejected() {
     let edge_owner = "o".repeat(OWNER_LEN_MAX);
     let grant = ttl_grant(&edge_name, &edge_owner, tok(50), index, T0 + 10, TTL_MS_MIN);
     assert_eq!(
-        state
-            .apply(
-                index,
-                &at(
-                    T0 + 10,
-                    acquire(&edge_name, &edge_owner, tok(50), TTL_MS_MIN, WAIT_MS_MAX)
-                ),
-            )
-            .outcome,
+        state.apply(index, &at(T0 + 10, acquire(&edge_name, &edge_owner, tok(50), TTL_MS_MIN, WAIT_MS_MAX)),).outcome,
         Outcome::Granted(grant)
     );
     let index = index + 1;
     assert_eq!(
-        state
-            .apply(
-                index,
-                &at(T0 + 10, acquire("a:b.c_d-9", "", tok(50), TTL_MS_MAX, 0))
-            )
-            .outcome,
-        Outcome::Granted(ttl_grant(
-            "a:b.c_d-9",
-            "",
-            tok(50),
-            index,
-            T0 + 10,
-            TTL_MS_MAX
-        ))
+        state.apply(index, &at(T0 + 10, acquire("a:b.c_d-9", "", tok(50), TTL_MS_MAX, 0))).outcome,
+        Outcome::Granted(ttl_grant("a:b.c_d-9", "", tok(50), index, T0 + 10, TTL_MS_MAX))
     );
 }
 
@@ -1367,27 +987,12 @@ fn a_session_acquire_ignores_ttl_and_wait_but_not_name_or_owner() {
         session: Some(1),
     };
     let grant = session_grant("job", "svc", tok(1), 2, T0, 1);
-    assert_eq!(
-        state
-            .apply(2, &at(T0, Command::Acquire(cmd.clone())))
-            .outcome,
-        Outcome::Granted(grant)
-    );
+    assert_eq!(state.apply(2, &at(T0, Command::Acquire(cmd.clone()))).outcome, Outcome::Granted(grant));
     cmd.name = s("bad name");
-    assert_rejected(
-        &mut state,
-        3,
-        at(T0, Command::Acquire(cmd.clone())),
-        Reject::InvalidName,
-    );
+    assert_rejected(&mut state, 3, at(T0, Command::Acquire(cmd.clone())), Reject::InvalidName);
     cmd.name = s("other");
     cmd.owner = s("bad\u{7f}");
-    assert_rejected(
-        &mut state,
-        4,
-        at(T0, Command::Acquire(cmd)),
-        Reject::InvalidOwner,
-    );
+    assert_rejected(&mut state, 4, at(T0, Command::Acquire(cmd)), Reject::InvalidOwner);
 }
 
 #[test]
@@ -1402,17 +1007,10 @@ fn acquire_with_a_token_already_on_the_lock_is_duplicate_token() {
         );
     }
     state.apply(9, &at(T0, open(1, "svc", 2_000)));
-    assert_rejected(
-        &mut state,
-        10,
-        at(T0 + 10, session_acquire("job", "svc", tok(2), 1)),
-        Reject::DuplicateToken,
-    );
+    assert_rejected(&mut state, 10, at(T0 + 10, session_acquire("job", "svc", tok(2), 1)), Reject::DuplicateToken);
     // Tokens are unique per lock, not across locks.
     assert_eq!(
-        state
-            .apply(11, &at(T0 + 10, acquire("other", "w", tok(1), 1_000, 0)))
-            .outcome,
+        state.apply(11, &at(T0 + 10, acquire("other", "w", tok(1), 1_000, 0))).outcome,
         Outcome::Granted(ttl_grant("other", "w", tok(1), 11, T0 + 10, 1_000))
     );
 }
@@ -1422,14 +1020,8 @@ fn a_full_queue_is_queue_full() {
     let mut state = LockState::new();
     state.apply(1, &at(T0, acquire("job", "holder", tok(0), 30_000, 0)));
     for i in 1..=WAITERS_PER_LOCK_MAX as u128 {
-        let queued = state.apply(
-            1 + i as u64,
-            &at(T0, acquire("job", "w", tok(i), 100, 1_000)),
-        );
-        assert!(
-            matches!(queued.outcome, Outcome::Queued { position, .. } if position == i as usize),
-            "{queued:?}"
-        );
+        let queued = state.apply(1 + i as u64, &at(T0, acquire("job", "w", tok(i), 100, 1_000)));
+        assert!(matches!(queued.outcome, Outcome::Queued { position, .. } if position == i as usize), "{queued:?}");
     }
     let index = state.applied_index() + 1;
     assert_rejected(
@@ -1447,15 +1039,8 @@ fn a_full_queue_is_queue_full() {
     );
     // A full queue still refuses a non-waiting acquire as busy, not full.
     assert_eq!(
-        state
-            .apply(
-                index + 3,
-                &at(T0, acquire("job", "w", tok(100_002), 100, 0))
-            )
-            .outcome,
-        Outcome::Busy {
-            holder: holder(&ttl_grant("job", "holder", tok(0), 1, T0, 30_000))
-        }
+        state.apply(index + 3, &at(T0, acquire("job", "w", tok(100_002), 100, 0))).outcome,
+        Outcome::Busy { holder: holder(&ttl_grant("job", "holder", tok(0), 1, T0, 30_000)) }
     );
 }
 
@@ -1465,22 +1050,11 @@ fn a_session_with_as_many_claims_as_it_may_is_too_many_claims() {
     state.apply(1, &at(T0, open(1, "svc", 2_000)));
     for i in 0..CLAIMS_PER_SESSION_MAX {
         let index = 2 + i as u64;
-        let got = state.apply(
-            index,
-            &at(T0, session_acquire(&format!("l{i}"), "svc", tok(1), 1)),
-        );
-        assert_eq!(
-            got.outcome,
-            Outcome::Granted(session_grant(&format!("l{i}"), "svc", tok(1), index, T0, 1))
-        );
+        let got = state.apply(index, &at(T0, session_acquire(&format!("l{i}"), "svc", tok(1), 1)));
+        assert_eq!(got.outcome, Outcome::Granted(session_grant(&format!("l{i}"), "svc", tok(1), index, T0, 1)));
     }
     let index = state.applied_index() + 1;
-    assert_rejected(
-        &mut state,
-        index,
-        at(T0, session_acquire("one-more", "svc", tok(1), 1)),
-        Reject::TooManyClaims,
-    );
+    assert_rejected(&mut state, index, at(T0, session_acquire("one-more", "svc", tok(1), 1)), Reject::TooManyClaims);
     // Asking again for a claim it has is not a new claim.
     assert_no_change(
         &mut state,
@@ -1490,9 +1064,7 @@ fn a_session_with_as_many_claims_as_it_may_is_too_many_claims() {
     );
     // Other sessions and TTL claims are not limited by it.
     assert_eq!(
-        state
-            .apply(index + 2, &at(T0, acquire("one-more", "w", tok(1), 100, 0)))
-            .outcome,
+        state.apply(index + 2, &at(T0, acquire("one-more", "w", tok(1), 100, 0))).outcome,
         Outcome::Granted(ttl_grant("one-more", "w", tok(1), index + 2, T0, 100))
     );
 }
@@ -1501,47 +1073,19 @@ fn a_session_with_as_many_claims_as_it_may_is_too_many_claims() {
 fn open_session_with_a_bad_owner_or_lease_or_a_taken_id_is_rejected() {
     let mut state = LockState::new();
     state.apply(1, &at(T0, open(1, "svc", 2_000)));
-    assert_rejected(
-        &mut state,
-        2,
-        at(T0, open(1, "svc", 2_000)),
-        Reject::SessionExists(1),
-    );
-    assert_rejected(
-        &mut state,
-        3,
-        at(T0, open(2, "a\nb", 2_000)),
-        Reject::InvalidOwner,
-    );
+    assert_rejected(&mut state, 2, at(T0, open(1, "svc", 2_000)), Reject::SessionExists(1));
+    assert_rejected(&mut state, 3, at(T0, open(2, "a\nb", 2_000)), Reject::InvalidOwner);
     for (index, lease_ms) in [(4, 0), (5, TTL_MS_MIN - 1), (6, TTL_MS_MAX + 1)] {
-        assert_rejected(
-            &mut state,
-            index,
-            at(T0, open(2, "svc", lease_ms)),
-            Reject::InvalidTtl(lease_ms),
-        );
+        assert_rejected(&mut state, index, at(T0, open(2, "svc", lease_ms)), Reject::InvalidTtl(lease_ms));
     }
-    assert_eq!(
-        state.apply(7, &at(T0, open(2, "svc", TTL_MS_MIN))).outcome,
-        Outcome::SessionOpened { id: 2 }
-    );
+    assert_eq!(state.apply(7, &at(T0, open(2, "svc", TTL_MS_MIN))).outcome, Outcome::SessionOpened { id: 2 });
 }
 
 #[test]
 fn session_commands_for_a_session_not_open_are_no_session() {
     let mut state = held_with_two_waiters();
-    assert_rejected(
-        &mut state,
-        6,
-        at(T0, session_acquire("job", "svc", tok(9), 4)),
-        Reject::NoSession(4),
-    );
-    assert_rejected(
-        &mut state,
-        7,
-        at(T0, session_acquire("free", "svc", tok(9), 4)),
-        Reject::NoSession(4),
-    );
+    assert_rejected(&mut state, 6, at(T0, session_acquire("job", "svc", tok(9), 4)), Reject::NoSession(4));
+    assert_rejected(&mut state, 7, at(T0, session_acquire("free", "svc", tok(9), 4)), Reject::NoSession(4));
     assert_rejected(&mut state, 8, at(T0, close(4)), Reject::NoSession(4));
 }
 
@@ -1553,19 +1097,9 @@ fn too_many_sessions_is_too_many_sessions() {
     }
     assert_eq!(state.session_count(), SESSIONS_MAX);
     let index = state.applied_index() + 1;
-    assert_rejected(
-        &mut state,
-        index,
-        at(T0, open(u64::MAX, "", 2_000)),
-        Reject::TooManySessions,
-    );
+    assert_rejected(&mut state, index, at(T0, open(u64::MAX, "", 2_000)), Reject::TooManySessions);
     // A taken id is still reported as taken.
-    assert_rejected(
-        &mut state,
-        index + 1,
-        at(T0, open(7, "", 2_000)),
-        Reject::SessionExists(7),
-    );
+    assert_rejected(&mut state, index + 1, at(T0, open(7, "", 2_000)), Reject::SessionExists(7));
 }
 
 #[test]
@@ -1585,14 +1119,7 @@ fn an_expire_batch_larger_than_the_limit_is_rejected_whole() {
     );
     items.sessions.pop();
     let applied = state.apply(7, &at(T0 + 100_000, Command::Expire(items)));
-    assert_eq!(
-        applied.outcome,
-        Outcome::Expired {
-            locks: 1,
-            waiters: 0,
-            sessions: 0
-        }
-    );
+    assert_eq!(applied.outcome, Outcome::Expired { locks: 1, waiters: 0, sessions: 0 });
 }
 
 // --- list ---
@@ -1605,28 +1132,17 @@ fn list_pages_by_prefix_after_and_limit() {
     for (i, name) in names.iter().enumerate() {
         let index = i as u64 + 1;
         state.apply(index, &at(T0, acquire(name, "w", tok(1), 1_000, 0)));
-        views.push(view(
-            &ttl_grant(name, "w", tok(1), index, T0, 1_000),
-            vec![],
-        ));
+        views.push(view(&ttl_grant(name, "w", tok(1), index, T0, 1_000), vec![]));
     }
-    let (a, j1, j2, j3, jobs, k) = (
-        &views[0], &views[1], &views[2], &views[3], &views[4], &views[5],
-    );
+    let (a, j1, j2, j3, jobs, k) = (&views[0], &views[1], &views[2], &views[3], &views[4], &views[5]);
     assert_eq!(state.list("", None, usize::MAX), views);
     assert_eq!(state.list("", None, 0), vec![]);
     assert_eq!(state.list("job:", None, 2), vec![j1.clone(), j2.clone()]);
     assert_eq!(state.list("job:", Some("job:2"), 2), vec![j3.clone()]);
     assert_eq!(state.list("job:", Some("job:3"), 2), vec![]);
     // `after` need not be a lock that exists, nor start with the prefix.
-    assert_eq!(
-        state.list("job", Some("job:15"), 10),
-        vec![j2.clone(), j3.clone(), jobs.clone()]
-    );
-    assert_eq!(
-        state.list("job", Some("a"), 10),
-        vec![j1.clone(), j2.clone(), j3.clone(), jobs.clone()]
-    );
+    assert_eq!(state.list("job", Some("job:15"), 10), vec![j2.clone(), j3.clone(), jobs.clone()]);
+    assert_eq!(state.list("job", Some("a"), 10), vec![j1.clone(), j2.clone(), j3.clone(), jobs.clone()]);
     assert_eq!(state.list("job", Some("z"), 10), vec![]);
     assert_eq!(state.list("", Some("jobs"), 10), vec![k.clone()]);
     assert_eq!(state.list("", Some(""), 1), vec![a.clone()]);
@@ -1664,39 +1180,24 @@ fn snapshot_and_restore_give_an_equal_state_and_identical_bytes() {
     let entry = at(T0 + 50, close(1));
     assert_eq!(a.apply(21, &entry), b.apply(21, &entry));
     assert_eq!(a.snapshot(), b.snapshot());
-    assert_eq!(
-        LockState::restore(&LockState::new().snapshot()).unwrap(),
-        LockState::new()
-    );
+    assert_eq!(LockState::restore(&LockState::new().snapshot()).unwrap(), LockState::new());
 }
 
 #[test]
 fn restore_of_garbage_or_another_format_is_an_error() {
     let state = sessions_with_claims();
     let bytes = state.snapshot();
-    assert!(matches!(
-        LockState::restore(&[]),
-        Err(SnapshotError::Decode(_))
-    ));
-    assert!(matches!(
-        LockState::restore(&bytes[..bytes.len() / 2]),
-        Err(SnapshotError::Decode(_))
-    ));
+    assert!(matches!(LockState::restore(&[]), Err(SnapshotError::Decode(_))));
+    assert!(matches!(LockState::restore(&bytes[..bytes.len() / 2]), Err(SnapshotError::Decode(_))));
     assert!(matches!(
         LockState::restore(&[1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
         Err(SnapshotError::Decode(_))
     ));
     let mut other = bytes.clone();
     other[..4].copy_from_slice(&2u32.to_le_bytes());
-    assert!(matches!(
-        LockState::restore(&other),
-        Err(SnapshotError::Format(2))
-    ));
+    assert!(matches!(LockState::restore(&other), Err(SnapshotError::Format(2))));
     let err = LockState::restore(&other).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "snapshot format 2 is not supported (expected 1)"
-    );
+    assert_eq!(err.to_string(), "snapshot format 2 is not supported (expected 1)");
 }
 
 // --- the log only goes forward ---
@@ -1744,11 +1245,7 @@ fn bug_expire_of_two_sessions_does_not_grant_a_lock_twice_in_one_entry() {
         applied,
         Applied {
             at_ms: T0 + 10,
-            outcome: Outcome::Expired {
-                locks: 0,
-                waiters: 0,
-                sessions: 2
-            },
+            outcome: Outcome::Expired { locks: 0, waiters: 0, sessions: 2 },
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![(s("job"), tok(21))],
@@ -1765,21 +1262,14 @@ fn bug_expire_of_a_hold_and_of_its_next_waiters_session_grants_once() {
     state.apply(1, &at(T0, open(2, "svc-b", 2_000)));
     state.apply(2, &at(T0, acquire("job", "worker-1", tok(1), 100, 0)));
     state.apply(3, &at(T0, session_acquire("job", "svc-b", tok(21), 2)));
-    state.apply(
-        4,
-        &at(T0, acquire("job", "worker-3", tok(3), 1_000, 60_000)),
-    );
+    state.apply(4, &at(T0, acquire("job", "worker-3", tok(3), 1_000, 60_000)));
     let applied = state.apply(6, &at(T0 + 100, expire(&[("job", 2)], &[], &[2])));
     let next = ttl_grant("job", "worker-3", tok(3), 6, T0 + 100, 1_000);
     assert_eq!(
         applied,
         Applied {
             at_ms: T0 + 100,
-            outcome: Outcome::Expired {
-                locks: 1,
-                waiters: 0,
-                sessions: 1
-            },
+            outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 1 },
             grants: vec![next.clone()],
             ended: vec![(s("job"), 2)],
             dropped: vec![(s("job"), tok(21))],
@@ -1803,10 +1293,6 @@ fn bug_expire_waiter_items_never_remove_a_sessions_waiter() {
         &mut state,
         4,
         at(u64::MAX, expire(&[], &[("job", tok(11))], &[])),
-        Outcome::Expired {
-            locks: 0,
-            waiters: 0,
-            sessions: 0,
-        },
+        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
     );
 }

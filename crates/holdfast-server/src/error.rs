@@ -16,10 +16,7 @@ pub enum ApiError {
     /// Bad input; nothing changed. `slug` names the problem type.
     Invalid { slug: &'static str, detail: String },
     /// The lock is held by someone else (or the wait ran out).
-    Busy {
-        name: String,
-        holder: Option<HolderView>,
-    },
+    Busy { name: String, holder: Option<HolderView> },
     /// The token does not hold the lock.
     NotHolder { name: String },
     /// The hold ran out before the renew.
@@ -44,17 +41,13 @@ impl ApiError {
     }
 
     pub fn unexpected(what: impl std::fmt::Debug) -> Self {
-        ApiError::Internal {
-            detail: format!("unexpected answer from the state machine: {what:?}"),
-        }
+        ApiError::Internal { detail: format!("unexpected answer from the state machine: {what:?}") }
     }
 }
 
 impl From<NodeError> for ApiError {
     fn from(e: NodeError) -> Self {
-        ApiError::Unavailable {
-            detail: e.to_string(),
-        }
+        ApiError::Unavailable { detail: e.to_string() }
     }
 }
 
@@ -69,26 +62,13 @@ impl From<Reject> for ApiError {
             Reject::NotHolder { name, .. } => ApiError::NotHolder { name },
             Reject::Expired { name } => ApiError::Expired { name },
             Reject::SessionHold { .. } => ApiError::invalid("session-hold", detail),
-            Reject::QueueFull { .. } => ApiError::Limit {
-                slug: "queue-full",
-                detail,
-            },
-            Reject::TooManyLocks => ApiError::Limit {
-                slug: "too-many-locks",
-                detail,
-            },
-            Reject::TooManySessions => ApiError::Limit {
-                slug: "too-many-sessions",
-                detail,
-            },
-            Reject::TooManyClaims => ApiError::Limit {
-                slug: "too-many-claims",
-                detail,
-            },
-            Reject::NoSession(_)
-            | Reject::SessionExists(_)
-            | Reject::DuplicateToken
-            | Reject::BatchTooLarge(_) => ApiError::Internal { detail },
+            Reject::QueueFull { .. } => ApiError::Limit { slug: "queue-full", detail },
+            Reject::TooManyLocks => ApiError::Limit { slug: "too-many-locks", detail },
+            Reject::TooManySessions => ApiError::Limit { slug: "too-many-sessions", detail },
+            Reject::TooManyClaims => ApiError::Limit { slug: "too-many-claims", detail },
+            Reject::NoSession(_) | Reject::SessionExists(_) | Reject::DuplicateToken | Reject::BatchTooLarge(_) => {
+                ApiError::Internal { detail }
+            }
         }
     }
 }
@@ -96,12 +76,7 @@ impl From<Reject> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, title, detail) = match &self {
-            ApiError::Invalid { slug, detail } => (
-                StatusCode::BAD_REQUEST,
-                *slug,
-                "Invalid request",
-                detail.clone(),
-            ),
+            ApiError::Invalid { slug, detail } => (StatusCode::BAD_REQUEST, *slug, "Invalid request", detail.clone()),
             ApiError::Busy { name, holder } => {
                 let detail = match holder {
                     Some(h) => {
@@ -115,9 +90,7 @@ impl IntoResponse for ApiError {
                 StatusCode::CONFLICT,
                 "not-holder",
                 "Token does not hold the lock",
-                format!(
-                    "the token does not hold lock {name:?}: it is wrong, or its hold already ended"
-                ),
+                format!("the token does not hold lock {name:?}: it is wrong, or its hold already ended"),
             ),
             ApiError::Expired { name } => (
                 StatusCode::GONE,
@@ -125,44 +98,23 @@ impl IntoResponse for ApiError {
                 "Hold expired",
                 format!("the hold on {name:?} ran out before the renew arrived; acquire it again"),
             ),
-            ApiError::NotFound { name } => (
-                StatusCode::NOT_FOUND,
-                "not-found",
-                "Lock not held",
-                format!("nobody holds lock {name:?}"),
-            ),
-            ApiError::Limit { slug, detail } => (
-                StatusCode::TOO_MANY_REQUESTS,
-                *slug,
-                "Limit reached",
-                detail.clone(),
-            ),
-            ApiError::Unavailable { detail } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "Cluster unavailable",
-                detail.clone(),
-            ),
+            ApiError::NotFound { name } => {
+                (StatusCode::NOT_FOUND, "not-found", "Lock not held", format!("nobody holds lock {name:?}"))
+            }
+            ApiError::Limit { slug, detail } => (StatusCode::TOO_MANY_REQUESTS, *slug, "Limit reached", detail.clone()),
+            ApiError::Unavailable { detail } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Cluster unavailable", detail.clone())
+            }
             ApiError::NoMethod => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Method not allowed",
                 "see docs/http-api.md".into(),
             ),
-            ApiError::NoRoute => (
-                StatusCode::NOT_FOUND,
-                "no-route",
-                "No such endpoint",
-                "see docs/http-api.md".into(),
-            ),
+            ApiError::NoRoute => (StatusCode::NOT_FOUND, "no-route", "No such endpoint", "see docs/http-api.md".into()),
             ApiError::Internal { detail } => {
                 tracing::error!(detail, "internal error");
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "Internal error",
-                    detail.clone(),
-                )
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail.clone())
             }
         };
         let mut body = json!({
@@ -173,10 +125,7 @@ impl IntoResponse for ApiError {
         });
         let mut retry_after = None;
         if let ApiError::Busy { holder, .. } = &self {
-            body["holder"] = holder
-                .as_ref()
-                .map(holder_json)
-                .unwrap_or(serde_json::Value::Null);
+            body["holder"] = holder.as_ref().map(holder_json).unwrap_or(serde_json::Value::Null);
             retry_after = Some(holder.as_ref().map(retry_after_s).unwrap_or(1));
         }
         if let ApiError::Limit { .. } | ApiError::Unavailable { .. } = &self {
@@ -184,10 +133,7 @@ impl IntoResponse for ApiError {
         }
         let mut response = (status, body.to_string()).into_response();
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }

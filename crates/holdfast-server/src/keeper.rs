@@ -1,18 +1,23 @@
-//! The lease keeper and the grant watchers: what a node learns from every applied entry.
+//! The lease keeper and the watchers: what a node learns from every applied entry.
 //!
-//! Every node keeps, in memory, a monotonic-clock deadline for each TTL hold, set when it applies the grant
-//! or renewal (`apply instant + ttl`). Only the leader acts on them: when deadlines pass, it confirms with
-//! a quorum that it is still leader and proposes one `Expire` entry for all of them. A node that becomes
-//! leader first resets every deadline to a full TTL from its promotion, because it cannot know when the
-//! old leader last extended a hold. A node that is not leader never expires anything (etcd #15247).
+//! Every node keeps, in memory, a monotonic-clock deadline for each TTL hold (set when it applies the grant
+//! or renewal: `apply instant + ttl`) and for each session (set when it applies the session's opening; on
+//! the leader, extended by every confirmed heartbeat; heartbeats are not written to the log). Only the
+//! leader acts on them: when deadlines pass, it confirms with a quorum that it is still leader and proposes
+//! one `Expire` entry for all of them. A node that becomes leader first gives every hold and session a full
+//! lease from its promotion, because it cannot know when the old leader last extended them. A node that is
+//! not leader never expires anything (etcd #15247).
+//!
+//! The same observer tells waiting requests of their grants and session streams of their grants and losses.
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use holdfast_core::{limits, Applied, Expire, Grant, Lease, LockState, Outcome, Token};
+use holdfast_core::{limits, Applied, Expire, Grant, Lease, LockState, Outcome, SessionId, Token};
 use holdfast_store::ApplyObserver;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::node::{wall_ms, Node};
 
@@ -24,7 +29,16 @@ const WAITER_SWEEP: Duration = Duration::from_secs(2);
 /// Grace past a waiter's wait before the sweep removes it, so its own request withdraws it first.
 const WAITER_GRACE_MS: u64 = 1000;
 
-/// The node's view of applied entries: grant watchers and hold deadlines. Implements [`ApplyObserver`].
+/// What a session's stream hears from applied entries.
+#[derive(Debug, Clone)]
+pub enum SessionNote {
+    /// The session was granted a lock it waited for.
+    Granted(Grant),
+    /// A hold of the session ended (released, or the session closed or expired).
+    Ended { name: String, fence: u64 },
+}
+
+/// The node's view of applied entries: watchers and deadlines. Implements [`ApplyObserver`].
 #[derive(Default)]
 pub struct Events {
     inner: Mutex<Inner>,
@@ -32,117 +46,191 @@ pub struct Events {
 
 #[derive(Default)]
 struct Inner {
-    /// Queued claims waiting to hear of their grant, by token.
+    /// Queued one-shot claims waiting to hear of their grant, by token.
     watchers: HashMap<Token, (String, oneshot::Sender<Grant>)>,
-    deadlines: Deadlines,
+    /// Session streams attached to this node.
+    streams: HashMap<SessionId, mpsc::UnboundedSender<SessionNote>>,
+    /// Which session holds each session-held lock (name, fence), to route the end of a hold.
+    session_holds: HashMap<(String, u64), SessionId>,
+    /// TTL holds by name, tagged with the fence.
+    holds: Deadlines<String>,
+    /// Sessions, tagged 0.
+    sessions: Deadlines<SessionId>,
 }
 
-/// TTL hold deadlines on this node's monotonic clock, by name and ordered by time.
-#[derive(Default)]
-struct Deadlines {
-    by_name: HashMap<String, (u64, Instant)>,
-    by_time: BTreeSet<(Instant, String)>,
+/// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
+/// that the end of an old hold does not clear the deadline of a newer one.
+struct Deadlines<K> {
+    by_key: HashMap<K, (u64, Instant)>,
+    by_time: BTreeSet<(Instant, K)>,
 }
 
-impl Deadlines {
-    fn set(&mut self, name: &str, fence: u64, deadline: Instant) {
-        if let Some((_, old)) = self.by_name.insert(name.to_owned(), (fence, deadline)) {
-            self.by_time.remove(&(old, name.to_owned()));
+impl<K> Default for Deadlines<K> {
+    fn default() -> Self {
+        Deadlines { by_key: HashMap::new(), by_time: BTreeSet::new() }
+    }
+}
+
+impl<K: Clone + Ord + Hash> Deadlines<K> {
+    fn set(&mut self, key: &K, tag: u64, deadline: Instant) {
+        if let Some((_, old)) = self.by_key.insert(key.clone(), (tag, deadline)) {
+            self.by_time.remove(&(old, key.clone()));
         }
-        self.by_time.insert((deadline, name.to_owned()));
+        self.by_time.insert((deadline, key.clone()));
     }
 
-    fn end(&mut self, name: &str, fence: u64) {
-        if let Some(&(f, deadline)) = self.by_name.get(name) {
-            if f == fence {
-                self.by_name.remove(name);
-                self.by_time.remove(&(deadline, name.to_owned()));
+    /// Moves `key`'s deadline to `now + lease` if it has not passed by `now`. False if it passed or `key`
+    /// has none: once passed, the leader may already be expiring it.
+    fn extend(&mut self, key: &K, now: Instant, lease: Duration) -> bool {
+        match self.by_key.get(key) {
+            Some(&(tag, deadline)) if deadline > now => {
+                self.set(key, tag, deadline.max(now + lease));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn end(&mut self, key: &K, tag: u64) {
+        if let Some(&(t, deadline)) = self.by_key.get(key) {
+            if t == tag {
+                self.by_key.remove(key);
+                self.by_time.remove(&(deadline, key.clone()));
             }
         }
     }
 
-    /// Every TTL hold in `state` gets a full TTL from `now`.
-    fn reset(&mut self, state: &LockState, now: Instant) {
-        self.by_name.clear();
+    fn clear(&mut self) {
+        self.by_key.clear();
         self.by_time.clear();
+    }
+
+    /// Keys whose deadline passed by `now`, earliest first, with their tags.
+    fn due(&self, now: Instant) -> impl Iterator<Item = (&K, u64)> + '_ {
+        self.by_time.iter().take_while(move |(deadline, _)| *deadline <= now).map(|(_, key)| (key, self.by_key[key].0))
+    }
+}
+
+impl Inner {
+    /// Every TTL hold and session in `state` gets a full lease from `now`.
+    fn reset(&mut self, state: &LockState, now: Instant) {
+        self.holds.clear();
         for (name, fence, ttl_ms, _) in state.ttl_holds() {
-            self.set(name, fence, now + Duration::from_millis(ttl_ms));
+            self.holds.set(&name.to_owned(), fence, now + Duration::from_millis(ttl_ms));
+        }
+        self.sessions.clear();
+        self.session_holds.clear();
+        for (id, lease_ms) in state.sessions() {
+            self.sessions.set(&id, 0, now + Duration::from_millis(lease_ms));
+            for grant in state.session(id).map(|s| s.holds).unwrap_or_default() {
+                self.session_holds.insert((grant.name, grant.fence), id);
+            }
         }
     }
 }
 
 impl Events {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("events poisoned")
+    }
+
     /// Registers a watcher for `token`'s grant. The caller holds the state's read lock, so no entry is
     /// applied between its check and this registration.
     pub fn watch(&self, name: &str, token: Token) -> oneshot::Receiver<Grant> {
         let (tx, rx) = oneshot::channel();
-        self.inner
-            .lock()
-            .expect("events poisoned")
-            .watchers
-            .insert(token, (name.to_owned(), tx));
+        self.lock().watchers.insert(token, (name.to_owned(), tx));
         rx
     }
 
     /// Forgets the watcher for `token`, if any.
     pub fn unwatch(&self, token: Token) {
-        self.inner
-            .lock()
-            .expect("events poisoned")
-            .watchers
-            .remove(&token);
+        self.lock().watchers.remove(&token);
     }
 
-    /// A new leader's start: every TTL hold gets a full TTL from now.
+    /// Attaches a stream to session `id` (replacing any earlier one: the session moved). The caller holds
+    /// the state's read lock.
+    pub fn attach(&self, id: SessionId) -> mpsc::UnboundedReceiver<SessionNote> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().streams.insert(id, tx);
+        rx
+    }
+
+    /// Detaches the stream of session `id`, if it is still the one attached.
+    pub fn detach(&self, id: SessionId) {
+        let mut inner = self.lock();
+        if inner.streams.get(&id).is_some_and(|tx| tx.is_closed()) {
+            inner.streams.remove(&id);
+        }
+    }
+
+    /// Extends session `id`'s lease to a full `lease_ms` from now (the leader, on a heartbeat). False if
+    /// its deadline already passed: a due session may be in an `Expire` on its way, so it is not revived.
+    /// Deciding under the same lock as [`Events::due`] means a heartbeat either extends a session before the
+    /// keeper looks, or finds it past its deadline.
+    pub fn extend_session(&self, id: SessionId, lease_ms: u64) -> bool {
+        self.lock().sessions.extend(&id, Instant::now(), Duration::from_millis(lease_ms))
+    }
+
+    /// A new leader's start: every hold and session gets a full lease from now.
     pub fn promote(&self, state: &LockState) {
-        self.inner
-            .lock()
-            .expect("events poisoned")
-            .deadlines
-            .reset(state, Instant::now());
+        self.lock().reset(state, Instant::now());
     }
 
-    /// Holds whose deadline passed by `now` and whose advertised end passed by leader time `wall_ms`,
-    /// as (name, fence), at most `max`.
-    fn due(&self, state: &LockState, now: Instant, wall_ms: u64, max: usize) -> Vec<(String, u64)> {
-        let inner = self.inner.lock().expect("events poisoned");
-        let mut due = Vec::new();
-        for (deadline, name) in &inner.deadlines.by_time {
-            if *deadline > now || due.len() >= max {
-                break;
+    /// What has run out by `now` (and, for TTL holds, whose advertised end passed by leader time `wall_ms`),
+    /// at most [`limits::EXPIRE_BATCH_MAX`] items.
+    fn due(&self, state: &LockState, now: Instant, wall_ms: u64) -> Expire {
+        let inner = self.lock();
+        let mut expire = Expire::default();
+        for (name, fence) in inner.holds.due(now) {
+            if expire.len() >= limits::EXPIRE_BATCH_MAX {
+                return expire;
             }
-            let (fence, _) = inner.deadlines.by_name[name];
-            let advertised_end = state
-                .get(name)
-                .and_then(|l| (l.holder.fence == fence).then_some(l.holder.lease));
-            if let Some(Lease::Ttl { expires_at_ms, .. }) = advertised_end {
+            let hold = state.get(name).map(|l| l.holder).filter(|h| h.fence == fence);
+            if let Some(Lease::Ttl { expires_at_ms, .. }) = hold.map(|h| h.lease) {
                 if expires_at_ms <= wall_ms {
-                    due.push((name.clone(), fence));
+                    expire.locks.push((name.clone(), fence));
                 }
             }
         }
-        due
+        for (id, _) in inner.sessions.due(now) {
+            if expire.len() >= limits::EXPIRE_BATCH_MAX {
+                break;
+            }
+            if state.session_lease_ms(*id).is_some() {
+                expire.sessions.push(*id);
+            }
+        }
+        expire
     }
 }
 
 impl ApplyObserver for Events {
-    fn applied(&self, _state: &LockState, _index: u64, applied: &Applied) {
+    fn applied(&self, state: &LockState, _index: u64, applied: &Applied) {
         let now = Instant::now();
-        let mut inner = self.inner.lock().expect("events poisoned");
+        let mut inner = self.lock();
         for (name, fence) in &applied.ended {
-            inner.deadlines.end(name, *fence);
+            inner.holds.end(name, *fence);
+            if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
+                if let Some(tx) = inner.streams.get(&id) {
+                    let _ = tx.send(SessionNote::Ended { name: name.clone(), fence: *fence });
+                }
+            }
         }
         let renewed = match &applied.outcome {
             Outcome::Renewed(grant) => Some(grant),
             _ => None,
         };
         for grant in applied.grants.iter().chain(renewed) {
-            if let Lease::Ttl { ttl_ms, .. } = grant.lease {
-                inner.deadlines.set(
-                    &grant.name,
-                    grant.fence,
-                    now + Duration::from_millis(ttl_ms),
-                );
+            match grant.lease {
+                Lease::Ttl { ttl_ms, .. } => {
+                    inner.holds.set(&grant.name, grant.fence, now + Duration::from_millis(ttl_ms));
+                }
+                Lease::Session(id) => {
+                    inner.session_holds.insert((grant.name.clone(), grant.fence), id);
+                    if let Some(tx) = inner.streams.get(&id) {
+                        let _ = tx.send(SessionNote::Granted(grant.clone()));
+                    }
+                }
             }
         }
         for grant in &applied.grants {
@@ -154,11 +242,26 @@ impl ApplyObserver for Events {
             // Dropping the sender tells the waiter it left the queue.
             inner.watchers.remove(token);
         }
+        match applied.outcome {
+            Outcome::SessionOpened { id } => {
+                let lease_ms = state.session_lease_ms(id).expect("an opened session is open");
+                inner.sessions.set(&id, 0, now + Duration::from_millis(lease_ms));
+            }
+            Outcome::SessionClosed { id } => inner.sessions.end(&id, 0),
+            Outcome::Expired { sessions, .. } if sessions > 0 => {
+                let gone: Vec<SessionId> =
+                    inner.sessions.by_key.keys().copied().filter(|id| state.session_lease_ms(*id).is_none()).collect();
+                for id in gone {
+                    inner.sessions.end(&id, 0);
+                }
+            }
+            _ => {}
+        }
     }
 
     fn restored(&self, state: &LockState) {
-        let mut inner = self.inner.lock().expect("events poisoned");
-        inner.deadlines.reset(state, Instant::now());
+        let mut inner = self.lock();
+        inner.reset(state, Instant::now());
         let watchers = std::mem::take(&mut inner.watchers);
         for (token, (name, tx)) in watchers {
             if let Some(grant) = state.grant(&name, token) {
@@ -188,33 +291,27 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
         }
         if leading_term != Some(term) {
             // Promotion: nobody is expired early because of a heartbeat the old leader saw and we did not.
-            node.events
-                .promote(&node.state.read().expect("lock state poisoned"));
+            node.events.promote(&node.state.read().expect("lock state poisoned"));
             leading_term = Some(term);
-            tracing::info!(term, "became leader; every hold gets a full lease from now");
+            tracing::info!(term, "became leader; every hold and session gets a full lease from now");
             continue;
         }
-        let wall = wall_ms().max(node.state.read().expect("lock state poisoned").now_ms());
-        let mut expire = Expire {
-            locks: node.events.due(
-                &node.state.read().expect("lock state poisoned"),
-                Instant::now(),
-                wall,
-                limits::EXPIRE_BATCH_MAX,
-            ),
-            ..Expire::default()
-        };
-        if last_sweep.elapsed() >= WAITER_SWEEP {
-            last_sweep = Instant::now();
-            let room = limits::EXPIRE_BATCH_MAX - expire.len();
+        let mut expire = {
             let state = node.state.read().expect("lock state poisoned");
-            expire.waiters = state
-                .timed_waiters()
-                .filter(|(_, _, until)| until.saturating_add(WAITER_GRACE_MS) <= wall)
-                .take(room)
-                .map(|(name, token, _)| (name.to_owned(), token))
-                .collect();
-        }
+            let wall = wall_ms().max(state.now_ms());
+            let mut expire = node.events.due(&state, Instant::now(), wall);
+            if last_sweep.elapsed() >= WAITER_SWEEP {
+                last_sweep = Instant::now();
+                let room = limits::EXPIRE_BATCH_MAX - expire.len();
+                expire.waiters = state
+                    .timed_waiters()
+                    .filter(|(_, _, until)| until.saturating_add(WAITER_GRACE_MS) <= wall)
+                    .take(room)
+                    .map(|(name, token, _)| (name.to_owned(), token))
+                    .collect();
+            }
+            expire
+        };
         if expire.is_empty() {
             continue;
         }
@@ -224,13 +321,9 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             continue;
         }
         let count = expire.len();
-        match node
-            .propose_command(holdfast_core::Command::Expire(expire))
-            .await
-        {
-            Ok((index, response)) => {
-                tracing::debug!(index, ?response.outcome, count, "proposed expiry")
-            }
+        expire.sessions.sort_unstable();
+        match node.propose_command(holdfast_core::Command::Expire(expire)).await {
+            Ok((index, response)) => tracing::debug!(index, ?response.outcome, count, "proposed expiry"),
             Err(e) => tracing::warn!(%e, count, "expiry proposal failed; will retry"),
         }
     }

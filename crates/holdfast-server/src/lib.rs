@@ -15,6 +15,7 @@ pub mod http;
 pub mod keeper;
 pub mod network;
 pub mod node;
+pub mod ops;
 
 pub use holdfast_core::limits;
 
@@ -91,34 +92,20 @@ pub async fn run(
     };
     let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
     let peers = Arc::new(Peers::default());
-    let network = Network {
-        peers: peers.clone(),
-    };
-    let raft = Raft::new(config.id, raft_config, network, log_store, sm_store)
-        .await
-        .context("starting raft")?;
+    let network = Network { peers: peers.clone() };
+    let raft = Raft::new(config.id, raft_config, network, log_store, sm_store).await.context("starting raft")?;
 
     // Every node may initialize with the full member list: the first entry is then the same everywhere,
     // so no node is special (what a Kubernetes StatefulSet needs). A node with data just rejoins.
     if !raft.is_initialized().await? {
-        let members: BTreeMap<NodeId, BasicNode> = config
-            .members
-            .iter()
-            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
-            .collect();
+        let members: BTreeMap<NodeId, BasicNode> =
+            config.members.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
         if let Err(e) = raft.initialize(members).await {
             tracing::info!(%e, "not initializing: the cluster already is");
         }
     }
 
-    let node = Arc::new(Node::new(
-        config.id,
-        raft.clone(),
-        state,
-        events,
-        peers,
-        config.limits.clone(),
-    ));
+    let node = Arc::new(Node::new(config.id, raft.clone(), state, events, peers, config.limits.clone()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
     let peer_service = PeerServer::new(PeerService { node: node.clone() })
@@ -126,17 +113,17 @@ pub async fn run(
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     let peer_addr = peer.local_addr()?;
     let mut peer_stop = stop_rx.clone();
-    let peer_server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(peer_service)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(peer),
-                async move {
-                    let _ = peer_stop.changed().await;
-                },
-            ),
-    );
+    let peer_server =
+        tokio::spawn(tonic::transport::Server::builder().add_service(peer_service).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(peer),
+            async move {
+                let _ = peer_stop.changed().await;
+            },
+        ));
     let keeper = tokio::spawn(keeper::run(node.clone(), stop_rx.clone()));
+    let confirmer_node = node.clone();
+    let confirmer_stop = stop_rx.clone();
+    let confirmer = tokio::spawn(async move { confirmer_node.run_confirmer(confirmer_stop).await });
 
     let client_addr = client.local_addr()?;
     tracing::info!(id = config.id, %client_addr, %peer_addr, data_dir = %config.data_dir.display(), "holdfast node started");
@@ -156,10 +143,9 @@ pub async fn run(
         http.abort();
     }
     let _ = keeper.await;
+    let _ = confirmer.await;
     let _ = peer_server.await;
-    raft.shutdown()
-        .await
-        .map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
+    raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
     Ok(())
 }
 
@@ -168,10 +154,8 @@ pub fn cluster_status(node: &Node) -> Value {
     let metrics = node.raft.metrics();
     let m = metrics.borrow();
     let membership = m.membership_config.membership();
-    let members: BTreeMap<String, String> = membership
-        .nodes()
-        .map(|(id, n)| (id.to_string(), n.addr.clone()))
-        .collect();
+    let members: BTreeMap<String, String> =
+        membership.nodes().map(|(id, n)| (id.to_string(), n.addr.clone())).collect();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     json!({
         "id": node.id,
@@ -191,9 +175,7 @@ pub fn cluster_status(node: &Node) -> Value {
 pub fn readiness(node: &Node) -> Result<(), String> {
     let metrics = node.raft.metrics();
     let m = metrics.borrow();
-    m.running_state
-        .as_ref()
-        .map_err(|e| format!("raft stopped: {e}"))?;
+    m.running_state.as_ref().map_err(|e| format!("raft stopped: {e}"))?;
     let Some(leader) = m.current_leader else {
         return Err("no leader known".into());
     };
@@ -201,14 +183,8 @@ pub fn readiness(node: &Node) -> Result<(), String> {
         return Err("leader election in progress".into());
     }
     let applied = m.last_applied.map(|l| l.index);
-    if applied
-        < m.last_log_index
-            .map(|i| i.saturating_sub(READY_LAG_ENTRIES))
-    {
-        return Err(format!(
-            "catching up: applied {applied:?} of {:?}",
-            m.last_log_index
-        ));
+    if applied < m.last_log_index.map(|i| i.saturating_sub(READY_LAG_ENTRIES)) {
+        return Err(format!("catching up: applied {applied:?} of {:?}", m.last_log_index));
     }
     Ok(())
 }

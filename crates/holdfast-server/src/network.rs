@@ -12,13 +12,11 @@ use holdfast_proto::peer::peer_client::PeerClient;
 use holdfast_proto::peer::peer_server::Peer;
 use holdfast_proto::peer::Blob;
 use holdfast_store::{NodeId, TypeConfig};
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
 };
 use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
 use serde::de::DeserializeOwned;
@@ -70,15 +68,12 @@ impl Peers {
 
 /// Encodes a peer message.
 pub fn encode<T: Serialize>(value: &T) -> Blob {
-    Blob {
-        data: bincode::serialize(value).expect("peer messages always encode"),
-    }
+    Blob { data: bincode::serialize(value).expect("peer messages always encode") }
 }
 
 /// Decodes a peer message.
 pub fn decode<T: DeserializeOwned>(blob: &Blob) -> Result<T, tonic::Status> {
-    bincode::deserialize(&blob.data)
-        .map_err(|e| tonic::Status::invalid_argument(format!("undecodable message: {e}")))
+    bincode::deserialize(&blob.data).map_err(|e| tonic::Status::invalid_argument(format!("undecodable message: {e}")))
 }
 
 /// openraft's network factory: one [`PeerNetwork`] per target, sharing the channel cache.
@@ -91,11 +86,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        PeerNetwork {
-            target,
-            addr: node.addr.clone(),
-            peers: self.peers.clone(),
-        }
+        PeerNetwork { target, addr: node.addr.clone(), peers: self.peers.clone() }
     }
 }
 
@@ -115,10 +106,8 @@ impl PeerNetwork {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let mut client = self
-            .peers
-            .client(self.target, &self.addr)
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let mut client =
+            self.peers.client(self.target, &self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         let blob = encode(req);
         let call = async {
             match kind {
@@ -181,40 +170,22 @@ pub struct PeerService {
 
 #[tonic::async_trait]
 impl Peer for PeerService {
-    async fn append_entries(
-        &self,
-        req: tonic::Request<Blob>,
-    ) -> Result<tonic::Response<Blob>, tonic::Status> {
+    async fn append_entries(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(tonic::Response::new(encode(
-            &self.node.raft.append_entries(rpc).await,
-        )))
+        Ok(tonic::Response::new(encode(&self.node.raft.append_entries(rpc).await)))
     }
 
-    async fn vote(
-        &self,
-        req: tonic::Request<Blob>,
-    ) -> Result<tonic::Response<Blob>, tonic::Status> {
+    async fn vote(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
         let rpc: VoteRequest<NodeId> = decode(req.get_ref())?;
-        Ok(tonic::Response::new(encode(
-            &self.node.raft.vote(rpc).await,
-        )))
+        Ok(tonic::Response::new(encode(&self.node.raft.vote(rpc).await)))
     }
 
-    async fn install_snapshot(
-        &self,
-        req: tonic::Request<Blob>,
-    ) -> Result<tonic::Response<Blob>, tonic::Status> {
+    async fn install_snapshot(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(tonic::Response::new(encode(
-            &self.node.raft.install_snapshot(rpc).await,
-        )))
+        Ok(tonic::Response::new(encode(&self.node.raft.install_snapshot(rpc).await)))
     }
 
-    async fn forward(
-        &self,
-        req: tonic::Request<Blob>,
-    ) -> Result<tonic::Response<Blob>, tonic::Status> {
+    async fn forward(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
         let request: ForwardRequest = decode(req.get_ref())?;
         let reply: Result<_, NodeError> = self.node.serve_forwarded(request).await;
         Ok(tonic::Response::new(encode(&reply)))

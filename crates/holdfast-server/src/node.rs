@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, Token};
+use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, SessionId, SessionView, Token};
 use holdfast_store::{NodeId, Response, SharedState, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{Raft, ServerState};
@@ -34,28 +34,38 @@ pub enum Request {
         name: String,
         token: Token,
     },
+    /// Without `ttl_ms`, renew for the TTL the hold has (as the leader's state says).
     Renew {
         name: String,
         token: Token,
-        ttl_ms: u64,
+        ttl_ms: Option<u64>,
     },
+    /// Withdraw a claim: leave the queue, or release if it was granted.
     Cancel {
         name: String,
         token: Token,
+    },
+    /// Open a session; the leader makes its id.
+    OpenSession {
+        owner: String,
+        lease_ms: u64,
+    },
+    /// End a session cleanly, handing over its locks.
+    CloseSession {
+        id: SessionId,
+    },
+    /// A session asks for a lock (it queues if the lock is held).
+    SessionAcquire {
+        id: SessionId,
+        name: String,
     },
 }
 
 /// A read a client asks for, answered by the leader after it confirmed its leadership.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Query {
-    Lock {
-        name: String,
-    },
-    List {
-        prefix: String,
-        after: Option<String>,
-        limit: usize,
-    },
+    Lock { name: String },
+    List { prefix: String, after: Option<String>, limit: usize },
 }
 
 /// The answer to a [`Query`].
@@ -76,13 +86,14 @@ pub struct Written {
     pub token: Option<Token>,
 }
 
+/// What the leader answers a session's heartbeat: how many locks it holds and waits for, or `None` if the
+/// session is gone (closed or expired).
+pub type HeartbeatReply = Option<(u32, u32)>;
+
 impl Written {
     /// The lock state's answer. Every entry a node proposes is a lock command, so there always is one.
     pub fn outcome(&self) -> &Outcome {
-        self.response
-            .outcome
-            .as_ref()
-            .expect("a proposed lock command has an outcome")
+        self.response.outcome.as_ref().expect("a proposed lock command has an outcome")
     }
 }
 
@@ -91,6 +102,10 @@ impl Written {
 pub enum ForwardRequest {
     Write(Request),
     Read(Query),
+    /// Keep a session alive.
+    Heartbeat(SessionId),
+    /// Confirm leadership and answer the leader's applied index (for a read served by a follower).
+    Barrier,
 }
 
 /// What the leader answers a follower.
@@ -98,6 +113,8 @@ pub enum ForwardRequest {
 pub enum ForwardReply {
     Written(Written),
     Read(QueryReply),
+    Heartbeat(HeartbeatReply),
+    Barrier(u64),
 }
 
 /// Why a node could not serve a request.
@@ -145,14 +162,20 @@ pub struct Node {
     pub limits: FrontLimits,
     /// The last time stamp this node issued as leader; stamps never go backwards.
     last_stamp_ms: AtomicU64,
+    /// Batches the leadership confirmations heartbeats need.
+    confirmer: Confirmer,
+}
+
+/// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
+struct Confirmer {
+    wake: tokio::sync::Notify,
+    /// When the last round began, and whether it confirmed leadership.
+    rounds: tokio::sync::watch::Sender<Option<(Instant, bool)>>,
 }
 
 /// Wall-clock milliseconds since the Unix epoch.
 pub fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 impl Node {
@@ -164,15 +187,8 @@ impl Node {
         peers: Arc<Peers>,
         limits: FrontLimits,
     ) -> Self {
-        Node {
-            id,
-            raft,
-            state,
-            events,
-            peers,
-            limits,
-            last_stamp_ms: AtomicU64::new(0),
-        }
+        let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
+        Node { id, raft, state, events, peers, limits, last_stamp_ms: AtomicU64::new(0), confirmer }
     }
 
     /// The leader's stamp for a new entry: `max(last stamp, last applied time, wall clock)`.
@@ -201,9 +217,7 @@ impl Node {
         let reply = self.through_leader(ForwardRequest::Write(request)).await?;
         match reply {
             ForwardReply::Written(written) => Ok(written),
-            ForwardReply::Read(_) => Err(NodeError::Unavailable(
-                "the leader answered a write with a read".into(),
-            )),
+            other => Err(NodeError::Unavailable(format!("the leader answered a write with {other:?}"))),
         }
     }
 
@@ -211,10 +225,46 @@ impl Node {
     pub async fn read(&self, query: Query) -> Result<QueryReply, NodeError> {
         match self.through_leader(ForwardRequest::Read(query)).await? {
             ForwardReply::Read(reply) => Ok(reply),
-            ForwardReply::Written(_) => Err(NodeError::Unavailable(
-                "the leader answered a read with a write".into(),
-            )),
+            other => Err(NodeError::Unavailable(format!("the leader answered a read with {other:?}"))),
         }
+    }
+
+    /// Keeps session `id` alive: the leader extends its lease from when the heartbeat reached it, once a
+    /// quorum round begun after that confirmed it is still leader.
+    pub async fn heartbeat(&self, id: SessionId) -> Result<HeartbeatReply, NodeError> {
+        match self.through_leader(ForwardRequest::Heartbeat(id)).await? {
+            ForwardReply::Heartbeat(reply) => Ok(reply),
+            other => Err(NodeError::Unavailable(format!("the leader answered a heartbeat with {other:?}"))),
+        }
+    }
+
+    /// Session `id` and its claims, as of a point no earlier than this call (confirmed by the leader and
+    /// applied here), with `attach` run under the state lock so no entry is applied in between.
+    pub async fn session_view<T>(
+        &self,
+        id: SessionId,
+        attach: impl FnOnce(&SessionView) -> T,
+    ) -> Result<Option<(SessionView, T)>, NodeError> {
+        let index = match self.through_leader(ForwardRequest::Barrier).await? {
+            ForwardReply::Barrier(index) => index,
+            other => return Err(NodeError::Unavailable(format!("the leader answered a barrier with {other:?}"))),
+        };
+        self.wait_applied(index).await?;
+        let state = self.state.read().expect("lock state poisoned");
+        Ok(state.session(id).map(|view| {
+            let attached = attach(&view);
+            (view, attached)
+        }))
+    }
+
+    /// Waits until this node applied the log up to `index`.
+    pub async fn wait_applied(&self, index: u64) -> Result<(), NodeError> {
+        self.raft
+            .wait(Some(REQUEST_TIMEOUT))
+            .applied_index_at_least(Some(index), "applied here")
+            .await
+            .map(|_| ())
+            .map_err(|e| NodeError::Unavailable(e.to_string()))
     }
 
     async fn through_leader(&self, request: ForwardRequest) -> Result<ForwardReply, NodeError> {
@@ -228,18 +278,14 @@ impl Node {
                 None => Err(NodeError::NotLeader { leader: None }),
             };
             match attempt {
-                Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_))
-                    if Instant::now() < deadline =>
-                {
+                Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_)) if Instant::now() < deadline => {
                     // Wait for news of a leader, but not forever: the metrics may not change while a
                     // partitioned leader still believes it leads.
                     let _ = tokio::time::timeout(RETRY_PAUSE * 4, metrics.changed()).await;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_)) => {
-                    return Err(NodeError::Unavailable(format!(
-                        "no leader answered within {REQUEST_TIMEOUT:?}"
-                    )))
+                    return Err(NodeError::Unavailable(format!("no leader answered within {REQUEST_TIMEOUT:?}")))
                 }
                 result => return result,
             }
@@ -255,29 +301,19 @@ impl Node {
         let addr = {
             let metrics = self.raft.metrics();
             let m = metrics.borrow();
-            m.membership_config
-                .membership()
-                .get_node(&leader)
-                .map(|n| n.addr.clone())
+            m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())
         };
         let Some(addr) = addr else {
             return Err(NodeError::NotLeader { leader: None });
         };
-        let mut client = self
-            .peers
-            .client(leader, &addr)
-            .map_err(|e| NodeError::Unreachable(e.to_string()))?;
+        let mut client = self.peers.client(leader, &addr).map_err(|e| NodeError::Unreachable(e.to_string()))?;
         let timeout = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(timeout, client.forward(encode(request))).await {
             Err(_) => Err(NodeError::Timeout(REQUEST_TIMEOUT)),
-            Ok(Err(status))
-                if status.code() == tonic::Code::Unavailable && is_connect_error(&status) =>
-            {
+            Ok(Err(status)) if status.code() == tonic::Code::Unavailable && is_connect_error(&status) => {
                 Err(NodeError::Unreachable(status.message().to_owned()))
             }
-            Ok(Err(status)) => Err(NodeError::Unavailable(format!(
-                "forwarding to node {leader}: {status}"
-            ))),
+            Ok(Err(status)) => Err(NodeError::Unavailable(format!("forwarding to node {leader}: {status}"))),
             Ok(Ok(reply)) => {
                 let reply: Result<ForwardReply, NodeError> =
                     decode(reply.get_ref()).map_err(|e| NodeError::Unavailable(e.to_string()))?;
@@ -287,85 +323,130 @@ impl Node {
     }
 
     /// Serves a request as the leader; answers [`NodeError::NotLeader`] if this node is not.
-    pub async fn serve_forwarded(
-        &self,
-        request: ForwardRequest,
-    ) -> Result<ForwardReply, NodeError> {
+    pub async fn serve_forwarded(&self, request: ForwardRequest) -> Result<ForwardReply, NodeError> {
         match request {
-            ForwardRequest::Write(request) => {
-                self.propose(request).await.map(ForwardReply::Written)
-            }
+            ForwardRequest::Write(request) => self.propose(request).await.map(ForwardReply::Written),
             ForwardRequest::Read(query) => self.answer(query).await.map(ForwardReply::Read),
+            ForwardRequest::Heartbeat(id) => self.keep_alive(id, Instant::now()).await.map(ForwardReply::Heartbeat),
+            ForwardRequest::Barrier => {
+                self.confirm_leader().await?;
+                Ok(ForwardReply::Barrier(self.state.read().expect("lock state poisoned").applied_index()))
+            }
+        }
+    }
+
+    /// The leader's side of a heartbeat that reached it at `received`.
+    async fn keep_alive(&self, id: SessionId, received: Instant) -> Result<HeartbeatReply, NodeError> {
+        if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        let counts = {
+            let state = self.state.read().expect("lock state poisoned");
+            let Some((_, lease_ms, holds, waits)) = state.session_summary(id) else { return Ok(None) };
+            // Extended from now, after the client sent the heartbeat: the client, counting its lease from
+            // when it sent it, never believes in a lease longer than the leader's.
+            if !self.events.extend_session(id, lease_ms) {
+                return Ok(None);
+            }
+            (holds as u32, waits as u32)
+        };
+        // Acknowledged only once a quorum round begun after the heartbeat arrived confirms this node still
+        // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
+        self.confirmed_since(received).await?;
+        Ok(Some(counts))
+    }
+
+    /// Waits for a quorum round that began at or after `since` and confirmed this node's leadership.
+    async fn confirmed_since(&self, since: Instant) -> Result<(), NodeError> {
+        let mut rounds = self.confirmer.rounds.subscribe();
+        self.confirmer.wake.notify_one();
+        let round = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            rounds.wait_for(|round| round.is_some_and(|(began, _)| began >= since)),
+        )
+        .await
+        .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?
+        .map_err(|_| NodeError::Unavailable("shutting down".into()))?;
+        match *round {
+            Some((_, true)) => Ok(()),
+            _ => Err(NodeError::NotLeader { leader: None }),
+        }
+    }
+
+    /// Runs leadership confirmation rounds on demand until `shutdown`; one round answers every heartbeat
+    /// that arrived before it began.
+    pub async fn run_confirmer(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = self.confirmer.wake.notified() => {}
+                _ = shutdown.changed() => return,
+            }
+            let began = Instant::now();
+            let confirmed =
+                matches!(tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable()).await, Ok(Ok(_)));
+            self.confirmer.rounds.send_replace(Some((began, confirmed)));
         }
     }
 
     async fn propose(&self, request: Request) -> Result<Written, NodeError> {
         let (cmd, token) = match request {
-            Request::Acquire {
-                name,
-                owner,
-                ttl_ms,
-                wait_ms,
-            } => {
+            Request::Acquire { name, owner, ttl_ms, wait_ms } => {
                 // The leader makes the token before it proposes, so apply stays deterministic.
                 let token = Token(rand::random());
-                (
-                    Command::Acquire(Acquire {
-                        name,
-                        owner,
-                        token,
-                        ttl_ms,
-                        wait_ms,
-                        session: None,
-                    }),
-                    Some(token),
-                )
+                (Command::Acquire(Acquire { name, owner, token, ttl_ms, wait_ms, session: None }), Some(token))
             }
             Request::Release { name, token } => (Command::Release { name, token }, None),
-            Request::Renew {
-                name,
-                token,
-                ttl_ms,
-            } => (
-                Command::Renew {
-                    name,
-                    token,
-                    ttl_ms,
-                },
-                None,
-            ),
+            Request::Renew { name, token, ttl_ms } => {
+                let ttl_ms = ttl_ms.unwrap_or_else(|| {
+                    let state = self.state.read().expect("lock state poisoned");
+                    match state.grant(&name, token).map(|g| g.lease) {
+                        Some(holdfast_core::Lease::Ttl { ttl_ms, .. }) => ttl_ms,
+                        // Not a TTL hold of this token: the state machine rejects the renew whatever the TTL.
+                        _ => holdfast_core::limits::TTL_MS_MIN,
+                    }
+                });
+                (Command::Renew { name, token, ttl_ms }, None)
+            }
             Request::Cancel { name, token } => (Command::Cancel { name, token }, None),
+            Request::OpenSession { owner, lease_ms } => {
+                // Ids are made by the leader, like tokens; 0 is never used so it can mean "none" on the wire.
+                let id = rand::random::<u64>().max(1);
+                (Command::OpenSession { id, owner, lease_ms }, None)
+            }
+            Request::CloseSession { id } => (Command::CloseSession { id }, None),
+            Request::SessionAcquire { id, name } => {
+                let state = self.state.read().expect("lock state poisoned");
+                let owner = state.session_summary(id).map(|(owner, ..)| owner.to_owned());
+                drop(state);
+                let token = Token(rand::random());
+                let acquire =
+                    Acquire { name, owner: owner.unwrap_or_default(), token, ttl_ms: 0, wait_ms: 0, session: Some(id) };
+                (Command::Acquire(acquire), Some(token))
+            }
         };
         let (index, response) = self.propose_command(cmd).await?;
-        Ok(Written {
-            index,
-            response,
-            token,
-        })
+        Ok(Written { index, response, token })
     }
 
     /// Proposes `cmd` stamped with leader time; returns its log index and the lock state's answer once
     /// it is committed and applied here.
     pub async fn propose_command(&self, cmd: Command) -> Result<(u64, Response), NodeError> {
         if !self.is_leader() {
-            return Err(NodeError::NotLeader {
-                leader: self.leader(),
-            });
+            return Err(NodeError::NotLeader { leader: self.leader() });
         }
-        let entry = Entry {
-            at_ms: self.stamp(),
-            cmd,
-        };
+        let entry = Entry { at_ms: self.stamp(), cmd };
         let written = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(entry))
             .await
             .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
         match written {
             Ok(reply) => Ok((reply.log_id.index, reply.data)),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(NodeError::NotLeader {
-                    leader: f.leader_id,
-                })
-            }
+            // openraft also answers ForwardToLeader for an entry it appended and then had truncated by a
+            // new leader; a copy may survive on another node and still commit, so this is not "nothing was
+            // proposed" and must not be retried.
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(NodeError::Unavailable(format!(
+                "leadership moved to {:?} while the write was in flight; it may or may not have taken effect",
+                f.leader_id
+            ))),
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(NodeError::Unavailable(e.to_string()))
             }
@@ -380,11 +461,7 @@ impl Node {
         let state = self.state.read().expect("lock state poisoned");
         Ok(match query {
             Query::Lock { name } => QueryReply::Lock(state.get(&name)),
-            Query::List {
-                prefix,
-                after,
-                limit,
-            } => QueryReply::List(state.list(&prefix, after.as_deref(), limit)),
+            Query::List { prefix, after, limit } => QueryReply::List(state.list(&prefix, after.as_deref(), limit)),
         })
     }
 
@@ -397,9 +474,7 @@ impl Node {
         match confirmed {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(NodeError::NotLeader {
-                    leader: f.leader_id,
-                })
+                Err(NodeError::NotLeader { leader: f.leader_id })
             }
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
                 Err(NodeError::NotLeader { leader: None })
@@ -412,11 +487,7 @@ impl Node {
     /// Watches queued claim `token` on `name`, once this node has applied the entry (at `index`) that
     /// queued it.
     pub async fn watch(&self, name: &str, token: Token, index: u64) -> Result<Watch, NodeError> {
-        self.raft
-            .wait(Some(REQUEST_TIMEOUT))
-            .applied_index_at_least(Some(index), "the queued claim is applied here")
-            .await
-            .map_err(|e| NodeError::Unavailable(e.to_string()))?;
+        self.wait_applied(index).await?;
         // Holding the state lock while registering means no grant can be applied in between.
         let state = self.state.read().expect("lock state poisoned");
         if let Some(grant) = state.grant(name, token) {

@@ -11,11 +11,7 @@ use holdfast_server::limits;
 use holdfast_server::node::FrontLimits;
 
 #[derive(Parser)]
-#[command(
-    name = "holdfast",
-    version,
-    about = "A replicated lock service: locks with fences, decided by Raft."
-)]
+#[command(name = "holdfast", version, about = "A replicated lock service: locks with fences, decided by Raft.")]
 struct Cli {
     #[command(subcommand)]
     command: Commands,
@@ -105,22 +101,14 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         None => BTreeMap::from([(args.id, args.peer_addr.to_string())]),
     };
     if !members.contains_key(&args.id) {
-        bail!(
-            "--members must include this node's id {} (got {list:?})",
-            args.id,
-            list = args.members
-        );
+        bail!("--members must include this node's id {} (got {list:?})", args.id, list = args.members);
     }
     let ms = |d: Duration| d.as_millis() as u64;
     if args.ttl_min > args.ttl_max {
         bail!("--ttl-min must not exceed --ttl-max");
     }
     if ms(args.ttl_min) < limits::TTL_MS_MIN || ms(args.ttl_max) > limits::TTL_MS_MAX {
-        bail!(
-            "--ttl-min and --ttl-max must lie within {} ms..={} ms",
-            limits::TTL_MS_MIN,
-            limits::TTL_MS_MAX
-        );
+        bail!("--ttl-min and --ttl-max must lie within {} ms..={} ms", limits::TTL_MS_MIN, limits::TTL_MS_MAX);
     }
     if ms(args.wait_max) > limits::WAIT_MS_MAX {
         bail!("--wait-max must be at most {} ms", limits::WAIT_MS_MAX);
@@ -147,13 +135,8 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
 fn parse_members(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
     let mut members = BTreeMap::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (id, addr) = item
-            .split_once('=')
-            .with_context(|| format!("member {item:?}: expected ID=HOST:PORT"))?;
-        let id: u64 = id
-            .trim()
-            .parse()
-            .with_context(|| format!("member {item:?}: the id is not a number"))?;
+        let (id, addr) = item.split_once('=').with_context(|| format!("member {item:?}: expected ID=HOST:PORT"))?;
+        let id: u64 = id.trim().parse().with_context(|| format!("member {item:?}: the id is not a number"))?;
         let addr = addr.trim();
         if id == 0 {
             bail!("member {item:?}: ids are positive");
@@ -175,9 +158,7 @@ fn parse_members(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -186,8 +167,8 @@ fn init_logging(format: LogFormat) {
 
 /// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing SIGTERM handler");
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -201,24 +182,8 @@ mod tests {
     #[test]
     fn members_parse_and_refuse_bad_lists() {
         let m = parse_members("1=h1:7071, 2=h2:7071,3=10.0.0.3:7071").unwrap();
-        assert_eq!(
-            m,
-            BTreeMap::from([
-                (1, "h1:7071".into()),
-                (2, "h2:7071".into()),
-                (3, "10.0.0.3:7071".into())
-            ])
-        );
-        for bad in [
-            "",
-            "1",
-            "x=h:1",
-            "0=h:1",
-            "1=h",
-            "1=:7071",
-            "1=h:99999",
-            "1=h:1,1=h:2",
-        ] {
+        assert_eq!(m, BTreeMap::from([(1, "h1:7071".into()), (2, "h2:7071".into()), (3, "10.0.0.3:7071".into())]));
+        for bad in ["", "1", "x=h:1", "0=h:1", "1=h", "1=:7071", "1=h:99999", "1=h:1,1=h:2"] {
             assert!(parse_members(bad).is_err(), "{bad:?} must be refused");
         }
     }
@@ -229,10 +194,7 @@ mod tests {
         let Commands::Server(args) = cli.command;
         let config = server_config(&args).unwrap();
         assert_eq!(config.id, 1);
-        assert_eq!(
-            config.members,
-            BTreeMap::from([(1, "127.0.0.1:7071".to_string())])
-        );
+        assert_eq!(config.members, BTreeMap::from([(1, "127.0.0.1:7071".to_string())]));
         assert_eq!(args.client_addr.to_string(), "127.0.0.1:7070");
         assert_eq!(config.data_dir, PathBuf::from("./holdfast-data"));
     }

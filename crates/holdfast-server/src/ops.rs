@@ -1,0 +1,225 @@
+//! The one-shot lock operations both front doors (HTTP and gRPC) offer, with their input checks. The fronts
+//! only parse and format; everything else is here, once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use holdfast_core::{limits, Grant, LockView, Outcome, Token};
+
+use crate::error::ApiError;
+use crate::node::{Node, Query, QueryReply, Request, Watch, Written};
+
+/// TTL when a client gives none.
+pub const TTL_MS_DEFAULT: u64 = 30_000;
+/// Default and largest page of a list.
+pub const PAGE_DEFAULT: usize = 100;
+pub const PAGE_MAX: usize = 1000;
+
+/// A lock name: 1 to [`limits::NAME_LEN_MAX`] bytes of `A-Z a-z 0-9 . _ - :`.
+pub fn check_name(name: &str) -> Result<(), ApiError> {
+    if limits::valid_name(name) {
+        return Ok(());
+    }
+    let detail = format!("lock names are 1 to {} bytes of A-Z a-z 0-9 . _ - :", limits::NAME_LEN_MAX);
+    Err(ApiError::invalid("invalid-name", detail))
+}
+
+/// An owner: at most [`limits::OWNER_LEN_MAX`] bytes, no control characters.
+pub fn check_owner(owner: &str) -> Result<(), ApiError> {
+    if limits::valid_owner(owner) {
+        return Ok(());
+    }
+    let detail = format!("owner: at most {} bytes, no control characters", limits::OWNER_LEN_MAX);
+    Err(ApiError::invalid("invalid-owner", detail))
+}
+
+/// A TTL or session lease within this node's configured bounds.
+pub fn check_ttl(node: &Node, ttl_ms: u64) -> Result<u64, ApiError> {
+    let (min, max) = (node.limits.ttl_ms_min, node.limits.ttl_ms_max);
+    if (min..=max).contains(&ttl_ms) {
+        return Ok(ttl_ms);
+    }
+    Err(ApiError::invalid(
+        "invalid-ttl",
+        format!("ttl {} is outside {}..={}", show_ms(ttl_ms), show_ms(min), show_ms(max)),
+    ))
+}
+
+/// A wait within this node's configured bound.
+pub fn check_wait(node: &Node, wait_ms: u64) -> Result<u64, ApiError> {
+    let max = node.limits.wait_ms_max;
+    if wait_ms <= max {
+        return Ok(wait_ms);
+    }
+    Err(ApiError::invalid("invalid-wait", format!("wait {} is longer than {}", show_ms(wait_ms), show_ms(max))))
+}
+
+/// A page size from 1 to [`PAGE_MAX`].
+pub fn check_page(limit: usize) -> Result<usize, ApiError> {
+    if (1..=PAGE_MAX).contains(&limit) {
+        return Ok(limit);
+    }
+    Err(ApiError::invalid("invalid-query", format!("limit: a number from 1 to {PAGE_MAX}")))
+}
+
+/// A duration for people: `500ms`, `2s`, `1day`.
+pub fn show_ms(ms: u64) -> String {
+    humantime::format_duration(Duration::from_millis(ms)).to_string()
+}
+
+/// Takes `name` for `ttl_ms`, waiting in its queue up to `wait_ms` if it is held.
+pub async fn acquire(
+    node: &Arc<Node>,
+    name: String,
+    owner: String,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> Result<Grant, ApiError> {
+    let started = Instant::now();
+    check_name(&name)?;
+    check_owner(&owner)?;
+    check_ttl(node, ttl_ms)?;
+    check_wait(node, wait_ms)?;
+    let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms };
+    let written = acquire_or_undo(node, name.clone(), request).await?;
+    match written.outcome().clone() {
+        Outcome::Granted(grant) => Ok(grant),
+        Outcome::Busy { holder } => Err(ApiError::Busy { name, holder: Some(holder) }),
+        Outcome::Queued { .. } => {
+            let token = written.token.expect("the leader returns the token of an acquire");
+            let deadline = started + Duration::from_millis(wait_ms);
+            wait_for_grant(node, name, token, written.index, deadline).await
+        }
+        Outcome::Rejected(reject) => Err(reject.into()),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Proposes an acquire of `name` in a task of its own. If the caller goes away before the answer, the task
+/// undoes what the acquire did (releases the grant, or leaves the queue), so that nobody holds or waits for
+/// a lock on behalf of a client that is gone.
+async fn acquire_or_undo(node: &Arc<Node>, name: String, request: Request) -> Result<Written, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task_node = node.clone();
+    tokio::spawn(async move {
+        let result = task_node.write(request).await;
+        let Err(Ok(written)) = tx.send(result) else { return };
+        let Some(token) = written.token else { return };
+        if matches!(written.outcome(), Outcome::Granted(_) | Outcome::Queued { .. }) {
+            tracing::debug!(name, "the client went away before its acquire was answered; undoing it");
+            withdraw(&task_node, name, token).await;
+        }
+    });
+    Ok(rx.await.map_err(|_| ApiError::Internal { detail: "the acquire task ended without an answer".into() })??)
+}
+
+/// Withdraws claim `token` on `name`: leaves the queue, or releases the lock if it was granted.
+async fn withdraw(node: &Node, name: String, token: Token) {
+    node.events.unwatch(token);
+    if let Err(e) = node.write(Request::Cancel { name: name.clone(), token }).await {
+        tracing::warn!(%e, name, "could not withdraw the claim of a client that went away");
+    }
+}
+
+/// Long-polls a queued claim until it is granted or `deadline` passes. If the caller goes away (this
+/// future is dropped), the claim is withdrawn.
+async fn wait_for_grant(
+    node: &Arc<Node>,
+    name: String,
+    token: Token,
+    index: u64,
+    deadline: Instant,
+) -> Result<Grant, ApiError> {
+    let mut guard = WithdrawOnDrop { node: node.clone(), name: name.clone(), token, armed: true };
+    let granted = match node.watch(&name, token, index).await? {
+        Watch::Granted(grant) => Some(grant),
+        Watch::Gone => None,
+        Watch::Waiting(rx) => match tokio::time::timeout_at(deadline.into(), rx).await {
+            Ok(Ok(grant)) => Some(grant),
+            Ok(Err(_)) | Err(_) => None,
+        },
+    };
+    guard.armed = false;
+    if let Some(grant) = granted {
+        return Ok(grant);
+    }
+    // The wait is over: withdraw. If the grant came in between, this releases it again, so that nobody
+    // holds a lock its requester was told it did not get.
+    node.events.unwatch(token);
+    node.write(Request::Cancel { name: name.clone(), token }).await?;
+    let holder = node.state.read().expect("lock state poisoned").get(&name).map(|l| l.holder);
+    Err(ApiError::Busy { name, holder })
+}
+
+/// Withdraws a queued claim when dropped while armed: the waiter's request went away.
+struct WithdrawOnDrop {
+    node: Arc<Node>,
+    name: String,
+    token: Token,
+    armed: bool,
+}
+
+impl Drop for WithdrawOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let (node, name, token) = (self.node.clone(), std::mem::take(&mut self.name), self.token);
+            tokio::spawn(async move { withdraw(&node, name, token).await });
+        }
+    }
+}
+
+/// Lets go of `name`; answers the fence of the hold that ended.
+pub async fn release(node: &Node, name: String, token: Token) -> Result<(String, u64), ApiError> {
+    check_name(&name)?;
+    match node.write(Request::Release { name, token }).await?.outcome().clone() {
+        Outcome::Released { name, fence } => Ok((name, fence)),
+        Outcome::Rejected(reject) => Err(reject.into()),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Extends the TTL hold of `token` on `name` (for its current TTL when `ttl_ms` is `None`).
+pub async fn renew(node: &Node, name: String, token: Token, ttl_ms: Option<u64>) -> Result<Grant, ApiError> {
+    check_name(&name)?;
+    if let Some(ttl_ms) = ttl_ms {
+        check_ttl(node, ttl_ms)?;
+    }
+    match node.write(Request::Renew { name, token, ttl_ms }).await?.outcome().clone() {
+        Outcome::Renewed(grant) => Ok(grant),
+        Outcome::Rejected(reject) => Err(reject.into()),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Who holds `name` and who waits for it.
+pub async fn get(node: &Node, name: String) -> Result<LockView, ApiError> {
+    check_name(&name)?;
+    match node.read(Query::Lock { name: name.clone() }).await? {
+        QueryReply::Lock(Some(view)) => Ok(view),
+        QueryReply::Lock(None) => Err(ApiError::NotFound { name }),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Up to `limit` locks whose names start with `prefix`, after `after`; and the `after` of the next page.
+pub async fn list(
+    node: &Node,
+    prefix: String,
+    after: Option<String>,
+    limit: usize,
+) -> Result<(Vec<LockView>, Option<String>), ApiError> {
+    if prefix.len() > limits::NAME_LEN_MAX || after.as_ref().is_some_and(|a| a.len() > limits::NAME_LEN_MAX) {
+        return Err(ApiError::invalid(
+            "invalid-query",
+            format!("prefix, after: at most {} bytes", limits::NAME_LEN_MAX),
+        ));
+    }
+    let limit = check_page(limit)?;
+    match node.read(Query::List { prefix, after, limit }).await? {
+        QueryReply::List(views) => {
+            let next = if views.len() == limit { views.last().map(|v| v.name.clone()) } else { None };
+            Ok((views, next))
+        }
+        other => Err(ApiError::unexpected(other)),
+    }
+}
