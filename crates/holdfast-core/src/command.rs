@@ -83,8 +83,8 @@ pub struct Acquire {
     pub token: Token,
     /// For a claim without a session: how long the grant lasts unless renewed. Ignored with a session.
     pub ttl_ms: u64,
-    /// 0: answer busy if held. Otherwise queue, and give up the place after `wait_ms` (sessions wait as
-    /// long as they live and may pass [`crate::limits::WAIT_MS_MAX`]).
+    /// 0: answer busy if held. Otherwise queue, and give up the place after `wait_ms`; a session's waiter
+    /// waits (whatever the nonzero value) as long as the session lives.
     pub wait_ms: u64,
     /// The session that owns the claim, if any.
     pub session: Option<SessionId>,
@@ -96,7 +96,9 @@ pub struct Acquire {
 pub struct Expire {
     /// TTL holds, by name and the fence of the grant that ran out.
     pub locks: Vec<(String, u64)>,
-    /// Waiters whose wait ran out, by name and token.
+    /// Waiters without a session the leader found gone, by name and token: their wait ran out, or the node
+    /// serving their request stopped keeping them alive (it crashed, or the client went away). A session's
+    /// waiter is never removed this way: it goes with its session.
     pub waiters: Vec<(String, Token)>,
     /// Sessions whose lease ran out on the leader.
     pub sessions: Vec<SessionId>,

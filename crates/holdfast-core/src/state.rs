@@ -352,7 +352,7 @@ impl LockState {
                 if lock.holder.token == a.token || lock.waiters.iter().any(|w| w.token == a.token) {
                     return Outcome::Rejected(Reject::DuplicateToken);
                 }
-                if a.wait_ms == 0 && a.session.is_none() {
+                if a.wait_ms == 0 {
                     return Outcome::Busy { holder: view_of(&lock.holder) };
                 }
                 if lock.waiters.len() >= limits::WAITERS_PER_LOCK_MAX {
@@ -499,8 +499,7 @@ impl LockState {
             let Some(lock) = self.locks.get_mut(name) else {
                 continue;
             };
-            let due =
-                lock.waiters.iter().position(|w| w.session.is_none() && w.token == *token && w.wait_until_ms <= at);
+            let due = lock.waiters.iter().position(|w| w.session.is_none() && w.token == *token);
             if let Some(i) = due {
                 lock.waiters.remove(i);
                 applied.dropped.push((name.clone(), *token));

@@ -202,7 +202,7 @@ impl Model {
                 if lock.holder.token == a.token || lock.waiters.iter().any(|w| w.token == a.token) {
                     return Outcome::Rejected(Reject::DuplicateToken);
                 }
-                if a.session.is_none() && a.wait_ms == 0 {
+                if a.wait_ms == 0 {
                     return Outcome::Busy { holder: view_of(&lock.holder) };
                 }
                 lock.waiters.push(MWaiter {
@@ -301,10 +301,7 @@ impl Model {
         }
         for (name, token) in &e.waiters {
             let Some(i) = self.find(name) else { continue };
-            let due = self.locks[i]
-                .waiters
-                .iter()
-                .position(|w| w.token == *token && w.wait_until_ms.is_some_and(|t| t <= now));
+            let due = self.locks[i].waiters.iter().position(|w| w.token == *token && w.wait_until_ms.is_some());
             if let Some(w) = due {
                 self.locks[i].waiters.remove(w);
                 fx.dropped.push((name.clone(), *token));

@@ -32,14 +32,15 @@ fn acquire(name: &str, owner: &str, token: Token, ttl_ms: u64, wait_ms: u64) -> 
     Command::Acquire(Acquire { name: name.to_owned(), owner: owner.to_owned(), token, ttl_ms, wait_ms, session: None })
 }
 
-/// A session's acquire: TTL and wait are ignored for sessions, so they are left at 0.
+/// A session's acquire that waits: the TTL is ignored for sessions, and any nonzero wait means "as long as
+/// the session lives".
 fn session_acquire(name: &str, owner: &str, token: Token, id: SessionId) -> Command {
     Command::Acquire(Acquire {
         name: name.to_owned(),
         owner: owner.to_owned(),
         token,
         ttl_ms: 0,
-        wait_ms: 0,
+        wait_ms: 1,
         session: Some(id),
     })
 }
@@ -658,24 +659,18 @@ fn expire_of_a_session_hold_by_fence_changes_nothing() {
 }
 
 #[test]
-fn expire_removes_waiters_whose_wait_ran_out_and_only_those() {
+fn expire_removes_the_listed_waiters_the_leader_found_gone_and_never_a_holder() {
     let mut state = held_with_two_waiters();
     let grant = ttl_grant("job", "worker-1", tok(1), 3, T0, 30_000);
-    // worker-3 waits until T0 + 5 002: an item stamped earlier changes nothing.
-    assert_no_change(
-        &mut state,
-        6,
-        at(T0 + 5_001, expire(&[], &[("job", tok(3))], &[])),
-        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
-    );
-    let applied = state.apply(
-        7,
-        &at(T0 + 5_002, expire(&[], &[("job", tok(3)), ("job", tok(2)), ("job", tok(1)), ("nothing", tok(3))], &[])),
-    );
+    // The leader decides a waiter is gone (its wait ran out, or the node serving its request stopped keeping
+    // it alive), so even an item stamped before the end of its wait removes it. A holder's token and
+    // unknown names are left alone.
+    let applied =
+        state.apply(7, &at(T0 + 10, expire(&[], &[("job", tok(3)), ("job", tok(1)), ("nothing", tok(3))], &[])));
     assert_eq!(
         applied,
         Applied {
-            at_ms: T0 + 5_002,
+            at_ms: T0 + 10,
             outcome: Outcome::Expired { locks: 0, waiters: 1, sessions: 0 },
             grants: vec![],
             ended: vec![],
@@ -785,23 +780,33 @@ fn session_acquire_is_granted_with_a_session_lease_and_asking_again_changes_noth
 }
 
 #[test]
-fn session_waits_even_when_not_asked_to_and_asking_again_keeps_its_place() {
+fn session_try_lock_is_busy_a_session_waits_as_long_as_it_lives_and_asking_again_keeps_its_place() {
     let mut state = LockState::new();
     state.apply(1, &at(T0, acquire("job", "worker-1", tok(1), 30_000, 0)));
     let grant = ttl_grant("job", "worker-1", tok(1), 1, T0, 30_000);
     state.apply(2, &at(T0, open(1, "svc-a", 2_000)));
     state.apply(3, &at(T0, open(2, "svc-b", 2_000)));
+    // wait_ms 0 is a try-lock, for a session as for anyone.
+    let try_lock = Command::Acquire(Acquire {
+        name: s("job"),
+        owner: s("svc-a"),
+        token: tok(10),
+        ttl_ms: 0,
+        wait_ms: 0,
+        session: Some(1),
+    });
+    assert_no_change(&mut state, 4, at(T0, try_lock), Outcome::Busy { holder: holder(&grant) });
     assert_eq!(
-        state.apply(4, &at(T0 + 1, session_acquire("job", "svc-a", tok(11), 1))),
+        state.apply(5, &at(T0 + 1, session_acquire("job", "svc-a", tok(11), 1))),
         only(T0 + 1, Outcome::Queued { position: 1, holder: holder(&grant) })
     );
     assert_eq!(
-        state.apply(5, &at(T0 + 2, session_acquire("job", "svc-b", tok(21), 2))),
+        state.apply(6, &at(T0 + 2, session_acquire("job", "svc-b", tok(21), 2))),
         only(T0 + 2, Outcome::Queued { position: 2, holder: holder(&grant) })
     );
     assert_no_change(
         &mut state,
-        6,
+        7,
         at(T0 + 3, session_acquire("job", "svc-b", tok(21), 2)),
         Outcome::Queued { position: 2, holder: holder(&grant) },
     );
@@ -813,8 +818,8 @@ fn session_waits_even_when_not_asked_to_and_asking_again_keeps_its_place() {
     assert_eq!(state.timed_waiters().count(), 0);
     // A session waits as long as it lives: far past WAIT_MS_MAX, the hand-over still grants it.
     let far = T0 + WAIT_MS_MAX * 10;
-    let applied = state.apply(7, &at(far, release("job", tok(1))));
-    let next = session_grant("job", "svc-a", tok(11), 7, far, 1);
+    let applied = state.apply(8, &at(far, release("job", tok(1))));
+    let next = session_grant("job", "svc-a", tok(11), 8, far, 1);
     assert_eq!(
         applied,
         Applied {
@@ -826,7 +831,7 @@ fn session_waits_even_when_not_asked_to_and_asking_again_keeps_its_place() {
         }
     );
     // Asking again now answers with the hand-over's grant.
-    assert_no_change(&mut state, 8, at(far, session_acquire("job", "svc-a", tok(11), 1)), Outcome::Granted(next));
+    assert_no_change(&mut state, 9, at(far, session_acquire("job", "svc-a", tok(11), 1)), Outcome::Granted(next));
 }
 
 /// Session 1 holds `a` (fence 3) and `b` (fence 4) and waits for `c`; session 2 waits for `a`; worker-2

@@ -1,10 +1,32 @@
 //! holdfast's gRPC messages and services, generated at build time from the repository's `proto/` folder.
 //!
+//! - [`v1`]: the public API (`proto/holdfast/v1/locks.proto`): lock sessions and one-shot calls.
 //! - [`peer`]: the internal API between nodes (Raft messages and forwarded client requests).
 //!
 //! This crate holds generated code only; it must not depend on any other holdfast crate.
 
-/// The peer API (`proto/holdfast/v1/peer.proto`).
-pub mod peer {
+/// The public API and the peer API share the package `holdfast.v1`.
+mod generated {
     tonic::include_proto!("holdfast.v1");
+}
+
+/// The public API (`proto/holdfast/v1/locks.proto`).
+pub mod v1 {
+    pub use super::generated::locks_client::LocksClient;
+    pub use super::generated::locks_server::{Locks, LocksServer};
+    pub use super::generated::session_event::Kind as EventKind;
+    pub use super::generated::session_request::Kind as RequestKind;
+    pub use super::generated::{
+        AcquireRequest, Acquired, Busy, Close, ClusterStatusRequest, ClusterStatusResponse, GetRequest, Heartbeat,
+        HeartbeatAck, Hold, Holder, ListRequest, ListResponse, Lock, Lost, Open, Opened, ReleaseRequest,
+        ReleaseResponse, Released, RenewRequest, Resume, SessionAcquire, SessionError, SessionEvent, SessionRelease,
+        SessionRequest, Waiter, Waiting,
+    };
+}
+
+/// The peer API (`proto/holdfast/v1/peer.proto`), internal to a cluster.
+pub mod peer {
+    pub use super::generated::peer_client;
+    pub use super::generated::peer_server;
+    pub use super::generated::Blob;
 }

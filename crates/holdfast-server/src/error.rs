@@ -73,9 +73,10 @@ impl From<Reject> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, slug, title, detail) = match &self {
+impl ApiError {
+    /// HTTP status, problem slug, title and detail.
+    fn describe(&self) -> (StatusCode, &'static str, &'static str, String) {
+        match self {
             ApiError::Invalid { slug, detail } => (StatusCode::BAD_REQUEST, *slug, "Invalid request", detail.clone()),
             ApiError::Busy { name, holder } => {
                 let detail = match holder {
@@ -116,7 +117,38 @@ impl IntoResponse for ApiError {
                 tracing::error!(detail, "internal error");
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail.clone())
             }
+        }
+    }
+}
+
+/// The gRPC mapping: a status code, the detail as message, and the stable problem type in the
+/// `holdfast-problem` metadata entry.
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        let (_, slug, _, detail) = e.describe();
+        let code = match e {
+            ApiError::Invalid { .. } => tonic::Code::InvalidArgument,
+            ApiError::Busy { .. } => tonic::Code::AlreadyExists,
+            ApiError::NotHolder { .. } | ApiError::Expired { .. } => tonic::Code::FailedPrecondition,
+            ApiError::NotFound { .. } => tonic::Code::NotFound,
+            ApiError::Limit { .. } => tonic::Code::ResourceExhausted,
+            ApiError::Unavailable { .. } => tonic::Code::Unavailable,
+            ApiError::NoRoute | ApiError::NoMethod => tonic::Code::Unimplemented,
+            ApiError::Internal { .. } => tonic::Code::Internal,
         };
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        let problem = format!("urn:holdfast:{slug}");
+        metadata.insert(PROBLEM_METADATA, problem.parse().expect("problem types are ASCII"));
+        tonic::Status::with_metadata(code, detail, metadata)
+    }
+}
+
+/// The gRPC metadata entry that carries an error's problem type.
+pub const PROBLEM_METADATA: &str = "holdfast-problem";
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, slug, title, detail) = self.describe();
         let mut body = json!({
             "type": format!("urn:holdfast:{slug}"),
             "title": title,

@@ -15,7 +15,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use holdfast_core::{limits, Applied, Expire, Grant, Lease, LockState, Outcome, SessionId, Token};
+use holdfast_core::{limits, Applied, Command, Entry, Expire, Grant, Lease, LockState, Outcome, SessionId, Token};
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
@@ -23,11 +23,11 @@ use crate::node::{wall_ms, Node};
 
 /// How often the leader looks for run-out leases.
 pub const KEEPER_TICK: Duration = Duration::from_millis(50);
-/// How often the leader sweeps waiters whose wait ran out (normally their own request withdraws them;
-/// this catches waiters whose node died while they waited).
-const WAITER_SWEEP: Duration = Duration::from_secs(2);
-/// Grace past a waiter's wait before the sweep removes it, so its own request withdraws it first.
-const WAITER_GRACE_MS: u64 = 1000;
+/// A one-shot waiter (a long-polling request) is kept in its queue only while the node serving the request
+/// says, at least this often, that it still waits; otherwise its node crashed and the leader withdraws it.
+pub const WAITER_LEASE: Duration = Duration::from_secs(3);
+/// How often a node tells the leader which of its requests still wait.
+pub const WAITER_PING: Duration = Duration::from_secs(1);
 
 /// What a session's stream hears from applied entries.
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ struct Inner {
     holds: Deadlines<String>,
     /// Sessions, tagged 0.
     sessions: Deadlines<SessionId>,
+    /// One-shot waiters by token, tagged 0, and the lock each waits for.
+    waiters: Deadlines<Token>,
+    waiter_names: HashMap<Token, String>,
 }
 
 /// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
@@ -118,6 +121,12 @@ impl Inner {
         for (name, fence, ttl_ms, _) in state.ttl_holds() {
             self.holds.set(&name.to_owned(), fence, now + Duration::from_millis(ttl_ms));
         }
+        self.waiters.clear();
+        self.waiter_names.clear();
+        for (name, token, _) in state.timed_waiters() {
+            self.waiters.set(&token, 0, now + WAITER_LEASE);
+            self.waiter_names.insert(token, name.to_owned());
+        }
         self.sessions.clear();
         self.session_holds.clear();
         for (id, lease_ms) in state.sessions() {
@@ -163,6 +172,25 @@ impl Events {
         }
     }
 
+    /// The tokens of the one-shot waiters whose requests wait on this node.
+    pub fn waiting_here(&self) -> Vec<Token> {
+        self.lock().watchers.keys().copied().collect()
+    }
+
+    /// The leader heard that these waiters' requests still wait: keep them queued.
+    pub fn keep_waiting(&self, tokens: &[Token]) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        for token in tokens {
+            inner.waiters.extend(token, now, WAITER_LEASE);
+        }
+    }
+
+    fn end_waiter(inner: &mut Inner, token: &Token) {
+        inner.waiters.end(token, 0);
+        inner.waiter_names.remove(token);
+    }
+
     /// Extends session `id`'s lease to a full `lease_ms` from now (the leader, on a heartbeat). False if
     /// its deadline already passed: a due session may be in an `Expire` on its way, so it is not revived.
     /// Deciding under the same lock as [`Events::due`] means a heartbeat either extends a session before the
@@ -192,6 +220,15 @@ impl Events {
                 }
             }
         }
+        for (token, _) in inner.waiters.due(now) {
+            if expire.len() >= limits::EXPIRE_BATCH_MAX {
+                return expire;
+            }
+            let name = &inner.waiter_names[token];
+            if state.is_waiting(name, *token) {
+                expire.waiters.push((name.clone(), *token));
+            }
+        }
         for (id, _) in inner.sessions.due(now) {
             if expire.len() >= limits::EXPIRE_BATCH_MAX {
                 break;
@@ -205,7 +242,7 @@ impl Events {
 }
 
 impl ApplyObserver for Events {
-    fn applied(&self, state: &LockState, _index: u64, applied: &Applied) {
+    fn applied(&self, state: &LockState, _index: u64, entry: &Entry, applied: &Applied) {
         let now = Instant::now();
         let mut inner = self.lock();
         for (name, fence) in &applied.ended {
@@ -241,6 +278,16 @@ impl ApplyObserver for Events {
         for (_, token) in &applied.dropped {
             // Dropping the sender tells the waiter it left the queue.
             inner.watchers.remove(token);
+            Events::end_waiter(&mut inner, token);
+        }
+        for grant in &applied.grants {
+            Events::end_waiter(&mut inner, &grant.token);
+        }
+        if let (Command::Acquire(a), Outcome::Queued { .. }) = (&entry.cmd, &applied.outcome) {
+            if a.session.is_none() {
+                inner.waiters.set(&a.token, 0, now + WAITER_LEASE);
+                inner.waiter_names.insert(a.token, a.name.clone());
+            }
         }
         match applied.outcome {
             Outcome::SessionOpened { id } => {
@@ -278,7 +325,6 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
     let mut tick = tokio::time::interval(KEEPER_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut leading_term = None;
-    let mut last_sweep = Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -299,18 +345,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
         let mut expire = {
             let state = node.state.read().expect("lock state poisoned");
             let wall = wall_ms().max(state.now_ms());
-            let mut expire = node.events.due(&state, Instant::now(), wall);
-            if last_sweep.elapsed() >= WAITER_SWEEP {
-                last_sweep = Instant::now();
-                let room = limits::EXPIRE_BATCH_MAX - expire.len();
-                expire.waiters = state
-                    .timed_waiters()
-                    .filter(|(_, _, until)| until.saturating_add(WAITER_GRACE_MS) <= wall)
-                    .take(room)
-                    .map(|(name, token, _)| (name.to_owned(), token))
-                    .collect();
-            }
-            expire
+            node.events.due(&state, Instant::now(), wall)
         };
         if expire.is_empty() {
             continue;

@@ -77,6 +77,7 @@ pub async fn run(
     let (log_store, sm_store) = holdfast_store::open(&config.data_dir, events.clone())
         .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
     let state = sm_store.state();
+    let committed_index = log_store.committed_index();
 
     let raft_config = openraft::Config {
         cluster_name: "holdfast".into(),
@@ -105,7 +106,8 @@ pub async fn run(
         }
     }
 
-    let node = Arc::new(Node::new(config.id, raft.clone(), state, events, peers, config.limits.clone()));
+    let node =
+        Arc::new(Node::new(config.id, raft.clone(), state, events, peers, config.limits.clone(), committed_index));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
     let peer_service = PeerServer::new(PeerService { node: node.clone() })
@@ -124,6 +126,9 @@ pub async fn run(
     let confirmer_node = node.clone();
     let confirmer_stop = stop_rx.clone();
     let confirmer = tokio::spawn(async move { confirmer_node.run_confirmer(confirmer_stop).await });
+    let pings_node = node.clone();
+    let pings_stop = stop_rx.clone();
+    let pings = tokio::spawn(async move { pings_node.run_waiter_pings(pings_stop).await });
 
     let client_addr = client.local_addr()?;
     tracing::info!(id = config.id, %client_addr, %peer_addr, data_dir = %config.data_dir.display(), "holdfast node started");
@@ -144,6 +149,7 @@ pub async fn run(
     }
     let _ = keeper.await;
     let _ = confirmer.await;
+    let _ = pings.await;
     let _ = peer_server.await;
     raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
     Ok(())
@@ -165,6 +171,7 @@ pub fn cluster_status(node: &Node) -> Value {
         "members": members,
         "voters": voters,
         "last_log_index": m.last_log_index,
+        "committed_index": node.committed_index.load(std::sync::atomic::Ordering::Relaxed),
         "applied_index": m.last_applied.map(|l| l.index),
         "snapshot_index": m.snapshot.map(|l| l.index),
         "millis_since_quorum_ack": m.millis_since_quorum_ack,
@@ -182,9 +189,10 @@ pub fn readiness(node: &Node) -> Result<(), String> {
     if leader == node.id && m.state != ServerState::Leader {
         return Err("leader election in progress".into());
     }
-    let applied = m.last_applied.map(|l| l.index);
-    if applied < m.last_log_index.map(|i| i.saturating_sub(READY_LAG_ENTRIES)) {
-        return Err(format!("catching up: applied {applied:?} of {:?}", m.last_log_index));
+    let applied = m.last_applied.map_or(0, |l| l.index);
+    let committed = node.committed_index.load(std::sync::atomic::Ordering::Relaxed);
+    if applied + READY_LAG_ENTRIES < committed {
+        return Err(format!("catching up: applied {applied} of {committed} committed"));
     }
     Ok(())
 }

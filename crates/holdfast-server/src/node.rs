@@ -54,10 +54,11 @@ pub enum Request {
     CloseSession {
         id: SessionId,
     },
-    /// A session asks for a lock (it queues if the lock is held).
+    /// A session asks for a lock; if it is held, the session queues (`wait`) or is answered busy.
     SessionAcquire {
         id: SessionId,
         name: String,
+        wait: bool,
     },
 }
 
@@ -104,6 +105,8 @@ pub enum ForwardRequest {
     Read(Query),
     /// Keep a session alive.
     Heartbeat(SessionId),
+    /// These one-shot waiters' requests still wait on the sending node.
+    StillWaiting(Vec<Token>),
     /// Confirm leadership and answer the leader's applied index (for a read served by a follower).
     Barrier,
 }
@@ -115,6 +118,7 @@ pub enum ForwardReply {
     Read(QueryReply),
     Heartbeat(HeartbeatReply),
     Barrier(u64),
+    Noted,
 }
 
 /// Why a node could not serve a request.
@@ -160,6 +164,8 @@ pub struct Node {
     pub events: Arc<Events>,
     pub peers: Arc<Peers>,
     pub limits: FrontLimits,
+    /// The last committed log index this node knows of.
+    pub committed_index: Arc<AtomicU64>,
     /// The last time stamp this node issued as leader; stamps never go backwards.
     last_stamp_ms: AtomicU64,
     /// Batches the leadership confirmations heartbeats need.
@@ -186,9 +192,10 @@ impl Node {
         events: Arc<Events>,
         peers: Arc<Peers>,
         limits: FrontLimits,
+        committed_index: Arc<AtomicU64>,
     ) -> Self {
         let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
-        Node { id, raft, state, events, peers, limits, last_stamp_ms: AtomicU64::new(0), confirmer }
+        Node { id, raft, state, events, peers, limits, committed_index, last_stamp_ms: AtomicU64::new(0), confirmer }
     }
 
     /// The leader's stamp for a new entry: `max(last stamp, last applied time, wall clock)`.
@@ -328,6 +335,13 @@ impl Node {
             ForwardRequest::Write(request) => self.propose(request).await.map(ForwardReply::Written),
             ForwardRequest::Read(query) => self.answer(query).await.map(ForwardReply::Read),
             ForwardRequest::Heartbeat(id) => self.keep_alive(id, Instant::now()).await.map(ForwardReply::Heartbeat),
+            ForwardRequest::StillWaiting(tokens) => {
+                if !self.is_leader() {
+                    return Err(NodeError::NotLeader { leader: self.leader() });
+                }
+                self.events.keep_waiting(&tokens);
+                Ok(ForwardReply::Noted)
+            }
             ForwardRequest::Barrier => {
                 self.confirm_leader().await?;
                 Ok(ForwardReply::Barrier(self.state.read().expect("lock state poisoned").applied_index()))
@@ -373,6 +387,24 @@ impl Node {
         }
     }
 
+    /// Tells the leader, every [`crate::keeper::WAITER_PING`] until `shutdown`, which one-shot waiters still
+    /// wait on this node, so that the waiters of a node that crashed leave their queues.
+    pub async fn run_waiter_pings(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(crate::keeper::WAITER_PING);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let tokens = self.events.waiting_here();
+            if !tokens.is_empty() {
+                if let Err(e) = self.through_leader(ForwardRequest::StillWaiting(tokens)).await {
+                    tracing::debug!(%e, "could not tell the leader which requests still wait");
+                }
+            }
+        }
+    }
+
     /// Runs leadership confirmation rounds on demand until `shutdown`; one round answers every heartbeat
     /// that arrived before it began.
     pub async fn run_confirmer(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
@@ -414,13 +446,19 @@ impl Node {
                 (Command::OpenSession { id, owner, lease_ms }, None)
             }
             Request::CloseSession { id } => (Command::CloseSession { id }, None),
-            Request::SessionAcquire { id, name } => {
+            Request::SessionAcquire { id, name, wait } => {
                 let state = self.state.read().expect("lock state poisoned");
                 let owner = state.session_summary(id).map(|(owner, ..)| owner.to_owned());
                 drop(state);
                 let token = Token(rand::random());
-                let acquire =
-                    Acquire { name, owner: owner.unwrap_or_default(), token, ttl_ms: 0, wait_ms: 0, session: Some(id) };
+                let acquire = Acquire {
+                    name,
+                    owner: owner.unwrap_or_default(),
+                    token,
+                    ttl_ms: 0,
+                    wait_ms: wait.into(),
+                    session: Some(id),
+                };
                 (Command::Acquire(acquire), Some(token))
             }
         };

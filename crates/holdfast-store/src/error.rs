@@ -1,0 +1,36 @@
+//! [`StoreError`]: what can go wrong below openraft. The trait impls turn it into openraft's
+//! `StorageError` with the `StorageIOError` helper that names what was being read or written.
+
+/// Why the store could not read or write.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The storage directory could not be created.
+    #[error("cannot create the storage directory: {0}")]
+    CreateDir(#[source] std::io::Error),
+    /// sled failed to read, write or flush.
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    /// A record does not encode or decode with bincode.
+    #[error("bincode: {0}")]
+    Codec(#[from] bincode::Error),
+    /// The directory was written by a storage format this build does not know.
+    #[error("storage format {found} is not supported (expected {expected})")]
+    Format {
+        /// The format the directory records.
+        found: u32,
+        /// The format this build writes.
+        expected: u32,
+    },
+    /// A snapshot's lock state does not restore.
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] holdfast_core::SnapshotError),
+    /// The snapshot tree holds its metadata without its data, or the other way round.
+    #[error("the stored snapshot is incomplete: {0} is missing")]
+    SnapshotIncomplete(&'static str),
+    /// The lock state's lock is poisoned: an earlier apply panicked while holding it.
+    #[error("the lock state is poisoned: an earlier apply panicked")]
+    Poisoned,
+    /// A flush did not run to its end (the runtime is shutting down, or the flush panicked).
+    #[error("flush task: {0}")]
+    FlushTask(#[from] tokio::task::JoinError),
+}

@@ -1,0 +1,159 @@
+//! holdfast's openraft storage on sled: the Raft log, the vote, and the lock state machine.
+//!
+//! CONTRACT (used by holdfast-server; keep these names and signatures):
+//! - [`TypeConfig`], [`NodeId`], [`Response`], [`ApplyObserver`], [`open`], [`LogStore`],
+//!   [`StateMachineStore`] and [`StateMachineStore::state`].
+//!
+//! This crate must not depend on the server, the network or any front end.
+//!
+//! # Layout
+//!
+//! One `sled::Db` per node, at the directory given to [`open`], with three trees. Every value is
+//! bincode 1.
+//!
+//! - `log`: the Raft log. Key: the entry's index as a big-endian `u64` (so sled's key order is log
+//!   order); value: the whole `openraft::Entry<TypeConfig>`.
+//! - `meta`: `format` (this layout's version, checked on open), `vote`, `committed` and
+//!   `last_purged` (the log id of the last entry removed by a purge).
+//! - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `data` (the bytes of
+//!   [`holdfast_core::LockState::snapshot`]), written together in one batch.
+//!
+//! The lock state itself lives in memory ([`SharedState`]). It is not written on apply: it is
+//! rebuilt on [`open`] from the snapshot, and openraft re-applies the log after the snapshot up to
+//! the persisted committed log id.
+//!
+//! # Durability
+//!
+//! Each of these is on disk (sled flushed and fsynced) before the call acknowledges it:
+//!
+//! - a vote, before `save_vote` returns;
+//! - appended entries, before the append callback fires (and before `append` returns);
+//! - a truncation or a purge, before `truncate`/`purge` returns; a purge records `last_purged`
+//!   before it deletes, so a crash in between never leaves a log that seems to start at 0;
+//! - a snapshot, before `build_snapshot` or `install_snapshot` returns. openraft purges only logs a
+//!   snapshot covers, so the snapshot and the log after it always rebuild the state.
+//!
+//! `committed` is written but not flushed on its own (it rides on the next flush, and sled's
+//! background flush runs every 500 ms): it only lets a restarted node re-apply at once; losing the
+//! latest one delays that until the leader's next message and is otherwise harmless.
+//!
+//! Flushes run sled's blocking flush on tokio's blocking pool rather than sled's `flush_async`,
+//! which hangs with eight or more flushes in flight in one process (see `flush`).
+
+mod error;
+mod log_store;
+mod state_machine;
+
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use holdfast_core::{Applied, LockState, Outcome};
+use serde::{Deserialize, Serialize};
+
+pub use error::StoreError;
+pub use log_store::LogStore;
+pub use state_machine::{SnapshotBuilder, StateMachineStore};
+
+/// A node's id in the cluster.
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// holdfast's openraft types: log entries carry leader-stamped lock commands.
+    pub TypeConfig:
+        D = holdfast_core::Entry,
+        R = Response,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// What applying one log entry answers its proposer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The entry's time (leader time, ms since the Unix epoch).
+    pub at_ms: u64,
+    /// The lock state's answer; `None` for Raft's own blank and membership entries.
+    pub outcome: Option<Outcome>,
+}
+
+/// The lock state, shared between the state machine (which writes it on apply) and readers.
+pub type SharedState = Arc<RwLock<LockState>>;
+
+/// Told of every change to the lock state, on every node, while the state's write lock is held: it must
+/// not take that lock itself.
+pub trait ApplyObserver: Send + Sync + 'static {
+    /// Entry `index` was applied to `state` and did `applied`.
+    fn applied(&self, state: &LockState, index: u64, entry: &holdfast_core::Entry, applied: &Applied);
+    /// `state` was replaced whole, from a snapshot (installed from the leader, or restored at start).
+    fn restored(&self, state: &LockState);
+}
+
+/// An observer that ignores every change: for tests and tools that only need the storage.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl ApplyObserver for NoObserver {
+    fn applied(&self, _state: &LockState, _index: u64, _entry: &holdfast_core::Entry, _applied: &Applied) {}
+
+    fn restored(&self, _state: &LockState) {}
+}
+
+/// The version of the layout described in the crate docs; a directory with another one is refused.
+const FORMAT: u32 = 1;
+
+/// Tree names and the keys of the fixed records in them.
+mod keys {
+    pub const LOG_TREE: &str = "log";
+    pub const META_TREE: &str = "meta";
+    pub const SNAPSHOT_TREE: &str = "snapshot";
+
+    pub const FORMAT: &str = "format";
+    pub const VOTE: &str = "vote";
+    pub const COMMITTED: &str = "committed";
+    pub const LAST_PURGED: &str = "last_purged";
+
+    pub const SNAPSHOT_META: &str = "meta";
+    pub const SNAPSHOT_DATA: &str = "data";
+}
+
+/// Opens (or creates) the node's storage under `dir`.
+///
+/// If a snapshot is stored, the lock state, last applied log id and membership are restored from it
+/// (and `observer` is told), so that openraft re-applies only the log after it.
+pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, StateMachineStore), StoreError> {
+    std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
+    let db = sled::Config::new().path(dir).open()?;
+    let meta = db.open_tree(keys::META_TREE)?;
+    match meta.get(keys::FORMAT)? {
+        Some(bytes) => {
+            let found: u32 = bincode::deserialize(&bytes)?;
+            if found != FORMAT {
+                return Err(StoreError::Format { found, expected: FORMAT });
+            }
+        }
+        // A new directory. Not flushed here: if it is lost, the next open writes it again.
+        None => {
+            meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
+        }
+    }
+    let log = db.open_tree(keys::LOG_TREE)?;
+    let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
+    let log_store = LogStore::new(db.clone(), log, meta);
+    let state_machine = StateMachineStore::open(db, snapshots, observer)?;
+    Ok((log_store, state_machine))
+}
+
+/// Makes everything written to `db` so far durable: sled's blocking flush (write and fsync), run on
+/// tokio's blocking pool so the calling task only awaits.
+///
+/// Not sled's `flush_async`: in sled 0.34 (0.34.7 included, the last release) it never completes
+/// once about eight flushes are in flight in one process, because its IO thread pool ends up waiting
+/// on itself (spacejam/sled#1241, #1308, fixed only on sled's unreleased main branch). A process
+/// that runs several nodes, as the simulations and in-process cluster tests do, gets there easily.
+async fn flush(db: &sled::Db) -> Result<(), StoreError> {
+    let db = db.clone();
+    tokio::task::spawn_blocking(move || db.flush()).await??;
+    Ok(())
+}

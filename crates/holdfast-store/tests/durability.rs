@@ -1,0 +1,296 @@
+//! What the sled store keeps across a restart (drop every handle, open the same directory again),
+//! and what a snapshot carries from one node to another.
+
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use holdfast_core::{Acquire, Applied, Command, LockState, Token};
+use holdfast_store::{open, ApplyObserver, LogStore, NoObserver, NodeId, StateMachineStore, TypeConfig};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{
+    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, RaftSnapshotBuilder, StorageHelper, Vote,
+};
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry { log_id: log_id(term, index), payload: EntryPayload::Blank }
+}
+
+fn membership(term: u64, index: u64) -> Entry<TypeConfig> {
+    let voters = [1, 2, 3].into_iter().collect();
+    Entry { log_id: log_id(term, index), payload: EntryPayload::Membership(Membership::new(vec![voters], None)) }
+}
+
+/// Lock `name` asked for by `owner` with `token`: granted if free, else queued.
+fn acquire(term: u64, index: u64, name: &str, owner: &str, token: u128) -> Entry<TypeConfig> {
+    let cmd = Command::Acquire(Acquire {
+        name: name.to_owned(),
+        owner: owner.to_owned(),
+        token: Token(token),
+        ttl_ms: 30_000,
+        wait_ms: 10_000,
+        session: None,
+    });
+    let entry = holdfast_core::Entry { at_ms: 1_700_000_000_000 + index, cmd };
+    Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(entry) }
+}
+
+/// Counts what the state machine tells its observer.
+#[derive(Default)]
+struct Counting {
+    applied: AtomicUsize,
+    restored: AtomicUsize,
+}
+
+impl ApplyObserver for Counting {
+    fn applied(&self, _state: &LockState, _index: u64, _entry: &holdfast_core::Entry, _applied: &Applied) {
+        self.applied.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn restored(&self, _state: &LockState) {
+        self.restored.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn open_quiet(dir: &Path) -> Result<(LogStore, StateMachineStore)> {
+    Ok(open(dir, Arc::new(NoObserver))?)
+}
+
+fn state_bytes(sm: &StateMachineStore) -> Vec<u8> {
+    sm.state().read().expect("no apply panicked").snapshot()
+}
+
+#[tokio::test]
+async fn log_vote_and_committed_survive_reopen() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![blank(1, 1), acquire(1, 2, "alpha", "a", 1), membership(1, 3), blank(2, 4)];
+    let vote = Vote::new_committed(2, 1);
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.blocking_append(entries.clone()).await?;
+        log.save_vote(&vote).await?;
+        log.save_committed(Some(log_id(1, 3))).await?;
+    }
+
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    assert_eq!(log.read_vote().await?, Some(vote));
+    assert_eq!(log.read_committed().await?, Some(log_id(1, 3)));
+    assert_eq!(log.try_get_log_entries(..).await?, entries);
+    assert_eq!(log.try_get_log_entries(2..4).await?, entries[1..3]);
+    let state = log.get_log_state().await?;
+    assert_eq!(state.last_purged_log_id, None);
+    assert_eq!(state.last_log_id, Some(log_id(2, 4)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn truncated_log_stays_truncated_after_reopen() -> Result {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.blocking_append((1..=6).map(|i| blank(1, i))).await?;
+        log.truncate(log_id(1, 4)).await?;
+        // A new leader's entries replace the truncated ones.
+        log.blocking_append([blank(2, 4)]).await?;
+    }
+
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    let ids: Vec<_> = log.try_get_log_entries(..).await?.into_iter().map(|e| e.log_id).collect();
+    assert_eq!(ids, [log_id(1, 1), log_id(1, 2), log_id(1, 3), log_id(2, 4)]);
+    assert_eq!(log.get_log_state().await?.last_log_id, Some(log_id(2, 4)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn snapshot_restores_lock_state_on_reopen() -> Result {
+    let dir = tempfile::tempdir()?;
+    let observer = Arc::new(Counting::default());
+    let (built, view, applied, bytes) = {
+        let (_log, mut sm) = open(dir.path(), observer.clone())?;
+        let responses = sm
+            .apply([
+                blank(1, 1),
+                membership(1, 2),
+                acquire(1, 3, "alpha", "a", 1),
+                acquire(1, 4, "alpha", "b", 2),
+                acquire(1, 5, "beta", "c", 3),
+            ])
+            .await?;
+        assert_eq!(responses.len(), 5);
+        assert_eq!(responses[0].outcome, None, "a blank entry has no lock outcome");
+        assert!(responses[2..].iter().all(|r| r.outcome.is_some()));
+        assert_eq!(observer.applied.load(Ordering::SeqCst), 3, "told of normal entries only");
+        let built = sm.get_snapshot_builder().await.build_snapshot().await?;
+        let view = {
+            let state = sm.state();
+            let state = state.read().expect("no apply panicked");
+            (state.get("alpha"), state.get("beta"), state.get("gamma"))
+        };
+        assert_eq!(view.0.as_ref().map(|l| l.waiters.len()), Some(1), "b waits for alpha");
+        (built, view, sm.applied_state().await?, state_bytes(&sm))
+    };
+    assert_eq!(built.meta.last_log_id, Some(log_id(1, 5)));
+    assert_eq!(observer.restored.load(Ordering::SeqCst), 0);
+
+    let (_log, mut sm) = open(dir.path(), observer.clone())?;
+    assert_eq!(observer.restored.load(Ordering::SeqCst), 1, "open restores from the snapshot");
+    {
+        let state = sm.state();
+        let state = state.read().expect("no apply panicked");
+        assert_eq!((state.get("alpha"), state.get("beta"), state.get("gamma")), view);
+        assert_eq!(state.applied_index(), 5);
+    }
+    assert_eq!(sm.applied_state().await?, applied);
+    assert_eq!(state_bytes(&sm), bytes);
+    let current = sm.get_current_snapshot().await?.expect("the built snapshot is stored");
+    assert_eq!(current.meta, built.meta);
+    assert_eq!(current.snapshot.into_inner(), built.snapshot.into_inner());
+
+    // The log after the snapshot applies on top of the restored state.
+    sm.apply([acquire(1, 6, "beta", "d", 4)]).await?;
+    let state = sm.state();
+    let beta = state.read().expect("no apply panicked").get("beta").expect("beta is held");
+    assert_eq!(beta.waiters.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn installed_snapshot_matches_source_bytes() -> Result {
+    let (source_dir, target_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (_source_log, mut source) = open_quiet(source_dir.path())?;
+    source
+        .apply([membership(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(2, 3, "alpha", "b", 2), blank(2, 4)])
+        .await?;
+    let snapshot = source.get_snapshot_builder().await.build_snapshot().await?;
+
+    let observer = Arc::new(Counting::default());
+    {
+        let (_target_log, mut target) = open(target_dir.path(), observer.clone())?;
+        let mut received = target.begin_receiving_snapshot().await?;
+        *received = Cursor::new(snapshot.snapshot.get_ref().clone());
+        target.install_snapshot(&snapshot.meta, received).await?;
+
+        assert_eq!(state_bytes(&target), state_bytes(&source));
+        assert_eq!(target.applied_state().await?, source.applied_state().await?);
+        assert_eq!(target.get_current_snapshot().await?.map(|s| s.meta), Some(snapshot.meta.clone()));
+        assert_eq!(observer.restored.load(Ordering::SeqCst), 1);
+    }
+
+    // The installed snapshot is on disk: a restart comes back to it.
+    let (_target_log, mut target) = open_quiet(target_dir.path())?;
+    assert_eq!(state_bytes(&target), state_bytes(&source));
+    assert_eq!(target.applied_state().await?, source.applied_state().await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn purge_survives_reopen() -> Result {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.blocking_append((1..=10).map(|i| blank(1, i))).await?;
+        log.purge(log_id(1, 5)).await?;
+    }
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        let state = log.get_log_state().await?;
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 5)));
+        assert_eq!(state.last_log_id, Some(log_id(1, 10)));
+        let first = log.try_get_log_entries(..).await?.first().map(|e| e.log_id);
+        assert_eq!(first, Some(log_id(1, 6)));
+
+        log.purge(log_id(1, 10)).await?;
+    }
+
+    // With every entry purged, the log ends where the purge did.
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    let state = log.get_log_state().await?;
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 10)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 10)));
+    assert!(log.try_get_log_entries(..).await?.is_empty());
+    Ok(())
+}
+
+/// A crash-and-restart, compared with a model: a plain `LockState` fed every entry. The restarted
+/// node has the snapshot (entries 0..=3) and the committed log after it (4..=6); openraft's start-up
+/// path re-applies 4..=6, and the result is the model's state byte for byte.
+#[tokio::test]
+async fn restart_reapplies_committed_log_after_snapshot() -> Result {
+    let dir = tempfile::tempdir()?;
+    // Index 0 is where `Raft::initialize` puts the first membership.
+    let entries = vec![
+        membership(0, 0),
+        blank(1, 1),
+        acquire(1, 2, "alpha", "a", 1),
+        acquire(1, 3, "alpha", "b", 2),
+        acquire(1, 4, "beta", "c", 3),
+        membership(1, 5),
+        acquire(1, 6, "alpha", "d", 4),
+    ];
+    let mut model = LockState::new();
+    for entry in &entries {
+        if let EntryPayload::Normal(e) = &entry.payload {
+            model.apply(entry.log_id.index, e);
+        }
+    }
+    {
+        let (mut log, mut sm) = open_quiet(dir.path())?;
+        log.blocking_append(entries.clone()).await?;
+        sm.apply(entries[..4].to_vec()).await?;
+        sm.get_snapshot_builder().await.build_snapshot().await?;
+        sm.apply(entries[4..].to_vec()).await?;
+        log.save_committed(Some(log_id(1, 6))).await?;
+    }
+
+    let (mut log, mut sm) = open_quiet(dir.path())?;
+    assert_eq!(sm.applied_state().await?.0, Some(log_id(1, 3)), "open restores the snapshot only");
+    StorageHelper::new(&mut log, &mut sm).get_initial_state().await?;
+    assert_eq!(state_bytes(&sm), model.snapshot());
+    let (applied, membership) = sm.applied_state().await?;
+    assert_eq!(applied, Some(log_id(1, 6)));
+    assert_eq!(membership.log_id(), &Some(log_id(1, 5)));
+    Ok(())
+}
+
+/// Regression: sled 0.34's `flush_async` never completes once about eight flushes are in flight in
+/// one process (spacejam/sled#1241, #1308). Sixteen stores flushing at once, as a process running
+/// several nodes does, must all finish. The stores run on a thread of their own so that a hang fails
+/// this test (sled would also hang dropping them) instead of hanging the run.
+#[test]
+fn many_concurrent_flushes_complete() {
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build();
+        let result = runtime.map_err(Into::into).and_then(|rt| rt.block_on(flush_from_many_stores()));
+        let _ = done_tx.send(result.map_err(|e| e.to_string()));
+    });
+    let result = done.recv_timeout(Duration::from_secs(120)).expect("concurrent flushes hung");
+    result.expect("every store appends and votes");
+}
+
+async fn flush_from_many_stores() -> Result {
+    let dirs = (0..16).map(|_| tempfile::tempdir()).collect::<std::io::Result<Vec<_>>>()?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for dir in &dirs {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        tasks.spawn(async move {
+            for i in 1..=10 {
+                log.save_vote(&Vote::new(i, 1)).await?;
+                log.blocking_append([blank(i, i)]).await?;
+            }
+            Ok::<_, openraft::StorageError<NodeId>>(log.get_log_state().await?.last_log_id)
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        assert_eq!(done??, Some(log_id(10, 10)));
+    }
+    Ok(())
+}
