@@ -11,7 +11,7 @@ use crate::http::{holder_json, retry_after_s};
 use crate::node::NodeError;
 
 /// An error answered to a client.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum ApiError {
     /// Bad input; nothing changed. `slug` names the problem type.
     Invalid { slug: &'static str, detail: String },
@@ -23,6 +23,8 @@ pub enum ApiError {
     Expired { name: String },
     /// No such lock is held.
     NotFound { name: String },
+    /// The session expired or was closed.
+    SessionGone { id: holdfast_core::SessionId },
     /// A limit was reached (queue full, too many locks…).
     Limit { slug: &'static str, detail: String },
     /// No leader could serve the request in time.
@@ -102,6 +104,12 @@ impl ApiError {
             ApiError::NotFound { name } => {
                 (StatusCode::NOT_FOUND, "not-found", "Lock not held", format!("nobody holds lock {name:?}"))
             }
+            ApiError::SessionGone { id } => (
+                StatusCode::NOT_FOUND,
+                "session-gone",
+                "Session gone",
+                format!("session {id} expired or was closed; its locks are lost"),
+            ),
             ApiError::Limit { slug, detail } => (StatusCode::TOO_MANY_REQUESTS, *slug, "Limit reached", detail.clone()),
             ApiError::Unavailable { detail } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Cluster unavailable", detail.clone())
@@ -130,7 +138,7 @@ impl From<ApiError> for tonic::Status {
             ApiError::Invalid { .. } => tonic::Code::InvalidArgument,
             ApiError::Busy { .. } => tonic::Code::AlreadyExists,
             ApiError::NotHolder { .. } | ApiError::Expired { .. } => tonic::Code::FailedPrecondition,
-            ApiError::NotFound { .. } => tonic::Code::NotFound,
+            ApiError::NotFound { .. } | ApiError::SessionGone { .. } => tonic::Code::NotFound,
             ApiError::Limit { .. } => tonic::Code::ResourceExhausted,
             ApiError::Unavailable { .. } => tonic::Code::Unavailable,
             ApiError::NoRoute | ApiError::NoMethod => tonic::Code::Unimplemented,

@@ -11,6 +11,7 @@
 //! This crate must not depend on the client library or the binary.
 
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod keeper;
 pub mod network;
@@ -133,7 +134,9 @@ pub async fn run(
     let client_addr = client.local_addr()?;
     tracing::info!(id = config.id, %client_addr, %peer_addr, data_dir = %config.data_dir.display(), "holdfast node started");
     let mut http_stop = stop_rx.clone();
-    let http = axum::serve(client, http::router(node.clone())).with_graceful_shutdown(async move {
+    let locks = holdfast_proto::v1::LocksServer::new(grpc::LocksService { node: node.clone() });
+    let app = http::router(node.clone()).route_service("/holdfast.v1.Locks/{*method}", locks);
+    let http = axum::serve(client, app).with_graceful_shutdown(async move {
         let _ = http_stop.changed().await;
     });
     let mut http = tokio::spawn(async move { http.await });

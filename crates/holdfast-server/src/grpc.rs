@@ -1,0 +1,449 @@
+//! The gRPC API on the client port (`proto/holdfast/v1/locks.proto`): lock sessions and one-shot calls.
+//!
+//! A session's stream may run through any node. The node turns the stream's requests into writes through
+//! the leader, forwards heartbeats to the leader (which keeps the lease in memory), and pushes what its own
+//! apply path tells it: grants of queued claims and the end of holds it did not ask to end (lost locks).
+//! When the stream breaks, the session lives on until its lease runs out; the client may resume it through
+//! any node.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use holdfast_core::{Grant, HolderView, Lease, LockView, Outcome, SessionId, SessionView, Token};
+use holdfast_proto::v1::{
+    self, AcquireRequest, Acquired, ClusterStatusRequest, ClusterStatusResponse, EventKind, GetRequest, Hold, Holder,
+    ListRequest, ListResponse, Locks, ReleaseRequest, ReleaseResponse, RenewRequest, RequestKind, SessionEvent,
+    SessionRequest,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status, Streaming};
+
+use crate::error::ApiError;
+use crate::keeper::SessionNote;
+use crate::node::{Node, NodeError, Request};
+use crate::ops::{self, PAGE_DEFAULT, TTL_MS_DEFAULT};
+
+/// Events a session stream may have queued for a slow client before the node stops reading its requests.
+const SESSION_OUTBOX: usize = 256;
+
+/// The `Locks` service.
+pub struct LocksService {
+    pub node: Arc<Node>,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
+
+fn parse_token(text: &str) -> Result<Token, ApiError> {
+    text.parse().map_err(|_| ApiError::invalid("invalid-token", "token: 32 hex digits, as acquire returned it".into()))
+}
+
+fn or_anonymous(owner: String) -> String {
+    if owner.is_empty() {
+        "anonymous".into()
+    } else {
+        owner
+    }
+}
+
+#[tonic::async_trait]
+impl Locks for LocksService {
+    type SessionStream = EventStream;
+
+    async fn session(
+        &self,
+        request: GrpcRequest<Streaming<SessionRequest>>,
+    ) -> Result<GrpcResponse<Self::SessionStream>, Status> {
+        let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
+        let node = self.node.clone();
+        let inbound = request.into_inner();
+        tokio::spawn(async move {
+            if let Err(status) = serve_session(node, inbound, &tx).await {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(GrpcResponse::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {
+        let r = request.into_inner();
+        let limits = &self.node.limits;
+        let ttl_ms = if r.ttl_ms == 0 { TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max) } else { r.ttl_ms };
+        let grant = ops::acquire(&self.node, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
+        Ok(GrpcResponse::new(hold(&grant)))
+    }
+
+    async fn renew(&self, request: GrpcRequest<RenewRequest>) -> Result<GrpcResponse<Hold>, Status> {
+        let r = request.into_inner();
+        let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
+        let grant = ops::renew(&self.node, r.name, parse_token(&r.token)?, ttl_ms).await?;
+        Ok(GrpcResponse::new(hold(&grant)))
+    }
+
+    async fn release(&self, request: GrpcRequest<ReleaseRequest>) -> Result<GrpcResponse<ReleaseResponse>, Status> {
+        let r = request.into_inner();
+        let (name, fence) = ops::release(&self.node, r.name, parse_token(&r.token)?).await?;
+        Ok(GrpcResponse::new(ReleaseResponse { name, fence }))
+    }
+
+    async fn get(&self, request: GrpcRequest<GetRequest>) -> Result<GrpcResponse<v1::Lock>, Status> {
+        let view = ops::get(&self.node, request.into_inner().name).await?;
+        Ok(GrpcResponse::new(lock(&view)))
+    }
+
+    async fn list(&self, request: GrpcRequest<ListRequest>) -> Result<GrpcResponse<ListResponse>, Status> {
+        let r = request.into_inner();
+        let limit = if r.limit == 0 { PAGE_DEFAULT } else { r.limit as usize };
+        let after = (!r.after.is_empty()).then_some(r.after);
+        let (views, next) = ops::list(&self.node, r.prefix, after, limit).await?;
+        Ok(GrpcResponse::new(ListResponse { locks: views.iter().map(lock).collect(), next: next.unwrap_or_default() }))
+    }
+
+    async fn cluster_status(
+        &self,
+        _request: GrpcRequest<ClusterStatusRequest>,
+    ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
+        let metrics = self.node.raft.metrics();
+        let m = metrics.borrow();
+        let members = m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
+        Ok(GrpcResponse::new(ClusterStatusResponse {
+            id: self.node.id,
+            leader: m.current_leader.unwrap_or(0),
+            term: m.current_term,
+            state: format!("{:?}", m.state),
+            members,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+        }))
+    }
+}
+
+// --- shapes ---
+
+fn hold(grant: &Grant) -> Hold {
+    let (expires_at_ms, ttl_ms) = match grant.lease {
+        Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms),
+        Lease::Session(_) => (0, 0),
+    };
+    Hold {
+        name: grant.name.clone(),
+        owner: grant.owner.clone(),
+        token: grant.token.to_string(),
+        fence: grant.fence,
+        granted_at_ms: grant.granted_at_ms,
+        expires_at_ms,
+        ttl_ms,
+    }
+}
+
+fn holder(h: &HolderView) -> Holder {
+    let (expires_at_ms, ttl_ms, session_id) = match h.lease {
+        Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms, 0),
+        Lease::Session(id) => (0, 0, id),
+    };
+    Holder { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, expires_at_ms, ttl_ms, session_id }
+}
+
+fn lock(view: &LockView) -> v1::Lock {
+    v1::Lock {
+        name: view.name.clone(),
+        holder: Some(holder(&view.holder)),
+        waiters: view
+            .waiters
+            .iter()
+            .map(|w| v1::Waiter {
+                owner: w.owner.clone(),
+                queued_at_ms: w.queued_at_ms,
+                session_id: w.session.unwrap_or(0),
+            })
+            .collect(),
+    }
+}
+
+fn event(kind: EventKind) -> Result<SessionEvent, Status> {
+    Ok(SessionEvent { kind: Some(kind) })
+}
+
+fn acquired(name: &str, fence: u64, token: Token) -> Result<SessionEvent, Status> {
+    event(EventKind::Acquired(Acquired { name: name.to_owned(), fence, token: token.to_string() }))
+}
+
+fn session_error(name: &str, e: &ApiError) -> Result<SessionEvent, Status> {
+    let status = Status::from(e.clone());
+    let problem = status
+        .metadata()
+        .get(crate::error::PROBLEM_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("urn:holdfast:internal")
+        .to_owned();
+    event(EventKind::Error(v1::SessionError {
+        name: name.to_owned(),
+        r#type: problem,
+        detail: status.message().into(),
+    }))
+}
+
+// --- sessions ---
+
+/// A claim of this stream's session: its token, and its fence once granted.
+struct Claim {
+    token: Token,
+    fence: Option<u64>,
+}
+
+type Outbox = mpsc::Sender<Result<SessionEvent, Status>>;
+
+/// What a heartbeat task reports back to its stream: the heartbeat's sequence number and the leader's answer.
+type Beat = (u64, Result<Option<(u32, u32)>, NodeError>);
+
+struct SessionStream {
+    node: Arc<Node>,
+    id: SessionId,
+    claims: HashMap<String, Claim>,
+    tx: Outbox,
+}
+
+async fn serve_session(node: Arc<Node>, mut inbound: Streaming<SessionRequest>, tx: &Outbox) -> Result<(), Status> {
+    let first = inbound.message().await?.and_then(|m| m.kind);
+    let (stream, mut notes, lease_ms, resumed) = match first {
+        Some(RequestKind::Open(open)) => {
+            let owner = or_anonymous(open.owner);
+            ops::check_owner(&owner)?;
+            ops::check_ttl(&node, open.lease_ms)?;
+            let written =
+                node.write(Request::OpenSession { owner, lease_ms: open.lease_ms }).await.map_err(ApiError::from)?;
+            let id = match written.outcome() {
+                Outcome::SessionOpened { id } => *id,
+                Outcome::Rejected(reject) => return Err(ApiError::from(reject.clone()).into()),
+                other => return Err(ApiError::unexpected(other).into()),
+            };
+            node.wait_applied(written.index).await.map_err(ApiError::from)?;
+            let notes = {
+                let _state = node.state.read().expect("lock state poisoned");
+                node.events.attach(id)
+            };
+            let stream = SessionStream { node: node.clone(), id, claims: HashMap::new(), tx: tx.clone() };
+            (stream, notes, open.lease_ms, None)
+        }
+        Some(RequestKind::Resume(resume)) => {
+            let id = resume.session_id;
+            let found = node.session_view(id, |_| node.events.attach(id)).await.map_err(ApiError::from)?;
+            let Some((view, notes)) = found else {
+                return Err(ApiError::SessionGone { id }.into());
+            };
+            let mut stream = SessionStream { node: node.clone(), id, claims: HashMap::new(), tx: tx.clone() };
+            stream.adopt(&view);
+            (stream, notes, view.lease_ms, Some(view))
+        }
+        _ => {
+            return Err(
+                ApiError::invalid("invalid-session", "a session stream starts with Open or Resume".into()).into()
+            )
+        }
+    };
+    let id = stream.id;
+    tracing::debug!(session = id, resumed = resumed.is_some(), "session stream attached");
+    let result = stream.run(&mut inbound, &mut notes, lease_ms, resumed).await;
+    drop(notes);
+    node.events.detach(id);
+    result
+}
+
+impl SessionStream {
+    /// Takes the session's claims from `view` (on resume).
+    fn adopt(&mut self, view: &SessionView) {
+        self.claims.clear();
+        for grant in &view.holds {
+            self.claims.insert(grant.name.clone(), Claim { token: grant.token, fence: Some(grant.fence) });
+        }
+        for wait in &view.waits {
+            self.claims.insert(wait.name.clone(), Claim { token: wait.token, fence: None });
+        }
+    }
+
+    async fn send(&self, event: Result<SessionEvent, Status>) -> Result<(), Status> {
+        self.tx.send(event).await.map_err(|_| Status::cancelled("the client went away"))
+    }
+
+    async fn run(
+        mut self,
+        inbound: &mut Streaming<SessionRequest>,
+        notes: &mut mpsc::UnboundedReceiver<SessionNote>,
+        lease_ms: u64,
+        resumed: Option<SessionView>,
+    ) -> Result<(), Status> {
+        self.send(event(EventKind::Opened(v1::Opened { session_id: self.id, lease_ms }))).await?;
+        if let Some(view) = resumed {
+            for grant in &view.holds {
+                self.send(acquired(&grant.name, grant.fence, grant.token)).await?;
+            }
+            for wait in &view.waits {
+                let waiting = v1::Waiting {
+                    name: wait.name.clone(),
+                    position: wait.position as u64,
+                    holder: Some(holder(&wait.holder)),
+                };
+                self.send(event(EventKind::Waiting(waiting))).await?;
+            }
+        }
+        let (beats_tx, mut beats) = mpsc::unbounded_channel::<Beat>();
+        loop {
+            tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(SessionRequest { kind: Some(kind) })) => {
+                        if self.handle(kind, &beats_tx).await? {
+                            return Ok(());
+                        }
+                    }
+                    Ok(Some(SessionRequest { kind: None })) => {
+                        let e = ApiError::invalid("invalid-session", "an empty session request".into());
+                        self.send(session_error("", &e)).await?;
+                    }
+                    // The client went away: the session lives until its lease runs out, or is resumed.
+                    Ok(None) | Err(_) => return Ok(()),
+                },
+                Some(note) = notes.recv() => self.note(note).await?,
+                Some((seq, beat)) = beats.recv() => match beat {
+                    Ok(Some((held, waiting))) => {
+                        let ack = v1::HeartbeatAck { seq, held, waiting };
+                        self.send(event(EventKind::HeartbeatAck(ack))).await?;
+                    }
+                    Ok(None) => return self.gone().await,
+                    // No acknowledgement: the client's own clock decides when its lease is lost.
+                    Err(e) => self.send(session_error("", &ApiError::from(e))).await?,
+                },
+            }
+        }
+    }
+
+    /// Handles one request. True when the stream is done (the session closed).
+    async fn handle(&mut self, kind: RequestKind, beats: &mpsc::UnboundedSender<Beat>) -> Result<bool, Status> {
+        match kind {
+            RequestKind::Heartbeat(beat) => {
+                let (node, id, beats, seq) = (self.node.clone(), self.id, beats.clone(), beat.seq);
+                // Heartbeats run beside the stream's other requests, so a slow write never delays one.
+                tokio::spawn(async move {
+                    let _ = beats.send((seq, node.heartbeat(id).await));
+                });
+            }
+            RequestKind::Acquire(acquire) => self.acquire(acquire.name, acquire.wait).await?,
+            RequestKind::Release(release) => self.release(release.name).await?,
+            RequestKind::Close(_) => {
+                let written = self.node.write(Request::CloseSession { id: self.id }).await.map_err(ApiError::from)?;
+                tracing::debug!(session = self.id, outcome = ?written.outcome(), "session closed");
+                return Ok(true);
+            }
+            RequestKind::Open(_) | RequestKind::Resume(_) => {
+                let e = ApiError::invalid("invalid-session", "the session is already open on this stream".into());
+                self.send(session_error("", &e)).await?;
+            }
+        }
+        Ok(false)
+    }
+
+    async fn acquire(&mut self, name: String, wait: bool) -> Result<(), Status> {
+        if let Err(e) = ops::check_name(&name) {
+            return self.send(session_error(&name, &e)).await;
+        }
+        if let Some(claim) = self.claims.get(&name) {
+            // Asked again: answer what the session already has.
+            return match claim.fence {
+                Some(fence) => self.send(acquired(&name, fence, claim.token)).await,
+                None => {
+                    let waiting = v1::Waiting { name, position: 0, holder: None };
+                    self.send(event(EventKind::Waiting(waiting))).await
+                }
+            };
+        }
+        let written = match self.node.write(Request::SessionAcquire { id: self.id, name: name.clone(), wait }).await {
+            Ok(written) => written,
+            // The outcome is unknown: learn from the leader what the session has now.
+            Err(e) => return self.resync(&name, e).await,
+        };
+        match written.outcome().clone() {
+            Outcome::Granted(grant) => {
+                self.claims.insert(name.clone(), Claim { token: grant.token, fence: Some(grant.fence) });
+                self.send(acquired(&name, grant.fence, grant.token)).await
+            }
+            Outcome::Queued { position, holder: h } => {
+                let token = written.token.expect("the leader returns the token of an acquire");
+                self.claims.insert(name.clone(), Claim { token, fence: None });
+                let waiting = v1::Waiting { name, position: position as u64, holder: Some(holder(&h)) };
+                self.send(event(EventKind::Waiting(waiting))).await
+            }
+            Outcome::Busy { holder: h } => {
+                self.send(event(EventKind::Busy(v1::Busy { name, holder: Some(holder(&h)) }))).await
+            }
+            Outcome::Rejected(holdfast_core::Reject::NoSession(_)) => self.gone().await,
+            Outcome::Rejected(reject) => self.send(session_error(&name, &ApiError::from(reject))).await,
+            other => self.send(session_error(&name, &ApiError::unexpected(other))).await,
+        }
+    }
+
+    /// After a write whose outcome is unknown, re-reads the session's claims from the leader and reports
+    /// where `name` stands.
+    async fn resync(&mut self, name: &str, cause: NodeError) -> Result<(), Status> {
+        match self.node.session_view(self.id, |_| ()).await {
+            Ok(Some((view, ()))) => {
+                self.adopt(&view);
+                match self.claims.get(name) {
+                    Some(Claim { token, fence: Some(fence) }) => self.send(acquired(name, *fence, *token)).await,
+                    Some(Claim { fence: None, .. }) => {
+                        let waiting = v1::Waiting { name: name.to_owned(), position: 0, holder: None };
+                        self.send(event(EventKind::Waiting(waiting))).await
+                    }
+                    None => self.send(session_error(name, &ApiError::from(cause))).await,
+                }
+            }
+            Ok(None) => self.gone().await,
+            Err(e) => self.send(session_error(name, &ApiError::from(e))).await,
+        }
+    }
+
+    async fn release(&mut self, name: String) -> Result<(), Status> {
+        let Some(claim) = self.claims.remove(&name) else {
+            return self.send(session_error(&name, &ApiError::NotHolder { name: name.clone() })).await;
+        };
+        // Cancel both releases a hold (handing it to the next waiter in the same entry) and leaves a queue.
+        match self.node.write(Request::Cancel { name: name.clone(), token: claim.token }).await {
+            Ok(_) => self.send(event(EventKind::Released(v1::Released { name }))).await,
+            Err(e) => {
+                self.claims.insert(name.clone(), claim);
+                self.send(session_error(&name, &ApiError::from(e))).await
+            }
+        }
+    }
+
+    async fn note(&mut self, note: SessionNote) -> Result<(), Status> {
+        match note {
+            SessionNote::Granted(grant) => {
+                let Some(claim) = self.claims.get_mut(&grant.name) else { return Ok(()) };
+                if claim.token != grant.token {
+                    return Ok(());
+                }
+                claim.fence = Some(grant.fence);
+                self.send(acquired(&grant.name, grant.fence, grant.token)).await
+            }
+            SessionNote::Ended { name, fence } => {
+                if self.claims.get(&name).is_some_and(|c| c.fence == Some(fence)) {
+                    self.claims.remove(&name);
+                    let lost = v1::Lost { name, reason: "expired".into() };
+                    return self.send(event(EventKind::Lost(lost))).await;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The session is gone (expired or closed elsewhere): every lock it held is lost; the stream ends.
+    async fn gone(&mut self) -> Result<(), Status> {
+        for (name, claim) in std::mem::take(&mut self.claims) {
+            if claim.fence.is_some() {
+                self.send(event(EventKind::Lost(v1::Lost { name, reason: "session-gone".into() }))).await?;
+            }
+        }
+        Err(ApiError::SessionGone { id: self.id }.into())
+    }
+}
