@@ -420,7 +420,8 @@ impl SessionStream {
         match note {
             SessionNote::Granted(grant) => {
                 let Some(claim) = self.claims.get_mut(&grant.name) else { return Ok(()) };
-                if claim.token != grant.token {
+                // Not this claim's grant, or a grant the stream already reported (its own acquire's answer).
+                if claim.token != grant.token || claim.fence == Some(grant.fence) {
                     return Ok(());
                 }
                 claim.fence = Some(grant.fence);
