@@ -1,4 +1,8 @@
-//! `holdfast`: the one binary. `holdfast server` runs a node.
+//! `holdfast`: the one binary. `holdfast server` runs a node; `holdfast run` runs a command under a lock;
+//! `holdfast lock …` and `holdfast cluster status` are one-shot calls. See docs/cli.md.
+
+mod cli;
+mod run;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,6 +25,104 @@ struct Cli {
 enum Commands {
     /// Run a node. With no flags: a working single-node cluster on 127.0.0.1:7070, data in ./holdfast-data.
     Server(ServerArgs),
+    /// Run a command while holding a lock (flock for a cluster). Exit codes: see docs/cli.md.
+    Run(RunCli),
+    /// One-shot lock calls.
+    Lock {
+        #[command(flatten)]
+        target: Target,
+        #[command(subcommand)]
+        command: LockCli,
+    },
+    /// The cluster as a node sees it.
+    Cluster {
+        #[command(flatten)]
+        target: Target,
+        #[command(subcommand)]
+        command: ClusterCli,
+    },
+}
+
+/// Which cluster to talk to, and how to print.
+#[derive(clap::Args)]
+struct Target {
+    /// Any nodes of the cluster, comma-separated (HOST:PORT of their client port).
+    #[arg(long, env = "HOLDFAST_ENDPOINTS", default_value = "127.0.0.1:7070", value_delimiter = ',', global = true)]
+    endpoints: Vec<String>,
+    /// Print JSON for scripts instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct RunCli {
+    /// The lock to hold.
+    name: String,
+    /// The session's lease: the lock is lost if the cluster hears nothing for this long.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Do not wait: exit with the busy code at once if the lock is held.
+    #[arg(short = 'n', long = "no-wait", conflicts_with = "wait")]
+    no_wait: bool,
+    /// Wait at most this long for the lock (default: as long as it takes).
+    #[arg(short = 'w', long, value_parser = humantime::parse_duration)]
+    wait: Option<Duration>,
+    /// The exit code when the lock is busy (as flock's -E).
+    #[arg(short = 'E', long = "conflict-exit-code", default_value_t = run::EXIT_BUSY)]
+    conflict_exit_code: u8,
+    /// After the lock is lost: how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    kill_after: Duration,
+    /// Any nodes of the cluster, comma-separated (HOST:PORT of their client port).
+    #[arg(long, env = "HOLDFAST_ENDPOINTS", default_value = "127.0.0.1:7070", value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum LockCli {
+    /// Take a lock with a TTL; prints its token and fence.
+    Acquire {
+        name: String,
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Wait in the queue up to this long if it is held.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
+    /// Let go of a lock.
+    Release {
+        name: String,
+        #[arg(long)]
+        token: String,
+    },
+    /// Extend a lock's TTL (by its current TTL unless --ttl is given).
+    Renew {
+        name: String,
+        #[arg(long)]
+        token: String,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Who holds a lock and who waits for it.
+    Get { name: String },
+    /// Locks by name prefix.
+    List {
+        #[arg(long, default_value = "")]
+        prefix: String,
+        #[arg(long)]
+        after: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCli {
+    /// The leader, term, members and log of the node that answers.
+    Status,
 }
 
 #[derive(Parser)]
@@ -74,7 +176,58 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Commands::Server(args) => server(args),
+        Commands::Run(args) => {
+            let wait = match (args.no_wait, args.wait) {
+                (true, _) => run::Wait::No,
+                (false, Some(wait)) => run::Wait::For(wait),
+                (false, None) => run::Wait::Forever,
+            };
+            let run_args = run::RunArgs {
+                endpoints: args.endpoints,
+                name: args.name,
+                ttl: args.ttl,
+                wait,
+                busy_code: args.conflict_exit_code,
+                kill_after: args.kill_after,
+                command: args.command,
+            };
+            exit(client_runtime()?.block_on(run::run(run_args)))
+        }
+        Commands::Lock { target, command } => {
+            let command = match command {
+                LockCli::Acquire { name, ttl, wait } => cli::LockCommand::Acquire { name, ttl, wait },
+                LockCli::Release { name, token } => cli::LockCommand::Release { name, token },
+                LockCli::Renew { name, token, ttl } => cli::LockCommand::Renew { name, token, ttl },
+                LockCli::Get { name } => cli::LockCommand::Get { name },
+                LockCli::List { prefix, after, limit } => cli::LockCommand::List { prefix, after, limit },
+            };
+            exit(client_runtime()?.block_on(async {
+                match holdfast_client::Client::connect(target.endpoints).await {
+                    Ok(client) => cli::lock(&client, command, target.json).await,
+                    Err(e) => unreachable_cluster(&e),
+                }
+            }))
+        }
+        Commands::Cluster { target, command: ClusterCli::Status } => exit(client_runtime()?.block_on(async {
+            match holdfast_client::Client::connect(target.endpoints).await {
+                Ok(client) => cli::cluster_status(&client, target.json).await,
+                Err(e) => unreachable_cluster(&e),
+            }
+        })),
     }
+}
+
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
+}
+
+fn unreachable_cluster(e: &holdfast_client::Error) -> u8 {
+    eprintln!("holdfast: {e}");
+    run::EXIT_UNREACHABLE
+}
+
+fn exit(code: u8) -> ! {
+    std::process::exit(code.into())
 }
 
 fn server(args: ServerArgs) -> anyhow::Result<()> {
@@ -191,7 +344,7 @@ mod tests {
     #[test]
     fn no_flags_is_a_single_node_on_the_default_ports() {
         let cli = Cli::try_parse_from(["holdfast", "server"]).unwrap();
-        let Commands::Server(args) = cli.command;
+        let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
         let config = server_config(&args).unwrap();
         assert_eq!(config.id, 1);
         assert_eq!(config.members, BTreeMap::from([(1, "127.0.0.1:7071".to_string())]));

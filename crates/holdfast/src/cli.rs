@@ -1,0 +1,198 @@
+//! `holdfast lock …` and `holdfast cluster status`: one-shot calls, as a readable table or as JSON.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use holdfast_client::{Client, ClusterStatus, Error as ClientError, Hold, HolderInfo, LockInfo};
+use serde_json::{json, Value};
+
+use crate::run::{EXIT_BUSY, EXIT_UNREACHABLE, EXIT_USAGE};
+
+/// What a `lock` subcommand asks for.
+pub enum LockCommand {
+    Acquire { name: String, ttl: Duration, wait: Duration },
+    Release { name: String, token: String },
+    Renew { name: String, token: String, ttl: Option<Duration> },
+    Get { name: String },
+    List { prefix: String, after: Option<String>, limit: u32 },
+}
+
+/// Runs a `lock` subcommand; answers the exit code.
+pub async fn lock(client: &Client, command: LockCommand, as_json: bool) -> u8 {
+    let result = match command {
+        LockCommand::Acquire { name, ttl, wait } => client.acquire(&name, ttl, wait).await.map(|h| hold_out(&h)),
+        LockCommand::Renew { name, token, ttl } => client.renew(&name, &token, ttl).await.map(|h| hold_out(&h)),
+        LockCommand::Release { name, token } => client.release(&name, &token).await.map(|r| Out {
+            json: json!({"name": r.name, "fence": r.fence, "released": true}),
+            table: format!("released {} (fence {})", r.name, r.fence),
+        }),
+        LockCommand::Get { name } => match client.get(&name).await {
+            Ok(Some(lock)) => Ok(locks_out(std::slice::from_ref(&lock), None)),
+            Ok(None) => Err(ClientError::NotFound),
+            Err(e) => Err(e),
+        },
+        LockCommand::List { prefix, after, limit } => {
+            client.list(&prefix, after.as_deref(), limit).await.map(|page| locks_out(&page.locks, page.next.as_deref()))
+        }
+    };
+    finish(result, as_json)
+}
+
+/// Runs `cluster status`; answers the exit code.
+pub async fn cluster_status(client: &Client, as_json: bool) -> u8 {
+    finish(client.cluster_status().await.map(|s| status_out(&s)), as_json)
+}
+
+/// What a command prints: a table for people, JSON for scripts.
+struct Out {
+    json: Value,
+    table: String,
+}
+
+fn finish(result: Result<Out, ClientError>, as_json: bool) -> u8 {
+    match result {
+        Ok(out) if as_json => {
+            println!("{}", out.json);
+            0
+        }
+        Ok(out) => {
+            println!("{}", out.table.trim_end());
+            0
+        }
+        Err(e) => {
+            eprintln!("holdfast: {e}");
+            match e {
+                ClientError::Busy { .. } => EXIT_BUSY,
+                ClientError::Unavailable(_) => EXIT_UNREACHABLE,
+                ClientError::NotFound | ClientError::NotHolder | ClientError::Expired => 1,
+                _ => EXIT_USAGE,
+            }
+        }
+    }
+}
+
+fn hold_out(h: &Hold) -> Out {
+    Out {
+        json: json!({
+            "name": h.name, "owner": h.owner, "token": h.token, "fence": h.fence,
+            "granted_at_ms": h.granted_at_ms, "expires_at_ms": h.expires_at_ms, "ttl_ms": h.ttl_ms,
+        }),
+        table: table(
+            &["NAME", "OWNER", "FENCE", "EXPIRES", "TOKEN"],
+            &[vec![h.name.clone(), h.owner.clone(), h.fence.to_string(), when(h.expires_at_ms), h.token.clone()]],
+        ),
+    }
+}
+
+fn holder_json(h: &HolderInfo) -> Value {
+    json!({
+        "owner": h.owner, "fence": h.fence, "granted_at_ms": h.granted_at_ms,
+        "expires_at_ms": h.expires_at_ms, "ttl_ms": h.ttl_ms, "session_id": h.session_id,
+    })
+}
+
+fn locks_out(locks: &[LockInfo], next: Option<&str>) -> Out {
+    let rows: Vec<Vec<String>> = locks
+        .iter()
+        .map(|l| {
+            let (owner, fence, expires) = match &l.holder {
+                Some(h) => (
+                    h.owner.clone(),
+                    h.fence.to_string(),
+                    h.expires_at_ms.map(when).unwrap_or_else(|| format!("session {}", h.session_id.unwrap_or(0))),
+                ),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
+            vec![l.name.clone(), owner, fence, expires, l.waiters.len().to_string()]
+        })
+        .collect();
+    let json_locks: Vec<Value> = locks
+        .iter()
+        .map(|l| {
+            let waiters: Vec<Value> = l
+                .waiters
+                .iter()
+                .map(|w| json!({"owner": w.owner, "queued_at_ms": w.queued_at_ms, "session_id": w.session_id}))
+                .collect();
+            json!({"name": l.name, "holder": l.holder.as_ref().map(holder_json), "waiters": waiters})
+        })
+        .collect();
+    let mut text = table(&["NAME", "OWNER", "FENCE", "EXPIRES", "WAITERS"], &rows);
+    if let Some(next) = next {
+        text.push_str(&format!("(more: --after {next})\n"));
+    }
+    Out { json: json!({"locks": json_locks, "next": next}), table: text }
+}
+
+fn status_out(s: &ClusterStatus) -> Out {
+    let members: Vec<Vec<String>> = s
+        .members
+        .iter()
+        .map(|(id, addr)| {
+            let role = if Some(*id) == s.leader { "leader" } else { "" };
+            vec![
+                id.to_string(),
+                addr.clone(),
+                role.into(),
+                if *id == s.id { "(answered)".into() } else { String::new() },
+            ]
+        })
+        .collect();
+    let mut text = format!(
+        "node {} at {}: {}, term {}, leader {}, log {}, applied {}\n\n",
+        s.id,
+        s.endpoint,
+        s.state,
+        s.term,
+        s.leader.map_or("unknown".into(), |l| l.to_string()),
+        s.last_log_index,
+        s.applied_index
+    );
+    text.push_str(&table(&["ID", "PEER ADDRESS", "ROLE", ""], &members));
+    Out {
+        json: json!({
+            "endpoint": s.endpoint, "id": s.id, "leader": s.leader, "term": s.term, "state": s.state,
+            "members": s.members, "last_log_index": s.last_log_index, "applied_index": s.applied_index,
+        }),
+        table: text,
+    }
+}
+
+/// `2026-11-30T15:20:06.715Z (in 41s)`.
+fn when(ms: u64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(ms);
+    let stamp = humantime::format_rfc3339_millis(at);
+    match at.duration_since(SystemTime::now()) {
+        Ok(left) => format!("{stamp} (in {}s)", left.as_secs()),
+        Err(_) => format!("{stamp} (passed)"),
+    }
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        padded.join("  ").trim_end().to_owned() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&["A", "LONG"], &[vec!["xyz".into(), "1".into()], vec!["q".into(), "22".into()]]);
+        assert_eq!(t, "A    LONG\nxyz  1\nq    22\n");
+    }
+}

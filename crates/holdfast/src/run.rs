@@ -1,0 +1,164 @@
+//! `holdfast run NAME -- CMD ARGS…`: flock for a cluster. Holds a lock while a command runs.
+//!
+//! The lock is held by a session whose lease is `--ttl`: the client heartbeats it every ttl/4 and the lock
+//! is lost if a heartbeat goes unacknowledged for a whole lease (by this process's own clock, counted from
+//! when the heartbeat was sent). Exit codes are documented in `docs/cli.md`.
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use holdfast_client::{Client, Error as ClientError};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// The lock is held by someone else (with `--no-wait`) or the wait ran out; `-E` changes it, as flock's.
+pub const EXIT_BUSY: u8 = 75;
+/// The cluster could not be reached (no endpoint answered within the retry bounds).
+pub const EXIT_UNREACHABLE: u8 = 69;
+/// The lock was lost while the command ran; the command was terminated.
+pub const EXIT_LOST: u8 = 70;
+/// The command could not be run (not executable).
+pub const EXIT_CANNOT_RUN: u8 = 126;
+/// The command was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// Bad usage or any other error before the command ran.
+pub const EXIT_USAGE: u8 = 64;
+
+/// How `holdfast run` waits for the lock.
+pub enum Wait {
+    /// Answer busy at once (`-n`).
+    No,
+    /// Up to this long (`-w`).
+    For(Duration),
+    /// As long as it takes.
+    Forever,
+}
+
+pub struct RunArgs {
+    pub endpoints: Vec<String>,
+    pub name: String,
+    pub ttl: Duration,
+    pub wait: Wait,
+    pub busy_code: u8,
+    pub kill_after: Duration,
+    pub command: Vec<String>,
+}
+
+/// Runs the command under the lock; answers the process's exit code.
+pub async fn run(args: RunArgs) -> u8 {
+    let client = match Client::connect(args.endpoints.clone()).await {
+        Ok(client) => client,
+        Err(e) => return report(&e),
+    };
+    let session = match client.session(args.ttl).await {
+        Ok(session) => session,
+        Err(e) => return report(&e),
+    };
+    let held = match args.wait {
+        Wait::No => session.try_lock(&args.name).await.and_then(|held| held.ok_or(ClientError::Busy { holder: None })),
+        Wait::For(wait) => session.lock(&args.name, Some(wait)).await,
+        Wait::Forever => session.lock(&args.name, None).await,
+    };
+    let held = match held {
+        Ok(held) => held,
+        Err(ClientError::Busy { holder }) => {
+            match holder {
+                Some(h) => eprintln!("holdfast: {} is held by {} (fence {})", args.name, h.owner, h.fence),
+                None => eprintln!("holdfast: {} is held by someone else", args.name),
+            }
+            let _ = session.close().await;
+            return args.busy_code;
+        }
+        Err(ClientError::Timeout) => {
+            eprintln!("holdfast: {} was not granted within the wait", args.name);
+            let _ = session.close().await;
+            return args.busy_code;
+        }
+        Err(e) => return report(&e),
+    };
+    let code = supervise(&args, held.fence(), held.token(), held.lost()).await;
+    if code != EXIT_LOST {
+        if let Err(e) = held.release().await {
+            eprintln!("holdfast: releasing {}: {e}", args.name);
+        }
+    }
+    let _ = session.close().await;
+    code
+}
+
+/// Runs the command in its own process group; forwards SIGINT, SIGTERM and SIGHUP to it; if the lock is
+/// lost, terminates the group (SIGTERM, then SIGKILL after `kill_after`).
+async fn supervise(args: &RunArgs, fence: u64, token: &str, lost: tokio_util::sync::CancellationToken) -> u8 {
+    let mut command = tokio::process::Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("HOLDFAST_LOCK", &args.name)
+        .env("HOLDFAST_FENCE", fence.to_string())
+        .env("HOLDFAST_TOKEN", token);
+    // Its own process group, so that on loss the whole tree it started is stopped, not only its leader.
+    command.as_std_mut().process_group(0);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("holdfast: cannot run {:?}: {e}", args.command[0]);
+            return if e.kind() == std::io::ErrorKind::NotFound { EXIT_NOT_FOUND } else { EXIT_CANNOT_RUN };
+        }
+    };
+    let pgid = child.id().expect("a running child has a pid") as i32;
+    let (mut int, mut term, mut hup) =
+        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
+            (Ok(i), Ok(t), Ok(h)) => (i, t, h),
+            _ => {
+                eprintln!("holdfast: cannot install signal handlers");
+                kill_group(pgid, libc::SIGKILL);
+                return EXIT_USAGE;
+            }
+        };
+    loop {
+        tokio::select! {
+            status = child.wait() => return exit_code(status),
+            _ = int.recv() => kill_group(pgid, libc::SIGINT),
+            _ = term.recv() => kill_group(pgid, libc::SIGTERM),
+            _ = hup.recv() => kill_group(pgid, libc::SIGHUP),
+            _ = lost.cancelled() => {
+                eprintln!("holdfast: lost the lock {}; stopping the command", args.name);
+                kill_group(pgid, libc::SIGTERM);
+                if tokio::time::timeout(args.kill_after, child.wait()).await.is_err() {
+                    kill_group(pgid, libc::SIGKILL);
+                    let _ = child.wait().await;
+                }
+                return EXIT_LOST;
+            }
+        }
+    }
+}
+
+fn kill_group(pgid: i32, signal: i32) {
+    // SAFETY: killpg has no memory-safety preconditions; a stale group only makes it fail with ESRCH.
+    unsafe {
+        libc::killpg(pgid, signal);
+    }
+}
+
+/// The child's exit code, or 128+N when signal N ended it (as shells report it).
+fn exit_code(status: std::io::Result<ExitStatus>) -> u8 {
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => code as u8,
+            (None, Some(signal)) => 128u8.saturating_add(signal as u8),
+            (None, None) => EXIT_CANNOT_RUN,
+        },
+        Err(e) => {
+            eprintln!("holdfast: waiting for the command: {e}");
+            EXIT_CANNOT_RUN
+        }
+    }
+}
+
+fn report(e: &ClientError) -> u8 {
+    eprintln!("holdfast: {e}");
+    match e {
+        ClientError::Unavailable(_) => EXIT_UNREACHABLE,
+        _ => EXIT_USAGE,
+    }
+}
