@@ -195,8 +195,13 @@ struct Claim {
 
 type Outbox = mpsc::Sender<Result<SessionEvent, Status>>;
 
-/// What a heartbeat task reports back to its stream: the heartbeat's sequence number and the leader's answer.
-type Beat = (u64, Result<Option<(u32, u32)>, NodeError>);
+/// What a heartbeat task reports back to its stream when it could not simply acknowledge.
+enum Beat {
+    /// The session is gone (expired or closed).
+    Gone,
+    /// The leader could not confirm the heartbeat in time.
+    Failed(NodeError),
+}
 
 struct SessionStream {
     node: Arc<Node>,
@@ -305,14 +310,10 @@ impl SessionStream {
                     Ok(None) | Err(_) => return Ok(()),
                 },
                 Some(note) = notes.recv() => self.note(note).await?,
-                Some((seq, beat)) = beats.recv() => match beat {
-                    Ok(Some((held, waiting))) => {
-                        let ack = v1::HeartbeatAck { seq, held, waiting };
-                        self.send(event(EventKind::HeartbeatAck(ack))).await?;
-                    }
-                    Ok(None) => return self.gone().await,
+                Some(beat) = beats.recv() => match beat {
+                    Beat::Gone => return self.gone().await,
                     // No acknowledgement: the client's own clock decides when its lease is lost.
-                    Err(e) => self.send(session_error("", &ApiError::from(e))).await?,
+                    Beat::Failed(e) => self.send(session_error("", &ApiError::from(e))).await?,
                 },
             }
         }
@@ -322,10 +323,22 @@ impl SessionStream {
     async fn handle(&mut self, kind: RequestKind, beats: &mpsc::UnboundedSender<Beat>) -> Result<bool, Status> {
         match kind {
             RequestKind::Heartbeat(beat) => {
-                let (node, id, beats, seq) = (self.node.clone(), self.id, beats.clone(), beat.seq);
-                // Heartbeats run beside the stream's other requests, so a slow write never delays one.
+                let (node, id, beats, seq, tx) = (self.node.clone(), self.id, beats.clone(), beat.seq, self.tx.clone());
+                // Heartbeats run beside the stream's other requests and are acknowledged straight from their
+                // own task, so a slow write on the stream never delays an acknowledgement.
                 tokio::spawn(async move {
-                    let _ = beats.send((seq, node.heartbeat(id).await));
+                    match node.heartbeat(id).await {
+                        Ok(Some((held, waiting))) => {
+                            let _ =
+                                tx.send(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }))).await;
+                        }
+                        Ok(None) => {
+                            let _ = beats.send(Beat::Gone);
+                        }
+                        Err(e) => {
+                            let _ = beats.send(Beat::Failed(e));
+                        }
+                    }
                 });
             }
             RequestKind::Acquire(acquire) => self.acquire(acquire.name, acquire.wait).await?,

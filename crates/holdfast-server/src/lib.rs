@@ -53,7 +53,7 @@ pub struct Config {
     pub limits: FrontLimits,
     /// How often the leader sends heartbeats to followers.
     pub heartbeat_ms: u64,
-    /// The shortest election timeout; the longest is twice this.
+    /// The shortest election timeout; the longest is 1.5 times this.
     pub election_timeout_ms: u64,
     /// A snapshot is taken after this many entries since the last one.
     pub snapshot_every_entries: u64,
@@ -84,7 +84,7 @@ pub async fn run(
         cluster_name: "holdfast".into(),
         heartbeat_interval: config.heartbeat_ms,
         election_timeout_min: config.election_timeout_ms,
-        election_timeout_max: config.election_timeout_ms * 2,
+        election_timeout_max: config.election_timeout_ms + config.election_timeout_ms / 2,
         install_snapshot_timeout: 10_000,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
         max_in_snapshot_log_to_keep: 1_000,

@@ -1,0 +1,475 @@
+//! [`Client`] and [`ClientBuilder`]: endpoints, sessions, the lock conveniences and the one-shot calls.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use holdfast_proto::v1::{AcquireRequest, ClusterStatusRequest, GetRequest, ListRequest, ReleaseRequest, RenewRequest};
+use tokio::task::JoinSet;
+
+use crate::error::Error;
+use crate::pool::{normalize, Config, Pool};
+use crate::session::{HeldLock, Session};
+use crate::types::{millis_ceil, ClusterStatus, Hold, ListPage, LockInfo, Released};
+
+/// Longest owner description the server accepts, in bytes.
+const OWNER_LEN_MAX: usize = 128;
+
+/// A handle to a holdfast cluster. Cheap to clone; clones share endpoints, channels and the preferred
+/// endpoint.
+///
+/// Every call goes to the endpoint that answered last and falls back through the list in order when a node
+/// does not answer or has no leader (see [`ClientBuilder`] for the bounds). Any node serves any call, so
+/// this is correct whichever node leads; [`discover_leader`](Self::discover_leader) finds the leader to save
+/// the followers' forwarding hop, and [`connect`](Self::connect) does so once.
+///
+/// A write whose attempt got no answer (a node died mid-call, or answered UNAVAILABLE) has an unknown
+/// outcome, and the retry on the next endpoint may find it done: a retried [`acquire`](Self::acquire) can
+/// then answer [`Error::Busy`] with this client's own owner as the holder, and a retried
+/// [`release`](Self::release) can answer [`Error::NotHolder`]. Sessions do not have this problem: their
+/// requests are idempotent and checked against the server's report after a resume.
+#[derive(Clone)]
+pub struct Client {
+    pool: Arc<Pool>,
+}
+
+/// Configures a [`Client`]: owner name, timeouts and retry bounds.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), holdfast_client::Error> {
+/// use std::time::Duration;
+///
+/// let client = holdfast_client::Client::builder(["10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"])
+///     .owner("importer@host-7")
+///     .request_timeout(Duration::from_secs(3))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    endpoints: Vec<String>,
+    config: Config,
+}
+
+impl ClientBuilder {
+    /// A builder for `endpoints` (`"host:port"`, `"host"` for port 7070, `"[::1]:7070"`, or any of those after
+    /// `http://`) with the default settings.
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            config: Config {
+                owner: default_owner(),
+                connect_timeout: Duration::from_secs(2),
+                request_timeout: Duration::from_secs(5),
+                backoff_min: Duration::from_millis(50),
+                backoff_max: Duration::from_secs(2),
+                retry_timeout: Duration::from_secs(10),
+                max_attempts: 10,
+            },
+        }
+    }
+
+    /// Who this client is, shown to people reading the lock table (default: `hostname/pid`). At most 128
+    /// bytes, no control characters.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.config.owner = owner.into();
+        self
+    }
+
+    /// How long to wait for a TCP connection to one endpoint (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one attempt of a call may take before the next endpoint is tried (default 5 s). An acquire
+    /// that waits in the queue gets its wait on top.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.config.request_timeout = timeout;
+        self
+    }
+
+    /// The pause after every endpoint failed once (default 50 ms), doubling each round up to `max`
+    /// (default 2 s). Pauses are jittered down to half.
+    pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.config.backoff_min = min;
+        self.config.backoff_max = max.max(min);
+        self
+    }
+
+    /// No new attempt of a call starts this long after its first (default 10 s); then the call fails with
+    /// [`Error::Unavailable`].
+    pub fn retry_timeout(mut self, timeout: Duration) -> Self {
+        self.config.retry_timeout = timeout;
+        self
+    }
+
+    /// Attempts of one call over all endpoints (default 10, at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.config.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Checks the settings and makes a client without contacting the cluster. Channels are made on first
+    /// use.
+    pub fn build(self) -> Result<Client, Error> {
+        if self.endpoints.is_empty() {
+            return Err(Error::InvalidArgument("no endpoints".into()));
+        }
+        let owner = &self.config.owner;
+        if owner.len() > OWNER_LEN_MAX || owner.chars().any(char::is_control) {
+            return Err(Error::InvalidArgument(format!(
+                "owner {owner:?}: at most {OWNER_LEN_MAX} bytes, no control characters"
+            )));
+        }
+        let endpoints = self.endpoints.iter().map(|e| normalize(e)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Client { pool: Pool::new(endpoints, self.config) })
+    }
+
+    /// Makes a client and finds the leader: asks every endpoint for its cluster status, prefers the one
+    /// that leads (else the first that answered), and retries in rounds within the retry bounds. Fails with
+    /// [`Error::Unavailable`] if no endpoint answers.
+    pub async fn connect(self) -> Result<Client, Error> {
+        let client = self.build()?;
+        client.discover_leader().await?;
+        Ok(client)
+    }
+}
+
+impl Client {
+    /// Connects to a cluster through `endpoints` with the default settings; see [`ClientBuilder::connect`].
+    pub async fn connect<I, S>(endpoints: I) -> Result<Client, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder::new(endpoints).connect().await
+    }
+
+    /// A builder, to set the owner, timeouts and retry bounds.
+    pub fn builder<I, S>(endpoints: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder::new(endpoints)
+    }
+
+    /// The owner description this client acquires locks and opens sessions with.
+    pub fn owner(&self) -> &str {
+        &self.pool.config.owner
+    }
+
+    /// The endpoints, normalised to `http://host:port`, in fallback order.
+    pub fn endpoints(&self) -> &[String] {
+        self.pool.endpoints()
+    }
+
+    /// The endpoint calls start at: the one that answered last.
+    pub fn preferred_endpoint(&self) -> &str {
+        &self.pool.endpoints()[self.pool.preferred()]
+    }
+
+    /// Asks every endpoint for its cluster status at once and prefers the endpoint of the leader: the one
+    /// whose node says it leads, or whose node id another node names as leader. Returns that leader's
+    /// status, or `Ok(None)` if some node answered but none is (known to be) the leader, in which case the
+    /// first that answered is preferred. Retries in rounds within the retry bounds while no node answers,
+    /// then fails with [`Error::Unavailable`].
+    pub async fn discover_leader(&self) -> Result<Option<ClusterStatus>, Error> {
+        let config = &self.pool.config;
+        let deadline = tokio::time::Instant::now() + config.retry_timeout;
+        let mut round = 0;
+        loop {
+            let statuses = self.probe_all().await;
+            let answered: Vec<&ClusterStatus> = statuses.iter().flatten().collect();
+            if let Some(first) = answered.first() {
+                // A node id that some node names as leader, mapped to the endpoint that answered as that id.
+                let leader = answered.iter().find(|s| s.is_leader()).or_else(|| {
+                    let id = answered.iter().find_map(|s| s.leader)?;
+                    answered.iter().find(|s| s.id == id)
+                });
+                let chosen = leader.unwrap_or(first);
+                let index = statuses.iter().position(|s| s.as_ref().map(|s| &s.endpoint) == Some(&chosen.endpoint));
+                self.pool.prefer(index.expect("chosen among the answers"));
+                return Ok(leader.map(|s| (*s).clone()));
+            }
+            round += 1;
+            let pause = crate::pool::backoff_ceiling(config.backoff_min, config.backoff_max, round);
+            if round >= config.max_attempts || tokio::time::Instant::now() + pause >= deadline {
+                return Err(Error::Unavailable(format!(
+                    "no endpoint answered a cluster status request ({round} rounds over {} endpoints)",
+                    self.pool.endpoints().len()
+                )));
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// One cluster status from every endpoint, in endpoint order (`None` where no answer came in time).
+    async fn probe_all(&self) -> Vec<Option<ClusterStatus>> {
+        let timeout = self.pool.config.request_timeout;
+        let mut probes = JoinSet::new();
+        for (i, endpoint) in self.pool.endpoints().iter().enumerate() {
+            let mut client = self.pool.client(i);
+            let endpoint = endpoint.clone();
+            probes.spawn(async move {
+                let answer = tokio::time::timeout(timeout, client.cluster_status(ClusterStatusRequest {})).await;
+                let status = match answer {
+                    Ok(Ok(response)) => Some(ClusterStatus::from_proto(endpoint.clone(), response.into_inner())),
+                    Ok(Err(status)) => {
+                        tracing::debug!(endpoint, error = %Error::from(status), "cluster status probe failed");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::debug!(endpoint, "cluster status probe timed out");
+                        None
+                    }
+                };
+                (i, status)
+            });
+        }
+        let mut statuses = vec![None; self.pool.endpoints().len()];
+        while let Some(joined) = probes.join_next().await {
+            if let Ok((i, status)) = joined {
+                statuses[i] = status;
+            }
+        }
+        statuses
+    }
+
+    // ---- sessions ----
+
+    /// Opens a session with `lease` (within the server's bounds; a 2 s lease is typical). See [`Session`].
+    pub async fn session(&self, lease: Duration) -> Result<Session, Error> {
+        Session::open(self.pool.clone(), lease).await
+    }
+
+    /// Runs `work` while holding the lock `name`: opens a session with `lease`, waits in the lock's queue
+    /// for as long as it takes, runs `work` with the lock, then closes the session (which hands the lock to
+    /// the next waiter at once) and returns what `work` returned.
+    ///
+    /// `work` should watch [`HeldLock::lost`] and pass [`HeldLock::fence`] to what it protects: if the lease
+    /// cannot be kept (the cluster or the network failed for longer than the lease) the lock is lost while
+    /// `work` runs, and `with_lock` does not stop `work` by itself. Use [`Session::lock`] with a wait to
+    /// bound the wait.
+    pub async fn with_lock<F, Fut, T>(&self, name: impl Into<String>, lease: Duration, work: F) -> Result<T, Error>
+    where
+        F: FnOnce(HeldLock) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let session = self.session(lease).await?;
+        let held = match session.lock(name, None).await {
+            Ok(held) => held,
+            Err(e) => {
+                let _ = session.close().await;
+                return Err(e);
+            }
+        };
+        let output = work(held).await;
+        if let Err(e) = session.close().await {
+            tracing::debug!(error = %e, "closing the session after with_lock");
+        }
+        Ok(output)
+    }
+
+    /// Opens a session with `lease` and takes the lock `name` if it is free: `Ok(None)` (and the session
+    /// closed) if someone else holds it. Dropping both the session and the lock releases the lock and
+    /// closes the session in the background.
+    pub async fn try_lock(
+        &self,
+        name: impl Into<String>,
+        lease: Duration,
+    ) -> Result<Option<(Session, HeldLock)>, Error> {
+        let session = self.session(lease).await?;
+        match session.try_lock(name).await {
+            Ok(Some(held)) => Ok(Some((session, held))),
+            Ok(None) => {
+                let _ = session.close().await;
+                Ok(None)
+            }
+            Err(e) => {
+                let _ = session.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a session with `lease` and takes the lock `name`, waiting in its queue up to `wait`; fails with
+    /// [`Error::Timeout`] (and closes the session) if it was not granted in time.
+    pub async fn lock_timeout(
+        &self,
+        name: impl Into<String>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<(Session, HeldLock), Error> {
+        let session = self.session(lease).await?;
+        match session.lock(name, Some(wait)).await {
+            Ok(held) => Ok((session, held)),
+            Err(e) => {
+                let _ = session.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    // ---- one-shot calls ----
+
+    /// Takes the lock `name` for `ttl` (renew before it runs out), as this client's owner. With a non-zero
+    /// `wait`, queues and waits up to that long. Fails with [`Error::Busy`] if it was not granted.
+    pub async fn acquire(&self, name: &str, ttl: Duration, wait: Duration) -> Result<Hold, Error> {
+        let request = AcquireRequest {
+            name: name.to_owned(),
+            owner: self.pool.config.owner.clone(),
+            ttl_ms: millis_ceil(ttl),
+            wait_ms: millis_ceil(wait),
+        };
+        let hold = self
+            .pool
+            .call("acquire", self.pool.retry(wait), |_, mut client| {
+                let request = request.clone();
+                async move { Ok(client.acquire(request).await?.into_inner()) }
+            })
+            .await?;
+        Ok(hold.into())
+    }
+
+    /// Extends the hold of `token` on `name` to `ttl` from now (`None`: its current TTL). Fails with
+    /// [`Error::Expired`] if it already ran out and [`Error::NotHolder`] if the token does not hold the lock.
+    pub async fn renew(&self, name: &str, token: &str, ttl: Option<Duration>) -> Result<Hold, Error> {
+        let request =
+            RenewRequest { name: name.to_owned(), token: token.to_owned(), ttl_ms: ttl.map_or(0, millis_ceil) };
+        let hold = self
+            .pool
+            .call("renew", self.pool.retry(Duration::ZERO), |_, mut client| {
+                let request = request.clone();
+                async move { Ok(client.renew(request).await?.into_inner()) }
+            })
+            .await?;
+        Ok(hold.into())
+    }
+
+    /// Lets go of the hold of `token` on `name`; the next waiter is granted at once.
+    pub async fn release(&self, name: &str, token: &str) -> Result<Released, Error> {
+        let request = ReleaseRequest { name: name.to_owned(), token: token.to_owned() };
+        let released = self
+            .pool
+            .call("release", self.pool.retry(Duration::ZERO), |_, mut client| {
+                let request = request.clone();
+                async move { Ok(client.release(request).await?.into_inner()) }
+            })
+            .await?;
+        Ok(released.into())
+    }
+
+    /// Who holds `name` and who waits for it (a linearizable read); `Ok(None)` if nobody holds it.
+    pub async fn get(&self, name: &str) -> Result<Option<LockInfo>, Error> {
+        let request = GetRequest { name: name.to_owned() };
+        let answer = self
+            .pool
+            .call("get", self.pool.retry(Duration::ZERO), |_, mut client| {
+                let request = request.clone();
+                async move { Ok(client.get(request).await?.into_inner()) }
+            })
+            .await;
+        match answer {
+            Ok(lock) => Ok(Some(lock.into())),
+            Err(Error::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One page of the held locks whose names start with `prefix`, by name, after `after` (the previous
+    /// page's [`ListPage::next`]; `None` for the first page). `limit` 0 means the server's default (100).
+    pub async fn list(&self, prefix: &str, after: Option<&str>, limit: u32) -> Result<ListPage, Error> {
+        let request = ListRequest { prefix: prefix.to_owned(), after: after.unwrap_or_default().to_owned(), limit };
+        let page = self
+            .pool
+            .call("list", self.pool.retry(Duration::ZERO), |_, mut client| {
+                let request = request.clone();
+                async move { Ok(client.list(request).await?.into_inner()) }
+            })
+            .await?;
+        Ok(page.into())
+    }
+
+    /// The cluster as the preferred endpoint's node sees it (or the first that answers).
+    pub async fn cluster_status(&self) -> Result<ClusterStatus, Error> {
+        let pool = &self.pool;
+        pool.call("cluster status", pool.retry(Duration::ZERO), |i, mut client| async move {
+            let status = client.cluster_status(ClusterStatusRequest {}).await?.into_inner();
+            Ok(ClusterStatus::from_proto(pool.endpoints()[i].clone(), status))
+        })
+        .await
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("endpoints", &self.pool.endpoints())
+            .field("preferred", &self.preferred_endpoint())
+            .field("owner", &self.owner())
+            .finish()
+    }
+}
+
+/// `hostname/pid`, cut to what the server accepts.
+fn default_owner() -> String {
+    let host = ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    let mut owner: String = format!("{host}/{}", std::process::id()).chars().filter(|c| !c.is_control()).collect();
+    while owner.len() > OWNER_LEN_MAX {
+        owner.pop();
+    }
+    owner
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_owner_is_host_and_pid() {
+        let owner = default_owner();
+        assert!(owner.ends_with(&format!("/{}", std::process::id())), "{owner}");
+        assert!(owner.len() <= OWNER_LEN_MAX);
+    }
+
+    #[test]
+    fn building_normalises_and_checks_endpoints() {
+        let client = Client::builder(["127.0.0.1:18070", "http://node-2"]).build().unwrap();
+        assert_eq!(client.endpoints(), ["http://127.0.0.1:18070", "http://node-2:7070"]);
+        assert_eq!(client.preferred_endpoint(), "http://127.0.0.1:18070");
+        assert!(matches!(Client::builder(Vec::<String>::new()).build(), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Client::builder(["https://x:1"]).build(), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Client::builder(["x:1"]).owner("a\nb").build(), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Client::builder(["x:1"]).owner("o".repeat(129)).build(), Err(Error::InvalidArgument(_))));
+    }
+
+    #[tokio::test]
+    async fn a_dead_cluster_is_unavailable_within_the_retry_bounds() {
+        // Port 1 on loopback: nothing listens, connections are refused at once.
+        let client = Client::builder(["127.0.0.1:1", "127.0.0.1:2"])
+            .backoff(Duration::from_millis(1), Duration::from_millis(2))
+            .max_attempts(4)
+            .build()
+            .unwrap();
+        let answer = client.get("x").await;
+        let Err(Error::Unavailable(why)) = answer else { panic!("{answer:?}") };
+        assert!(why.contains("4 attempts"), "{why}");
+        let Err(Error::Unavailable(_)) = client.discover_leader().await else { panic!("expected Unavailable") };
+        let Err(Error::Unavailable(_)) = client.session(Duration::from_secs(2)).await else {
+            panic!("expected Unavailable")
+        };
+    }
+}

@@ -1,0 +1,237 @@
+//! Plain Rust views of the server's answers, so that callers never handle generated prost types.
+//!
+//! Times are the leader's wall clock in milliseconds since the Unix epoch, as the server stamps them; they
+//! are for people and logs. A holder decides whether it still holds a lock by its lease (see
+//! [`HeldLock::lost`](crate::HeldLock::lost)) or its own TTL arithmetic, never by comparing these
+//! stamps with its own clock.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use holdfast_proto::v1;
+
+/// Who holds a lock, as the server reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// The holder's owner description (free text chosen by the holder).
+    pub owner: String,
+    /// The fence of the holder's grant.
+    pub fence: u64,
+    /// When the lock was granted (leader's clock, ms since the epoch).
+    pub granted_at_ms: u64,
+    /// When a TTL hold runs out (leader's clock); `None` for a session's hold, which its session keeps.
+    pub expires_at_ms: Option<u64>,
+    /// The TTL of a TTL hold; `None` for a session's hold.
+    pub ttl_ms: Option<u64>,
+    /// The session that holds the lock; `None` for a TTL hold.
+    pub session_id: Option<u64>,
+}
+
+impl From<v1::Holder> for HolderInfo {
+    fn from(h: v1::Holder) -> Self {
+        HolderInfo {
+            owner: h.owner,
+            fence: h.fence,
+            granted_at_ms: h.granted_at_ms,
+            expires_at_ms: nonzero(h.expires_at_ms),
+            ttl_ms: nonzero(h.ttl_ms),
+            session_id: nonzero(h.session_id),
+        }
+    }
+}
+
+/// One queued waiter of a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaiterInfo {
+    /// The waiter's owner description.
+    pub owner: String,
+    /// When it joined the queue (leader's clock, ms since the epoch).
+    pub queued_at_ms: u64,
+    /// The session that waits; `None` for a one-shot acquire that waits.
+    pub session_id: Option<u64>,
+}
+
+impl From<v1::Waiter> for WaiterInfo {
+    fn from(w: v1::Waiter) -> Self {
+        WaiterInfo { owner: w.owner, queued_at_ms: w.queued_at_ms, session_id: nonzero(w.session_id) }
+    }
+}
+
+/// A lock that is held, with its queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The lock's name.
+    pub name: String,
+    /// Its holder. The server always reports one for a lock that exists; `None` only if it did not.
+    pub holder: Option<HolderInfo>,
+    /// Its waiters, next in line first.
+    pub waiters: Vec<WaiterInfo>,
+}
+
+impl From<v1::Lock> for LockInfo {
+    fn from(l: v1::Lock) -> Self {
+        LockInfo {
+            name: l.name,
+            holder: l.holder.map(HolderInfo::from),
+            waiters: l.waiters.into_iter().map(WaiterInfo::from).collect(),
+        }
+    }
+}
+
+/// A one-shot TTL hold, as granted by [`Client::acquire`](crate::Client::acquire) or extended by
+/// [`Client::renew`](crate::Client::renew).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// The lock's name.
+    pub name: String,
+    /// The owner description the hold was taken with.
+    pub owner: String,
+    /// The secret that renews and releases the hold. Keep it out of logs.
+    pub token: String,
+    /// Grows with every grant: pass it to the protected resource so it can turn away stale holders.
+    pub fence: u64,
+    /// When the lock was granted (leader's clock, ms since the epoch).
+    pub granted_at_ms: u64,
+    /// When the hold runs out unless renewed (leader's clock, ms since the epoch).
+    pub expires_at_ms: u64,
+    /// The hold's TTL.
+    pub ttl_ms: u64,
+}
+
+impl Hold {
+    /// [`expires_at_ms`](Self::expires_at_ms) as a `SystemTime`, for display.
+    pub fn expires_at(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.expires_at_ms)
+    }
+}
+
+impl From<v1::Hold> for Hold {
+    fn from(h: v1::Hold) -> Self {
+        Hold {
+            name: h.name,
+            owner: h.owner,
+            token: h.token,
+            fence: h.fence,
+            granted_at_ms: h.granted_at_ms,
+            expires_at_ms: h.expires_at_ms,
+            ttl_ms: h.ttl_ms,
+        }
+    }
+}
+
+/// The answer to a one-shot [`Client::release`](crate::Client::release).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// The lock's name.
+    pub name: String,
+    /// The fence of the hold that ended.
+    pub fence: u64,
+}
+
+impl From<v1::ReleaseResponse> for Released {
+    fn from(r: v1::ReleaseResponse) -> Self {
+        Released { name: r.name, fence: r.fence }
+    }
+}
+
+/// One page of [`Client::list`](crate::Client::list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The held locks on this page, by name.
+    pub locks: Vec<LockInfo>,
+    /// Pass as `after` to get the next page; `None` when this was the last.
+    pub next: Option<String>,
+}
+
+impl From<v1::ListResponse> for ListPage {
+    fn from(r: v1::ListResponse) -> Self {
+        ListPage {
+            locks: r.locks.into_iter().map(LockInfo::from).collect(),
+            next: if r.next.is_empty() { None } else { Some(r.next) },
+        }
+    }
+}
+
+/// One node's view of the cluster, from [`Client::cluster_status`](crate::Client::cluster_status).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// The endpoint that answered, as the client spells it (`http://host:port`).
+    pub endpoint: String,
+    /// The answering node's id.
+    pub id: u64,
+    /// The leader's id, if that node knows one.
+    pub leader: Option<u64>,
+    /// The Raft term.
+    pub term: u64,
+    /// The node's Raft state, as the server names it (for example "Leader", "Follower").
+    pub state: String,
+    /// Members by id. The addresses are the nodes' PEER addresses, not client endpoints.
+    pub members: BTreeMap<u64, String>,
+    /// The index of the node's last log entry.
+    pub last_log_index: u64,
+    /// The index of the last entry the node applied.
+    pub applied_index: u64,
+}
+
+impl ClusterStatus {
+    /// Whether the answering node said it is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.leader == Some(self.id)
+    }
+
+    pub(crate) fn from_proto(endpoint: String, s: v1::ClusterStatusResponse) -> Self {
+        ClusterStatus {
+            endpoint,
+            id: s.id,
+            leader: nonzero(s.leader),
+            term: s.term,
+            state: s.state,
+            members: s.members.into_iter().collect(),
+            last_log_index: s.last_log_index,
+            applied_index: s.applied_index,
+        }
+    }
+}
+
+/// The proto's "0 means unset" convention as an `Option`.
+fn nonzero(v: u64) -> Option<u64> {
+    (v != 0).then_some(v)
+}
+
+/// A duration in whole milliseconds for the wire, rounded up so that a short non-zero duration never
+/// becomes 0 (which means "none" or "default" in several requests).
+pub(crate) fn millis_ceil(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_round_up_and_saturate() {
+        assert_eq!(millis_ceil(Duration::ZERO), 0);
+        assert_eq!(millis_ceil(Duration::from_micros(1)), 1);
+        assert_eq!(millis_ceil(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis_ceil(Duration::from_micros(1500)), 2);
+        assert_eq!(millis_ceil(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn zero_means_unset() {
+        let h = HolderInfo::from(v1::Holder {
+            owner: "w1".into(),
+            fence: 7,
+            granted_at_ms: 10,
+            expires_at_ms: 0,
+            ttl_ms: 0,
+            session_id: 3,
+        });
+        assert_eq!(h.expires_at_ms, None);
+        assert_eq!(h.ttl_ms, None);
+        assert_eq!(h.session_id, Some(3));
+        let page = ListPage::from(v1::ListResponse { locks: vec![], next: String::new() });
+        assert_eq!(page.next, None);
+    }
+}
