@@ -596,3 +596,169 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
         Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
 }
+
+// ----- client processes -----
+
+/// Lines of a client process's output printed when a test fails.
+const CLIENT_OUTPUT_LINES: usize = 40;
+
+/// A shell fragment that waits until `file` exists, polling every 50 ms, and gives up after about 60 s, so
+/// that a command whose test failed does not run on for long.
+pub fn sh_wait_for_file(file: &str) -> String {
+    format!("i=0; while [ ! -e {file} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done")
+}
+
+/// A shell fragment that writes `words` (expanded by the shell) to `file` in one step: it is written under
+/// another name and renamed, so a reader that sees `file` sees all of it.
+pub fn sh_write_file(file: &str, words: &str) -> String {
+    format!("echo {words} > {file}.tmp && mv {file}.tmp {file}")
+}
+
+/// Waits (bounded) until `path` exists and returns what it holds.
+pub async fn wait_for_file(path: &Path, bound: Duration, what: &str) -> String {
+    wait_for(bound, what, async || std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))).await
+}
+
+/// When `path` was last written, by the file system's clock (the wall clock).
+pub fn modified(path: &Path) -> std::time::SystemTime {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("modification time of {}: {e}", path.display()))
+}
+
+/// A `holdfast` client process a test started (e.g. `holdfast run`), in the test's work directory, with its
+/// stdout and stderr in `{label}.out` and `{label}.err` there.
+///
+/// A command started through [`ClientProc::run`] first writes its pid to `{label}.pid`; since `holdfast run`
+/// starts its command as the leader of a process group, that pid names the command's group. When the test
+/// kills the `holdfast` process itself ([`ClientProc::kill`]) or panics, dropping this kills that group
+/// too, so that no command outlives its test.
+pub struct ClientProc {
+    label: String,
+    dir: PathBuf,
+    child: Child,
+    status: Option<ExitStatus>,
+    /// The test sent SIGKILL: the command's group may be left running.
+    killed: bool,
+}
+
+impl ClientProc {
+    /// Starts `holdfast ARGS…` in `dir`.
+    pub fn start(dir: &Path, label: &str, args: &[String]) -> ClientProc {
+        let bin = env!("CARGO_BIN_EXE_holdfast");
+        let out = std::fs::File::create(dir.join(format!("{label}.out"))).expect("create the client's stdout file");
+        let err = std::fs::File::create(dir.join(format!("{label}.err"))).expect("create the client's stderr file");
+        let mut command = Command::new(bin);
+        command.args(args).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err));
+        // Settings from the environment of whoever runs the tests must not leak into the client.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("HOLDFAST_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command.spawn().unwrap_or_else(|e| panic!("spawn {bin} {args:?}: {e}"));
+        ClientProc { label: label.to_string(), dir: dir.to_path_buf(), child, status: None, killed: false }
+    }
+
+    /// Starts `holdfast run RUN_ARGS… -- sh -c 'echo $$ > {label}.pid; SCRIPT'` in `dir`.
+    pub fn run(dir: &Path, label: &str, run_args: &[&str], script: &str) -> ClientProc {
+        let mut args: Vec<String> = vec!["run".into()];
+        args.extend(run_args.iter().map(|arg| arg.to_string()));
+        args.extend(["--".into(), "sh".into(), "-c".into(), format!("echo $$ > {label}.pid; {script}")]);
+        ClientProc::start(dir, label, &args)
+    }
+
+    /// The `holdfast` process's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The label the test gave this process.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The pid of the command (and so its process group), once it has written `{label}.pid`.
+    pub fn command_pid(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.dir.join(format!("{}.pid", self.label))).ok()?;
+        text.trim().parse().ok()
+    }
+
+    /// The exit status, if the process has exited (it is collected the first time it is seen).
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("poll a client process");
+        }
+        self.status
+    }
+
+    /// Waits (bounded) until the process exits.
+    pub async fn wait_exit(&mut self, bound: Duration, what: &str) -> ExitStatus {
+        wait_for(bound, what, async || {
+            self.try_status().ok_or_else(|| format!("{} still runs; its output: {}", self.label, self.output()))
+        })
+        .await
+    }
+
+    /// Waits (bounded) until the process exits and returns its exit code; fails if a signal ended it.
+    pub async fn exit_code(&mut self, bound: Duration, what: &str) -> i32 {
+        let status = self.wait_exit(bound, what).await;
+        status.code().unwrap_or_else(|| panic!("{what}: {} ended by {status}; output: {}", self.label, self.output()))
+    }
+
+    /// Sends `signal` to the `holdfast` process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill has no memory-safety preconditions.
+        let sent = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(sent, 0, "kill({}, {signal}) for {}: {}", self.pid(), self.label, std::io::Error::last_os_error());
+    }
+
+    /// Sends SIGKILL to the `holdfast` process (not to its command). Returns at once; the process is
+    /// collected by [`wait_exit`](Self::wait_exit) or on drop.
+    pub fn kill(&mut self) {
+        self.killed = true;
+        self.signal(libc::SIGKILL);
+    }
+
+    /// Sends SIGKILL to the command's process group, if the command wrote its pid.
+    pub fn kill_command_group(&self) {
+        if let Some(pgid) = self.command_pid() {
+            // SAFETY: killpg has no memory-safety preconditions; a group that is gone makes it fail (ESRCH).
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// The process's stdout and stderr so far.
+    pub fn output(&self) -> String {
+        let read = |ext: &str| log_tail(&self.dir.join(format!("{}.{ext}", self.label)), CLIENT_OUTPUT_LINES);
+        format!("[stdout: {:?}; stderr: {:?}]", read("out"), read("err"))
+    }
+
+    /// Whether the process has written nothing at all to stdout or stderr.
+    pub fn printed_nothing(&self) -> bool {
+        ["out", "err"].iter().all(|ext| {
+            std::fs::metadata(self.dir.join(format!("{}.{ext}", self.label))).map(|m| m.len() == 0).unwrap_or(true)
+        })
+    }
+}
+
+impl Drop for ClientProc {
+    fn drop(&mut self) {
+        let panicking = std::thread::panicking();
+        if panicking {
+            eprintln!("----- client {} (pid {}) output -----\n{}", self.label, self.pid(), self.output());
+        }
+        if self.try_status().is_none() {
+            self.killed = true;
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        // A `holdfast` process that exited by itself has collected its command; only a killed one may have
+        // left the command running.
+        if self.killed || panicking {
+            self.kill_command_group();
+        }
+    }
+}

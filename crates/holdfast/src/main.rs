@@ -1,6 +1,7 @@
 //! `holdfast`: the one binary. `holdfast server` runs a node; `holdfast run` runs a command under a lock;
 //! `holdfast lock …` and `holdfast cluster status` are one-shot calls. See docs/cli.md.
 
+mod bench;
 mod cli;
 mod run;
 
@@ -33,6 +34,13 @@ enum Commands {
         target: Target,
         #[command(subcommand)]
         command: LockCli,
+    },
+    /// Load against a running cluster: progress while it runs, a table (or JSON) at the end.
+    Bench {
+        #[command(flatten)]
+        target: Target,
+        #[command(subcommand)]
+        workload: BenchCli,
     },
     /// The cluster as a node sees it.
     Cluster {
@@ -116,6 +124,24 @@ enum LockCli {
         after: Option<String>,
         #[arg(long, default_value_t = 100)]
         limit: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCli {
+    /// Each client acquires and releases its own lock, in a loop: cycles/s and latency.
+    Uncontended {
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+    },
+    /// Every client's session wants one lock and lets go as soon as it holds it: hand-overs/s and latency.
+    Contended {
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
     },
 }
 
@@ -208,6 +234,15 @@ fn main() -> anyhow::Result<()> {
                     Err(e) => unreachable_cluster(&e),
                 }
             }))
+        }
+        Commands::Bench { target, workload } => {
+            let (workload, clients, duration) = match workload {
+                BenchCli::Uncontended { clients, duration } => (bench::Workload::Uncontended, clients, duration),
+                BenchCli::Contended { clients, duration } => (bench::Workload::Contended, clients, duration),
+            };
+            let args = bench::BenchArgs { endpoints: target.endpoints, workload, clients, duration, json: target.json };
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            exit(runtime.block_on(bench::run(args)))
         }
         Commands::Cluster { target, command: ClusterCli::Status } => exit(client_runtime()?.block_on(async {
             match holdfast_client::Client::connect(target.endpoints).await {

@@ -44,8 +44,43 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting for the lock they end the session
+/// (leaving the queue) instead of killing this process with its session still queued; while the command
+/// runs they are forwarded to it.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal's number.
+    async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
 /// Runs the command under the lock; answers the process's exit code.
 pub async fn run(args: RunArgs) -> u8 {
+    let mut signals = match Signals::install() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("holdfast: cannot install signal handlers: {e}");
+            return EXIT_USAGE;
+        }
+    };
     let client = match Client::connect(args.endpoints.clone()).await {
         Ok(client) => client,
         Err(e) => return report(&e),
@@ -54,10 +89,22 @@ pub async fn run(args: RunArgs) -> u8 {
         Ok(session) => session,
         Err(e) => return report(&e),
     };
-    let held = match args.wait {
-        Wait::No => session.try_lock(&args.name).await.and_then(|held| held.ok_or(ClientError::Busy { holder: None })),
-        Wait::For(wait) => session.lock(&args.name, Some(wait)).await,
-        Wait::Forever => session.lock(&args.name, None).await,
+    let acquire = async {
+        match args.wait {
+            Wait::No => {
+                session.try_lock(&args.name).await.and_then(|held| held.ok_or(ClientError::Busy { holder: None }))
+            }
+            Wait::For(wait) => session.lock(&args.name, Some(wait)).await,
+            Wait::Forever => session.lock(&args.name, None).await,
+        }
+    };
+    let held = tokio::select! {
+        held = acquire => held,
+        signal = signals.recv() => {
+            // Leave the queue now rather than when the lease runs out.
+            let _ = session.close().await;
+            return 128u8.saturating_add(signal as u8);
+        }
     };
     let held = match held {
         Ok(held) => held,
@@ -76,7 +123,7 @@ pub async fn run(args: RunArgs) -> u8 {
         }
         Err(e) => return report(&e),
     };
-    let code = supervise(&args, held.fence(), held.token(), held.lost()).await;
+    let code = supervise(&args, held.fence(), held.token(), held.lost(), &mut signals).await;
     if code != EXIT_LOST {
         if let Err(e) = held.release().await {
             eprintln!("holdfast: releasing {}: {e}", args.name);
@@ -88,7 +135,13 @@ pub async fn run(args: RunArgs) -> u8 {
 
 /// Runs the command in its own process group; forwards SIGINT, SIGTERM and SIGHUP to it; if the lock is
 /// lost, terminates the group (SIGTERM, then SIGKILL after `kill_after`).
-async fn supervise(args: &RunArgs, fence: u64, token: &str, lost: tokio_util::sync::CancellationToken) -> u8 {
+async fn supervise(
+    args: &RunArgs,
+    fence: u64,
+    token: &str,
+    lost: tokio_util::sync::CancellationToken,
+    signals: &mut Signals,
+) -> u8 {
     let mut command = tokio::process::Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
@@ -105,21 +158,10 @@ async fn supervise(args: &RunArgs, fence: u64, token: &str, lost: tokio_util::sy
         }
     };
     let pgid = child.id().expect("a running child has a pid") as i32;
-    let (mut int, mut term, mut hup) =
-        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
-            (Ok(i), Ok(t), Ok(h)) => (i, t, h),
-            _ => {
-                eprintln!("holdfast: cannot install signal handlers");
-                kill_group(pgid, libc::SIGKILL);
-                return EXIT_USAGE;
-            }
-        };
     loop {
         tokio::select! {
             status = child.wait() => return exit_code(status),
-            _ = int.recv() => kill_group(pgid, libc::SIGINT),
-            _ = term.recv() => kill_group(pgid, libc::SIGTERM),
-            _ = hup.recv() => kill_group(pgid, libc::SIGHUP),
+            signal = signals.recv() => kill_group(pgid, signal),
             _ = lost.cancelled() => {
                 eprintln!("holdfast: lost the lock {}; stopping the command", args.name);
                 kill_group(pgid, libc::SIGTERM);

@@ -1,0 +1,457 @@
+//! Lock sessions against real 3-process clusters: the queue hand-over when a holder stops cleanly, the lease
+//! when it is killed, and sessions that survive the loss of the node their stream runs through.
+//!
+//! The first two tests run real client processes: two copies of `holdfast run nightly-import -- CMD`, as
+//! the issue describes them. Their commands report that they started by writing their fence to a file and
+//! stop when the test creates another file. The resumption tests use the client library in the test, so
+//! that they can watch a held lock across the node's death. Each test starts its own cluster (see
+//! `common`); every wait is bounded.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{
+    modified, sh_wait_for_file, sh_write_file, wait_for, wait_for_file, ClientProc, Cluster, Reply, ELECTION_BOUND,
+};
+use holdfast_client::{Client, HeldLock, Session};
+use serde_json::Value;
+
+/// Three nodes, as in the smallest production deployment.
+const NODES: usize = 3;
+/// How long a `holdfast run` may take to connect, open its session and start its command on a free lock.
+const START_BOUND: Duration = Duration::from_secs(30);
+/// How long a process may take to exit once its command was told to stop.
+const EXIT_BOUND: Duration = Duration::from_secs(15);
+/// How long a session's request (a try-lock, a release) may take, including a leader election.
+const CALL_BOUND: Duration = Duration::from_secs(15);
+
+/// The command of a `holdfast run` copy `who`: reports its fence in `started-{who}`, then runs until
+/// `stop-{who}` exists.
+fn job_script(who: &str) -> String {
+    format!(
+        "{}; {}",
+        sh_write_file(&format!("started-{who}"), "\"$HOLDFAST_FENCE\""),
+        sh_wait_for_file(&format!("stop-{who}"))
+    )
+}
+
+/// The fence a command wrote to its `started-…` file.
+fn parse_fence(text: &str, what: &str) -> u64 {
+    text.trim().parse().unwrap_or_else(|e| panic!("{what}: HOLDFAST_FENCE {text:?} is not a number: {e}"))
+}
+
+/// The lock as the cluster's leader sees it (a 404 is returned, not failed).
+async fn lock_via_leader(cluster: &Cluster, name: &str) -> Reply {
+    let leader = cluster.leader().await;
+    cluster.lock(leader, name).await
+}
+
+/// The holder's fence and the waiters' owners of a `GET /v1/locks/{name}` answer.
+fn holder_and_waiters(reply: &Reply) -> Result<(u64, Vec<String>), String> {
+    if reply.status != 200 {
+        return Err(format!("GET answered {reply:?}"));
+    }
+    let fence = reply.body["holder"]["fence"].as_u64().ok_or_else(|| format!("no holder fence in {}", reply.body))?;
+    let waiters = reply.body["waiters"].as_array().ok_or_else(|| format!("no waiters array in {}", reply.body))?;
+    let owners = waiters.iter().map(|w| w["owner"].as_str().unwrap_or("?").to_string()).collect();
+    Ok((fence, owners))
+}
+
+/// Waits (bounded) until `name` is held with `fence` and its waiters are `owners`, in that order.
+async fn wait_for_queue(cluster: &Cluster, name: &str, fence: u64, owners: &[&str]) {
+    let what = format!("{name} to be held with fence {fence} and waited for by {owners:?}");
+    wait_for(Duration::from_secs(20), &what, async || {
+        let reply = lock_via_leader(cluster, name).await;
+        match holder_and_waiters(&reply)? {
+            (f, waiting) if f == fence && waiting == owners => Ok(()),
+            seen => Err(format!("(fence, waiters) = {seen:?}")),
+        }
+    })
+    .await;
+}
+
+/// The number of waiters of `name` (any holder); fails the test unless the lock is held.
+async fn waiter_count(cluster: &Cluster, name: &str) -> Result<usize, String> {
+    let reply = lock_via_leader(cluster, name).await;
+    holder_and_waiters(&reply).map(|(_, waiters)| waiters.len())
+}
+
+/// How long after `since` (a wall-clock instant) the file at `path` was written; zero if its timestamp is
+/// earlier (file timestamps come from a coarse clock that may lag by a tick).
+fn written_after(path: &Path, since: SystemTime) -> Duration {
+    modified(path).duration_since(since).unwrap_or(Duration::ZERO)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_hands_the_lock_to_the_waiting_process_at_once() {
+    // A long lease, so that a hand-over by expiry (10 s) cannot pass for a prompt one (< 5 s).
+    const LEASE: &str = "10s";
+    const PROMPT: Duration = Duration::from_secs(5);
+    let cluster = Cluster::start(NODES).await;
+    let work = tempfile::tempdir().expect("temporary directory for the jobs");
+    let dir = work.path();
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let via_a = cluster.client_addr(leader).to_string();
+    let via_b = cluster.client_addr(follower).to_string();
+
+    let mut a = ClientProc::run(dir, "A", &["nightly-import", "--ttl", LEASE, "--endpoints", &via_a], &job_script("A"));
+    let fence_a = parse_fence(&wait_for_file(&dir.join("started-A"), START_BOUND, "A's command to start").await, "A");
+    let held = lock_via_leader(&cluster, "nightly-import").await;
+    assert_eq!(holder_and_waiters(&held), Ok((fence_a, vec![])), "A's fence must be the holder's: {held:?}");
+
+    // B, through another node, waits in the queue: its command does not start and it prints nothing.
+    let mut b = ClientProc::run(dir, "B", &["nightly-import", "--ttl", LEASE, "--endpoints", &via_b], &job_script("B"));
+    wait_for(Duration::from_secs(20), "B to wait in nightly-import's queue", async || {
+        match waiter_count(&cluster, "nightly-import").await? {
+            1 => Ok(()),
+            n => Err(format!("{n} waiters")),
+        }
+    })
+    .await;
+    assert!(b.try_status().is_none(), "B must wait, but it exited: {}", b.output());
+    assert!(
+        !dir.join("B.pid").exists() && !dir.join("started-B").exists(),
+        "B's command started while A holds the lock"
+    );
+    assert!(b.printed_nothing(), "B must print nothing while it waits: {}", b.output());
+
+    // A's command ends: `holdfast run` releases, and the lock goes to B within one commit.
+    let stopped_at = SystemTime::now();
+    let stopped = Instant::now();
+    std::fs::write(dir.join("stop-A"), "").expect("create stop-A");
+    let started_b = dir.join("started-B");
+    let fence_b = parse_fence(&wait_for_file(&started_b, Duration::from_secs(30), "B's command to start").await, "B");
+    let seen_after = stopped.elapsed();
+    let gap = written_after(&started_b, stopped_at);
+    eprintln!("clean stop: B's command started {gap:?} after A was told to stop (seen after {seen_after:?})");
+    assert!(
+        gap < PROMPT,
+        "B must be granted at once when A stops cleanly, not when A's {LEASE} lease runs out; it took {gap:?}"
+    );
+    assert!(fence_b > fence_a, "each grant's fence must be larger: A {fence_a}, then B {fence_b}");
+    assert_eq!(a.exit_code(EXIT_BOUND, "A to exit after its command").await, 0, "A: {}", a.output());
+
+    std::fs::write(dir.join("stop-B"), "").expect("create stop-B");
+    assert_eq!(b.exit_code(EXIT_BOUND, "B to exit after its command").await, 0, "B: {}", b.output());
+    let after = lock_via_leader(&cluster, "nightly-import").await;
+    after.assert_problem(404, "not-found", "nightly-import after both jobs ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_is_replaced_once_its_lease_runs_out_and_not_before() {
+    const LEASE: Duration = Duration::from_secs(2);
+    // The client heartbeats every lease/4; the cluster counts the lease from the last heartbeat it got,
+    // which may have been sent up to one interval before the kill.
+    const HEARTBEAT: Duration = Duration::from_millis(500);
+    const SLACK: Duration = Duration::from_millis(200);
+    let cluster = Cluster::start(NODES).await;
+    let work = tempfile::tempdir().expect("temporary directory for the jobs");
+    let dir = work.path();
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let via_a = cluster.client_addr(follower).to_string();
+    let via_b = cluster.client_addr(leader).to_string();
+
+    let mut a = ClientProc::run(dir, "A", &["nightly-import", "--ttl", "2s", "--endpoints", &via_a], &job_script("A"));
+    let fence_a = parse_fence(&wait_for_file(&dir.join("started-A"), START_BOUND, "A's command to start").await, "A");
+    let mut b = ClientProc::run(dir, "B", &["nightly-import", "--ttl", "2s", "--endpoints", &via_b], &job_script("B"));
+    wait_for(Duration::from_secs(20), "B to wait in nightly-import's queue", async || {
+        match waiter_count(&cluster, "nightly-import").await? {
+            1 => Ok(()),
+            n => Err(format!("{n} waiters")),
+        }
+    })
+    .await;
+    assert!(!dir.join("started-B").exists(), "B's command started while A holds the lock");
+
+    // kill -9: A's `holdfast run` can neither release nor close; its command is killed too, so that it
+    // does not linger (it would not hold anything any more).
+    a.kill();
+    let killed_at = SystemTime::now();
+    let killed = Instant::now();
+    a.kill_command_group();
+    a.wait_exit(EXIT_BOUND, "A to die of SIGKILL").await;
+
+    let started_b = dir.join("started-B");
+    let fence_b = parse_fence(&wait_for_file(&started_b, Duration::from_secs(20), "B's command to start").await, "B");
+    let seen_after = killed.elapsed();
+    let gap = written_after(&started_b, killed_at);
+    eprintln!("kill -9: B's command started {gap:?} after A was killed (seen after {seen_after:?}; lease {LEASE:?})");
+    let earliest = LEASE - HEARTBEAT - SLACK;
+    assert!(
+        gap >= earliest,
+        "B was granted {gap:?} after A was killed: before A's {LEASE:?} lease ran out ({earliest:?})"
+    );
+    assert!(fence_b > fence_a, "each grant's fence must be larger: A {fence_a}, then B {fence_b}");
+
+    std::fs::write(dir.join("stop-B"), "").expect("create stop-B");
+    assert_eq!(b.exit_code(EXIT_BOUND, "B to exit after its command").await, 0, "B: {}", b.output());
+}
+
+/// Builds a client whose calls and sessions start at `first` and fall back through `rest`. It does not look
+/// for the leader (as `Client::connect` does), so that a session's stream runs through `first`.
+fn client_through(cluster: &Cluster, owner: &str, first: usize, rest: &[usize]) -> Client {
+    let endpoints: Vec<String> =
+        std::iter::once(first).chain(rest.iter().copied()).map(|id| cluster.client_addr(id).to_string()).collect();
+    Client::builder(endpoints).owner(owner).build().expect("build a client")
+}
+
+/// Opens a session on `client`, which must run through `node`.
+async fn session_through(cluster: &Cluster, client: &Client, lease: Duration, node: usize) -> Session {
+    let session = client.session(lease).await.expect("open a session");
+    assert_eq!(
+        client.preferred_endpoint(),
+        format!("http://{}", cluster.client_addr(node)),
+        "the session must have been opened through node {node}"
+    );
+    session
+}
+
+/// A session's lock, watched after the node its stream ran through went away.
+struct Watch<'a> {
+    cluster: &'a Cluster,
+    name: &'a str,
+    held: &'a HeldLock,
+    session: &'a Session,
+    /// Another session, which tries to take the lock all along.
+    intruder: &'a Session,
+    /// The nodes to read the lock through.
+    via: &'a [usize],
+}
+
+impl Watch<'_> {
+    /// Watches from `from` for at least `span` of the test's clock: all along the client must not think the
+    /// lock lost, the intruder's try-locks must find it busy, and every answer of a GET through a node in
+    /// `via` must name the same session as holder with the same fence. Unanswered GETs (503 during an
+    /// election) are allowed; the last round must have both answers.
+    async fn assert_kept(&self, from: Instant, span: Duration) {
+        let Watch { cluster, name, held, session, intruder, via } = *self;
+        let fence = held.fence();
+        let mut round = 0usize;
+        let mut answered = 0usize;
+        let what = format!("{span:?} during which {name} (fence {fence}) stays held by session {}", session.id());
+        wait_for(span + ELECTION_BOUND + CALL_BOUND, &what, async || {
+            round += 1;
+            assert!(!held.is_lost(), "{name} was lost {:?} after the node went away", from.elapsed());
+            let tried = tokio::time::timeout(CALL_BOUND, intruder.try_lock(name))
+                .await
+                .unwrap_or_else(|_| panic!("another session's try-lock of {name} got no answer within {CALL_BOUND:?}"))
+                .unwrap_or_else(|e| panic!("another session's try-lock of {name} failed: {e}"));
+            if let Some(stolen) = tried {
+                panic!(
+                    "another session was granted {name} (fence {}) {:?} after the node went away, while fence {fence} is held",
+                    stolen.fence(),
+                    from.elapsed()
+                );
+            }
+            let node = via[round % via.len()];
+            let got = match cluster.try_get(node, &format!("/v1/locks/{name}")).await {
+                Ok(reply) if reply.status == 200 => {
+                    let holder = &reply.body["holder"];
+                    assert_eq!(holder["fence"].as_u64(), Some(fence), "node {node} shows another holder: {reply:?}");
+                    assert_eq!(
+                        holder["session"],
+                        Value::String(session.id().to_string()),
+                        "node {node} shows another holding session: {reply:?}"
+                    );
+                    answered += 1;
+                    true
+                }
+                Ok(reply) if reply.status == 503 => false,
+                Ok(reply) => panic!("GET {name} via node {node}: {reply:?}"),
+                Err(_) => false,
+            };
+            assert!(!held.is_lost(), "{name} was lost {:?} after the node went away", from.elapsed());
+            let elapsed = from.elapsed();
+            if got && elapsed >= span {
+                Ok(())
+            } else {
+                Err(format!("{elapsed:?} of {span:?} watched, {answered} GETs answered in {round} rounds"))
+            }
+        })
+        .await;
+        eprintln!("{name}: still held by session {} {:?} after the node went away", session.id(), from.elapsed());
+    }
+}
+
+/// Hands `held` over: `next` queues for it, `held` is released, and `next` must be granted with a larger
+/// fence.
+async fn assert_handed_over(cluster: &Cluster, name: &str, held: HeldLock, next: &Session) -> HeldLock {
+    let fence = held.fence();
+    let waiter = next.clone();
+    let owned = name.to_string();
+    let mut waiting = tokio::spawn(async move { waiter.lock(owned, None).await });
+    wait_for(Duration::from_secs(20), &format!("a session to wait for {name}"), async || {
+        match waiter_count(cluster, name).await? {
+            1 => Ok(()),
+            n => Err(format!("{n} waiters")),
+        }
+    })
+    .await;
+    let released = Instant::now();
+    tokio::time::timeout(CALL_BOUND, held.release())
+        .await
+        .unwrap_or_else(|_| panic!("releasing {name} got no answer within {CALL_BOUND:?}"))
+        .unwrap_or_else(|e| panic!("releasing {name} failed: {e}"));
+    let granted = tokio::time::timeout(Duration::from_secs(10), &mut waiting)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter was not granted {name} within 10 s of the release"))
+        .expect("the waiting task")
+        .unwrap_or_else(|e| panic!("the waiter's lock of {name} failed: {e}"));
+    eprintln!("{name}: the waiter was granted {:?} after the release began", released.elapsed());
+    assert!(granted.fence() > fence, "the next grant's fence must be larger: {fence}, then {}", granted.fence());
+    granted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_survives_losing_the_follower_its_stream_runs_through() {
+    const LEASE: Duration = Duration::from_secs(3);
+    let mut cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let x = cluster.other_than(&[leader]);
+    let y = cluster.other_than(&[leader, x]);
+
+    let client = client_through(&cluster, "resumer", x, &[y, leader]);
+    let session = session_through(&cluster, &client, LEASE, x).await;
+    let held = session.try_lock("resumable").await.expect("try-lock resumable").expect("resumable is free");
+    let intruder_client = client_through(&cluster, "intruder", leader, &[y]);
+    let intruder = intruder_client.session(Duration::from_secs(10)).await.expect("open the intruder's session");
+
+    cluster.kill(x);
+    let killed = Instant::now();
+    let watch = Watch {
+        cluster: &cluster,
+        name: "resumable",
+        held: &held,
+        session: &session,
+        intruder: &intruder,
+        via: &[y, leader],
+    };
+    watch.assert_kept(killed, 2 * LEASE).await;
+    assert_ne!(
+        client.preferred_endpoint(),
+        format!("http://{}", cluster.client_addr(x)),
+        "the session must have resumed through another node"
+    );
+    let next = assert_handed_over(&cluster, "resumable", held, &intruder).await;
+    next.release().await.expect("the intruder releases resumable");
+    session.close().await.expect("close the resumed session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_survives_losing_the_leader_its_stream_runs_through() {
+    const LEASE: Duration = Duration::from_secs(3);
+    let mut cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let f1 = cluster.other_than(&[leader]);
+    let f2 = cluster.other_than(&[leader, f1]);
+
+    let client = client_through(&cluster, "resumer", leader, &[f1, f2]);
+    let session = session_through(&cluster, &client, LEASE, leader).await;
+    let held = session.try_lock("resumable").await.expect("try-lock resumable").expect("resumable is free");
+    let intruder_client = client_through(&cluster, "intruder", f2, &[f1]);
+    let intruder = intruder_client.session(Duration::from_secs(10)).await.expect("open the intruder's session");
+
+    cluster.kill(leader);
+    let killed = Instant::now();
+    let watch = Watch {
+        cluster: &cluster,
+        name: "resumable",
+        held: &held,
+        session: &session,
+        intruder: &intruder,
+        via: &[f1, f2],
+    };
+    watch.assert_kept(killed, 2 * LEASE).await;
+    assert_ne!(
+        client.preferred_endpoint(),
+        format!("http://{}", cluster.client_addr(leader)),
+        "the session must have resumed through another node"
+    );
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    let next = assert_handed_over(&cluster, "resumable", held, &intruder).await;
+    next.release().await.expect("the intruder releases resumable");
+    session.close().await.expect("close the resumed session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_session_keeps_its_place_in_the_queue_across_a_resume() {
+    const LEASE: Duration = Duration::from_secs(3);
+    const NAME: &str = "queued";
+    let mut cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let x = cluster.other_than(&[leader]);
+    let y = cluster.other_than(&[leader, x]);
+
+    // S1 holds through Y; S2 waits through X; S3 waits behind S2 through the leader.
+    let c1 = client_through(&cluster, "s1", y, &[]);
+    let s1 = session_through(&cluster, &c1, LEASE, y).await;
+    let held1 = s1.try_lock(NAME).await.expect("S1 try-locks").expect("the lock is free");
+    let c2 = client_through(&cluster, "s2", x, &[y, leader]);
+    let s2 = session_through(&cluster, &c2, LEASE, x).await;
+    let waiter = s2.clone();
+    let mut waiting2 = tokio::spawn(async move { waiter.lock(NAME, None).await });
+    wait_for_queue(&cluster, NAME, held1.fence(), &["s2"]).await;
+    let c3 = client_through(&cluster, "s3", leader, &[]);
+    let s3 = session_through(&cluster, &c3, Duration::from_secs(10), leader).await;
+    let waiter = s3.clone();
+    let mut waiting3 = tokio::spawn(async move { waiter.lock(NAME, None).await });
+    wait_for_queue(&cluster, NAME, held1.fence(), &["s2", "s3"]).await;
+
+    // Without a resume, S2's session would expire within a lease and leave the queue.
+    cluster.kill(x);
+    let killed = Instant::now();
+    let span = 2 * LEASE;
+    let mut answered = 0usize;
+    wait_for(span + CALL_BOUND, &format!("{span:?} with S2 still first in {NAME}'s queue"), async || {
+        assert!(!waiting2.is_finished(), "S2's wait ended {:?} after node {x} was killed", killed.elapsed());
+        assert!(!s2.is_lost(), "S2's session was lost {:?} after node {x} was killed", killed.elapsed());
+        let reply = cluster.lock(leader, NAME).await;
+        let seen = holder_and_waiters(&reply).unwrap_or_else(|e| panic!("GET {NAME}: {e}"));
+        assert_eq!(seen, (held1.fence(), vec!["s2".into(), "s3".into()]), "{:?} after the kill", killed.elapsed());
+        answered += 1;
+        if killed.elapsed() >= span {
+            Ok(())
+        } else {
+            Err(format!("{answered} GETs answered"))
+        }
+    })
+    .await;
+    assert_ne!(
+        c2.preferred_endpoint(),
+        format!("http://{}", cluster.client_addr(x)),
+        "S2 must have resumed through another node"
+    );
+
+    // S1 lets go: S2, not S3, is granted, with a larger fence.
+    let fence1 = held1.fence();
+    let released = Instant::now();
+    held1.release().await.expect("S1 releases");
+    let held2 = tokio::time::timeout(Duration::from_secs(10), &mut waiting2)
+        .await
+        .expect("S2 must be granted within 10 s of S1's release")
+        .expect("S2's waiting task")
+        .unwrap_or_else(|e| panic!("S2's lock failed: {e}"));
+    eprintln!("{NAME}: S2 granted {:?} after S1's release began", released.elapsed());
+    assert!(held2.fence() > fence1, "fences must grow: S1 {fence1}, then S2 {}", held2.fence());
+    assert!(!held2.is_lost());
+    assert!(!waiting3.is_finished(), "S3 must still wait behind S2");
+    wait_for_queue(&cluster, NAME, held2.fence(), &["s3"]).await;
+
+    let fence2 = held2.fence();
+    held2.release().await.expect("S2 releases");
+    let held3 = tokio::time::timeout(Duration::from_secs(10), &mut waiting3)
+        .await
+        .expect("S3 must be granted within 10 s of S2's release")
+        .expect("S3's waiting task")
+        .unwrap_or_else(|e| panic!("S3's lock failed: {e}"));
+    assert!(held3.fence() > fence2, "fences must grow: S2 {fence2}, then S3 {}", held3.fence());
+    held3.release().await.expect("S3 releases");
+    for session in [s1, s2, s3] {
+        session.close().await.expect("close a session");
+    }
+}
