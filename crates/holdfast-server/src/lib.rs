@@ -118,7 +118,7 @@ pub async fn run(
     let mut peer_stop = stop_rx.clone();
     let peer_server =
         tokio::spawn(tonic::transport::Server::builder().add_service(peer_service).serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(peer),
+            nodelay(tokio_stream::wrappers::TcpListenerStream::new(peer)),
             async move {
                 let _ = peer_stop.changed().await;
             },
@@ -136,6 +136,12 @@ pub async fn run(
     let mut http_stop = stop_rx.clone();
     let locks = holdfast_proto::v1::LocksServer::new(grpc::LocksService { node: node.clone() });
     let app = http::router(node.clone()).route_service("/holdfast.v1.Locks/{*method}", locks);
+    // Without TCP_NODELAY, small answers and pushed session events wait for Nagle and delayed ACKs (~40 ms).
+    let client = axum::serve::ListenerExt::tap_io(client, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%e, "could not set TCP_NODELAY on a client connection");
+        }
+    });
     let http = axum::serve(client, app).with_graceful_shutdown(async move {
         let _ = http_stop.changed().await;
     });
@@ -156,6 +162,14 @@ pub async fn run(
     let _ = peer_server.await;
     raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
     Ok(())
+}
+
+/// Accepted peer connections with TCP_NODELAY set: Raft messages are small and latency-bound.
+fn nodelay(
+    incoming: tokio_stream::wrappers::TcpListenerStream,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    incoming.map(|conn| conn.and_then(|tcp| tcp.set_nodelay(true).map(|()| tcp)))
 }
 
 /// `GET /v1/cluster`: this node, the leader, term, members, and how far the log is.
