@@ -455,3 +455,50 @@ async fn a_waiting_session_keeps_its_place_in_the_queue_across_a_resume() {
         session.close().await.expect("close a session");
     }
 }
+
+/// Regression: a heartbeat reaching a brand-new leader before its keeper's first tick was refused as
+/// "session gone", because the deadline that node had kept as a follower was the one set when the session
+/// opened. Sessions older than their lease lost their locks whenever the leader died. The session here is
+/// several leases old, its stream runs through a follower that survives, and its lease is the 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_older_than_its_lease_keeps_its_lock_when_the_leader_dies() {
+    const LEASE: Duration = Duration::from_secs(2);
+    let mut cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let x = cluster.other_than(&[leader]);
+    let y = cluster.other_than(&[leader, x]);
+
+    let client = client_through(&cluster, "veteran", x, &[y, leader]);
+    let session = session_through(&cluster, &client, LEASE, x).await;
+    let held = session.try_lock("veteran-lock").await.expect("try-lock veteran-lock").expect("it is free");
+    let intruder_client = client_through(&cluster, "intruder", y, &[x]);
+    let intruder = intruder_client.session(Duration::from_secs(10)).await.expect("open the intruder's session");
+    // Let the session outlive its first lease several times over, on heartbeats alone.
+    let opened = Instant::now();
+    wait_for(5 * LEASE, "the session to live two leases on heartbeats", async || {
+        assert!(!held.is_lost(), "veteran-lock was lost before any fault, {:?} after opening", opened.elapsed());
+        let lived = opened.elapsed();
+        if lived >= 2 * LEASE {
+            Ok(())
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err(format!("{lived:?}"))
+        }
+    })
+    .await;
+
+    cluster.kill(leader);
+    let killed = Instant::now();
+    let watch = Watch {
+        cluster: &cluster,
+        name: "veteran-lock",
+        held: &held,
+        session: &session,
+        intruder: &intruder,
+        via: &[x, y],
+    };
+    watch.assert_kept(killed, 2 * LEASE).await;
+    let next = assert_handed_over(&cluster, "veteran-lock", held, &intruder).await;
+    next.release().await.expect("the intruder releases veteran-lock");
+    session.close().await.expect("close the session");
+}

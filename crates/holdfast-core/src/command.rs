@@ -59,7 +59,8 @@ pub struct Entry {
 pub enum Command {
     /// Take a lock, or queue for it.
     Acquire(Acquire),
-    /// Let go of a held lock; the next live waiter is granted in the same entry.
+    /// Let go of a TTL hold; the next live waiter is granted in the same entry. A session's hold is refused
+    /// (`SessionHold`): a session lets go with `Cancel` through its own stream.
     Release { name: String, token: Token },
     /// Extend a TTL-leased hold to `at + ttl_ms`.
     Renew { name: String, token: Token, ttl_ms: u64 },

@@ -125,8 +125,9 @@ pub enum Reject {
     /// The TTL hold ran out before the renew arrived; it can no longer be renewed.
     #[error("the hold on {name:?} expired before it was renewed")]
     Expired { name: String },
-    /// A session's hold is renewed by the session's heartbeats, not by `Renew`.
-    #[error("lock {name:?} is held by a session; its heartbeats keep it")]
+    /// A session's hold is kept by the session's heartbeats and let go through the session, not by a
+    /// one-shot `Renew` or `Release`.
+    #[error("lock {name:?} is held by a session; the session keeps it and lets it go")]
     SessionHold { name: String },
     /// The lock's queue is full.
     #[error("the queue for {name:?} is full ({} waiters)", limits::WAITERS_PER_LOCK_MAX)]
@@ -278,7 +279,16 @@ impl LockState {
         };
         let outcome = match &entry.cmd {
             Command::Acquire(acquire) => self.acquire(acquire, &mut applied),
-            Command::Release { name, token } => self.release(name, *token, &mut applied),
+            Command::Release { name, token } => {
+                match self.locks.get(name.as_str()).map(|l| (l.holder.token, l.holder.lease)) {
+                    // A session lets go through its stream (a Cancel); a one-shot release must not end a session's
+                    // hold behind its back.
+                    Some((held, Lease::Session(_))) if held == *token => {
+                        Outcome::Rejected(Reject::SessionHold { name: name.clone() })
+                    }
+                    _ => self.release(name, *token, &mut applied),
+                }
+            }
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
             Command::Cancel { name, token } => self.cancel(name, *token, &mut applied),
             Command::OpenSession { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms),

@@ -135,7 +135,12 @@ impl Model {
         let mut fx = Effects::default();
         let outcome = match &entry.cmd {
             Command::Acquire(a) => self.acquire(a, &mut fx),
-            Command::Release { name, token } => self.release(name, *token, &[], &mut fx),
+            Command::Release { name, token } => match self.lock(name) {
+                Some(l) if l.holder.token == *token && matches!(l.holder.lease, Lease::Session(_)) => {
+                    Outcome::Rejected(Reject::SessionHold { name: name.clone() })
+                }
+                _ => self.release(name, *token, &[], &mut fx),
+            },
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
             Command::Cancel { name, token } => self.cancel(name, *token, &mut fx),
             Command::OpenSession { id, lease_ms, .. } => {

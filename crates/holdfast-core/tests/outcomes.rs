@@ -890,10 +890,17 @@ fn expire_of_a_session_is_a_close() {
 #[test]
 fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
     let mut state = sessions_with_claims();
-    // Session 1 lets go of `a` by token; session 2 is next.
-    let a = session_grant("a", "svc-b", tok(21), 9, T0 + 1, 2);
+    // A one-shot release cannot end a session's hold behind its back.
+    assert_no_change(
+        &mut state,
+        9,
+        at(T0 + 1, release("a", tok(11))),
+        Outcome::Rejected(Reject::SessionHold { name: s("a") }),
+    );
+    // Session 1 lets go of `a` through its stream (a Cancel by token); session 2 is next.
+    let a = session_grant("a", "svc-b", tok(21), 10, T0 + 1, 2);
     assert_eq!(
-        state.apply(9, &at(T0 + 1, release("a", tok(11)))),
+        state.apply(10, &at(T0 + 1, cancel("a", tok(11)))),
         Applied {
             at_ms: T0 + 1,
             outcome: Outcome::Released { name: s("a"), fence: 3 },
@@ -903,7 +910,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
         }
     );
     assert_eq!(
-        state.apply(10, &at(T0 + 2, cancel("c", tok(13)))),
+        state.apply(11, &at(T0 + 2, cancel("c", tok(13)))),
         Applied {
             at_ms: T0 + 2,
             outcome: Outcome::Withdrawn,
@@ -914,9 +921,9 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
     );
     state.check_invariants();
     // Closing session 1 now only hands over `b`.
-    let b = ttl_grant("b", "worker-2", tok(2), 11, T0 + 3, 10_000);
+    let b = ttl_grant("b", "worker-2", tok(2), 12, T0 + 3, 10_000);
     assert_eq!(
-        state.apply(11, &at(T0 + 3, close(1))),
+        state.apply(12, &at(T0 + 3, close(1))),
         Applied {
             at_ms: T0 + 3,
             outcome: Outcome::SessionClosed { id: 1 },
@@ -926,7 +933,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
         }
     );
     // And session 1 can claim `c` afresh after it re-opens.
-    state.apply(12, &at(T0 + 4, open(1, "svc-a", 2_000)));
+    state.apply(13, &at(T0 + 4, open(1, "svc-a", 2_000)));
     state.check_invariants();
 }
 

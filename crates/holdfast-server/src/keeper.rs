@@ -59,6 +59,8 @@ struct Inner {
     /// One-shot waiters by token, tagged 0, and the lock each waits for.
     waiters: Deadlines<Token>,
     waiter_names: HashMap<Token, String>,
+    /// The term in which this node, as leader, last gave everything a full lease.
+    promoted_term: Option<u64>,
 }
 
 /// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
@@ -199,9 +201,22 @@ impl Events {
         self.lock().sessions.extend(&id, Instant::now(), Duration::from_millis(lease_ms))
     }
 
-    /// A new leader's start: every hold and session gets a full lease from now.
-    pub fn promote(&self, state: &LockState) {
-        self.lock().reset(state, Instant::now());
+    /// A leader's start in `term`: every hold, session and waiter gets a full lease from now, once per term.
+    /// True if this call did it. Whoever first acts as leader in a term calls it (the keeper's tick, a
+    /// heartbeat, a waiter ping), so that no deadline a follower kept stale is acted on or refused.
+    pub fn promote(&self, term: u64, state: &LockState) -> bool {
+        let mut inner = self.lock();
+        if inner.promoted_term == Some(term) {
+            return false;
+        }
+        inner.reset(state, Instant::now());
+        inner.promoted_term = Some(term);
+        true
+    }
+
+    /// This node is not (or no longer) leader.
+    pub fn demote(&self) {
+        self.lock().promoted_term = None;
     }
 
     /// What has run out by `now` (and, for TTL holds, whose advertised end passed by leader time `wall_ms`),
@@ -324,22 +339,17 @@ impl ApplyObserver for Events {
 pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(KEEPER_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut leading_term = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let term = node.raft.metrics().borrow().current_term;
         if !node.is_leader() {
-            leading_term = None;
+            node.events.demote();
             continue;
         }
-        if leading_term != Some(term) {
-            // Promotion: nobody is expired early because of a heartbeat the old leader saw and we did not.
-            node.events.promote(&node.state.read().expect("lock state poisoned"));
-            leading_term = Some(term);
-            tracing::info!(term, "became leader; every hold and session gets a full lease from now");
+        // Promotion: nobody is expired early because of a heartbeat the old leader saw and we did not.
+        if node.promote() {
             continue;
         }
         let mut expire = {

@@ -339,6 +339,7 @@ impl Node {
                 if !self.is_leader() {
                     return Err(NodeError::NotLeader { leader: self.leader() });
                 }
+                self.promote();
                 self.events.keep_waiting(&tokens);
                 Ok(ForwardReply::Noted)
             }
@@ -349,11 +350,25 @@ impl Node {
         }
     }
 
+    /// As leader: gives every hold, session and waiter a full lease from now, once per term. True if this
+    /// call did it.
+    pub fn promote(&self) -> bool {
+        let term = self.raft.metrics().borrow().current_term;
+        let promoted = self.events.promote(term, &self.state.read().expect("lock state poisoned"));
+        if promoted {
+            tracing::info!(term, "became leader; every hold, session and waiter gets a full lease from now");
+        }
+        promoted
+    }
+
     /// The leader's side of a heartbeat that reached it at `received`.
     async fn keep_alive(&self, id: SessionId, received: Instant) -> Result<HeartbeatReply, NodeError> {
         if !self.is_leader() {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
+        // A heartbeat may reach a new leader before its keeper's next tick: the deadlines it kept as a
+        // follower are stale, so promote first or a live session would be refused as gone.
+        self.promote();
         let counts = {
             let state = self.state.read().expect("lock state poisoned");
             let Some((_, lease_ms, holds, waits)) = state.session_summary(id) else { return Ok(None) };
@@ -367,6 +382,10 @@ impl Node {
         // Acknowledged only once a quorum round begun after the heartbeat arrived confirms this node still
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
         self.confirmed_since(received).await?;
+        // Belt and braces: the session may have been closed while the round ran.
+        if self.state.read().expect("lock state poisoned").session_lease_ms(id).is_none() {
+            return Ok(None);
+        }
         Ok(Some(counts))
     }
 
