@@ -1,11 +1,15 @@
 //! A holdfast node: openraft wired to the sled store and the gRPC peer network, the leader's lease
-//! keeper, and the HTTP API.
+//! keeper, and the client port's two fronts, HTTP/JSON and gRPC, served side by side.
 //!
 //! Layout:
-//! - [`node`]: proposing on the leader, forwarding from followers, linearizable reads, grant watches.
-//! - [`keeper`]: hold deadlines, the leader's batched expiry, grant watchers (the apply observer).
+//! - [`node`]: proposing on the leader, forwarding from followers, linearizable reads, grant watches,
+//!   heartbeats (batched leadership confirmation) and waiter pings.
+//! - [`keeper`]: deadlines of TTL holds, sessions and one-shot waiters; the leader's batched expiry;
+//!   watchers of grants and session streams (the apply observer).
 //! - [`network`]: openraft's RPCs and forwarded requests over gRPC on the peer port.
-//! - [`http`]: the HTTP/JSON API; [`error`]: how errors become HTTP answers.
+//! - [`ops`]: the one-shot operations and input checks both fronts share.
+//! - [`http`]: the HTTP/JSON API; [`grpc`]: the gRPC API with lock sessions; [`error`]: how errors
+//!   become HTTP answers and gRPC statuses (one place each).
 //!
 //! [`run`] takes its listeners and a shutdown future, so the same node runs on real sockets and in tests.
 //! This crate must not depend on the client library or the binary.
