@@ -144,9 +144,9 @@ async fn a_clean_stop_hands_the_lock_to_the_waiting_process_at_once() {
 async fn a_killed_holder_is_replaced_once_its_lease_runs_out_and_not_before() {
     const LEASE: Duration = Duration::from_secs(2);
     // The client heartbeats every lease/4; the cluster counts the lease from the last heartbeat it got,
-    // which may have been sent up to one interval before the kill.
+    // which was sent up to one interval before the kill, or two if a loaded machine delayed one. A hand-over
+    // not caused by the lease would come within milliseconds (see the clean-stop test).
     const HEARTBEAT: Duration = Duration::from_millis(500);
-    const SLACK: Duration = Duration::from_millis(200);
     let cluster = Cluster::start(NODES).await;
     let work = tempfile::tempdir().expect("temporary directory for the jobs");
     let dir = work.path();
@@ -180,7 +180,7 @@ async fn a_killed_holder_is_replaced_once_its_lease_runs_out_and_not_before() {
     let seen_after = killed.elapsed();
     let gap = written_after(&started_b, killed_at);
     eprintln!("kill -9: B's command started {gap:?} after A was killed (seen after {seen_after:?}; lease {LEASE:?})");
-    let earliest = LEASE - HEARTBEAT - SLACK;
+    let earliest = LEASE - 2 * HEARTBEAT;
     assert!(
         gap >= earliest,
         "B was granted {gap:?} after A was killed: before A's {LEASE:?} lease ran out ({earliest:?})"
