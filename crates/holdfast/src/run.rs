@@ -91,9 +91,8 @@ pub async fn run(args: RunArgs) -> u8 {
     };
     let acquire = async {
         match args.wait {
-            Wait::No => {
-                session.try_lock(&args.name).await.and_then(|held| held.ok_or(ClientError::Busy { holder: None }))
-            }
+            // A zero wait is a try-lock whose Busy names the holder.
+            Wait::No => session.lock(&args.name, Some(Duration::ZERO)).await,
             Wait::For(wait) => session.lock(&args.name, Some(wait)).await,
             Wait::Forever => session.lock(&args.name, None).await,
         }
