@@ -78,6 +78,17 @@ async fn twenty_parallel_acquires_over_three_nodes_grant_exactly_one() {
     let leader = cluster.leader().await;
     let held = cluster.lock(leader, "contended").await;
     assert_eq!(holder(&held, "GET contended")["owner"].as_str(), Some(winner.as_str()));
+
+    // Polling a held lock does not grow the log: the leader answers a busy try-lock from its state once
+    // it confirmed its leadership, with no entry and no fsync.
+    let log_index = |info: &Value| info["last_log_index"].as_u64().expect("last_log_index");
+    let before = log_index(&cluster.cluster_info(leader).await);
+    for i in 0..10 {
+        let node = i % NODES + 1;
+        cluster.acquire(node, "contended", "poller", "60").await.assert_problem(409, "busy", "a poll of a held lock");
+    }
+    let after = log_index(&cluster.cluster_info(leader).await);
+    assert_eq!(before, after, "ten busy answers must not add log entries");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
