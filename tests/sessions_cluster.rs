@@ -502,3 +502,48 @@ async fn a_session_older_than_its_lease_keeps_its_lock_when_the_leader_dies() {
     next.release().await.expect("the intruder releases veteran-lock");
     session.close().await.expect("close the session");
 }
+
+/// All three nodes stopped (kill -9) and started again: the session's hold, the queue behind it and the
+/// fences survive, and the clients resume their sessions once the cluster is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_and_queues_survive_a_restart_of_every_node() {
+    // Longer than a full restart takes, so that both clients can resume.
+    const LEASE: Duration = Duration::from_secs(20);
+    let mut cluster = Cluster::start(NODES).await;
+    let all: Vec<usize> = cluster.ids().collect();
+    let holder_client = client_through(&cluster, "holder", all[0], &all[1..]);
+    let holder = holder_client.session(LEASE).await.expect("open the holder's session");
+    let held = holder.try_lock("restartable").await.expect("try-lock restartable").expect("it is free");
+    let waiter_client = client_through(&cluster, "waiter", all[1], &[all[2], all[0]]);
+    let waiter = waiter_client.session(LEASE).await.expect("open the waiter's session");
+    let queued = waiter.clone();
+    let mut waiting = tokio::spawn(async move { queued.lock("restartable", None).await });
+    wait_for_queue(&cluster, "restartable", held.fence(), &["waiter"]).await;
+
+    for id in cluster.ids() {
+        cluster.kill(id);
+    }
+    for id in cluster.ids() {
+        cluster.respawn(id);
+    }
+    cluster.wait_all_ready().await.expect("every node comes back");
+    // The same hold and the same queue, read through the new leader.
+    wait_for_queue(&cluster, "restartable", held.fence(), &["waiter"]).await;
+    assert!(!held.is_lost(), "the holder's lock was lost across the restart");
+    assert!(!waiting.is_finished(), "the waiter must still wait");
+
+    let fence = held.fence();
+    tokio::time::timeout(CALL_BOUND, held.release())
+        .await
+        .expect("the release is answered in time")
+        .expect("the holder releases restartable");
+    let granted = tokio::time::timeout(Duration::from_secs(20), &mut waiting)
+        .await
+        .expect("the waiter is granted in time")
+        .expect("the waiting task")
+        .expect("the waiter's lock");
+    assert!(granted.fence() > fence, "the next fence must be larger: {fence}, then {}", granted.fence());
+    granted.release().await.expect("the waiter releases restartable");
+    holder.close().await.expect("close the holder's session");
+    waiter.close().await.expect("close the waiter's session");
+}
