@@ -1,0 +1,97 @@
+//! The state machine's apply path: what one replica spends per entry, without Raft, storage or network.
+//!
+//! `cargo bench -p holdfast-core` prints the time per entry for the common entries: a grant on a free lock,
+//! a release, a hand-over to the next waiter, a renew, and a snapshot of a large state.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use holdfast_core::{Acquire, Command, Entry, LockState, Token};
+
+const T0: u64 = 1_800_000_000_000;
+
+fn acquire(name: String, token: u128, wait_ms: u64) -> Entry {
+    let cmd = Command::Acquire(Acquire {
+        name,
+        owner: "bench".into(),
+        token: Token(token),
+        ttl_ms: 30_000,
+        wait_ms,
+        session: None,
+    });
+    Entry { at_ms: T0, cmd }
+}
+
+/// A state holding `n` locks, `lock-0` … `lock-{n-1}`, with tokens 1..=n; the last index used is `n`.
+fn holding(n: u64) -> LockState {
+    let mut state = LockState::new();
+    for i in 0..n {
+        state.apply(i + 1, &acquire(format!("lock-{i}"), u128::from(i) + 1, 0));
+    }
+    state
+}
+
+fn apply(c: &mut Criterion) {
+    let mut group = c.benchmark_group("apply");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("grant a free lock among 100k held", |b| {
+        b.iter_batched_ref(
+            || (holding(100_000), 100_001u64),
+            |(state, index)| {
+                *index += 1;
+                black_box(state.apply(*index, &acquire(format!("new-{index}"), u128::from(*index), 0)))
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("release a lock among 100k held", |b| {
+        b.iter_batched_ref(
+            || holding(100_000),
+            |state| {
+                let cmd = Command::Release { name: "lock-50000".into(), token: Token(50_001) };
+                black_box(state.apply(100_001, &Entry { at_ms: T0 + 1, cmd }))
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("hand over to the next of 8 waiters", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut state = holding(1);
+                for w in 0..8u64 {
+                    state.apply(2 + w, &acquire("lock-0".into(), 1_000 + u128::from(w), 60_000));
+                }
+                state
+            },
+            |state| {
+                let cmd = Command::Release { name: "lock-0".into(), token: Token(1) };
+                black_box(state.apply(100, &Entry { at_ms: T0 + 1, cmd }))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("renew a lock among 100k held", |b| {
+        b.iter_batched_ref(
+            || (holding(100_000), 100_001u64),
+            |(state, index)| {
+                *index += 1;
+                let cmd = Command::Renew { name: "lock-777".into(), token: Token(778), ttl_ms: 30_000 };
+                black_box(state.apply(*index, &Entry { at_ms: T0 + 1, cmd }))
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("snapshot");
+    group.sample_size(10);
+    let state = holding(100_000);
+    group.throughput(Throughput::Elements(100_000));
+    group.bench_function("snapshot of 100k held locks", |b| b.iter(|| black_box(state.snapshot())));
+    let bytes = state.snapshot();
+    group.bench_function("restore of 100k held locks", |b| b.iter(|| black_box(LockState::restore(&bytes).unwrap())));
+    group.finish();
+}
+
+criterion_group!(benches, apply);
+criterion_main!(benches);
