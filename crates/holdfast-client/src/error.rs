@@ -116,9 +116,24 @@ impl From<Status> for Error {
         if problem.is_none() && status.code() == Code::Unavailable {
             return Error::Unavailable(describe(&status));
         }
-        Error::from_problem(Some(status.code()), problem, status.message())
+        match Error::from_problem(Some(status.code()), problem, status.message()) {
+            // A busy answer names the holder in binary metadata (a `Holder` message), when the server knows it.
+            Error::Busy { holder: None } => {
+                let holder = status
+                    .metadata()
+                    .get_bin(HOLDER_METADATA)
+                    .and_then(|v| v.to_bytes().ok())
+                    .and_then(|bytes| <holdfast_proto::v1::Holder as prost::Message>::decode(bytes).ok())
+                    .map(HolderInfo::from);
+                Error::Busy { holder }
+            }
+            other => other,
+        }
     }
 }
+
+/// The gRPC binary metadata entry in which the server names the holder of a busy lock.
+pub const HOLDER_METADATA: &str = "holdfast-holder-bin";
 
 /// A status's message with its source chain, which is where a transport error says what went wrong.
 fn describe(status: &Status) -> String {
@@ -167,6 +182,26 @@ mod tests {
         for (code, problem, want) in cases {
             assert_eq!(Error::from(status(code, Some(problem), "bad")), want, "{problem}");
         }
+    }
+
+    #[test]
+    fn a_busy_status_names_the_holder_from_its_binary_metadata() {
+        let holder = holdfast_proto::v1::Holder {
+            owner: "w1".into(),
+            fence: 41,
+            granted_at_ms: 1,
+            expires_at_ms: 2,
+            ttl_ms: 1,
+            session_id: 0,
+        };
+        let mut busy = status(Code::AlreadyExists, Some("urn:holdfast:busy"), "held");
+        let bytes = prost::Message::encode_to_vec(&holder);
+        busy.metadata_mut().insert_bin(HOLDER_METADATA, tonic::metadata::MetadataValue::from_bytes(&bytes));
+        assert_eq!(Error::from(busy), Error::Busy { holder: Some(HolderInfo::from(holder)) });
+        // Undecodable bytes are ignored: still busy, holder unknown.
+        let mut garbled = status(Code::AlreadyExists, Some("urn:holdfast:busy"), "held");
+        garbled.metadata_mut().insert_bin(HOLDER_METADATA, tonic::metadata::MetadataValue::from_bytes(&[0xff, 0xff]));
+        assert_eq!(Error::from(garbled), Error::Busy { holder: None });
     }
 
     #[test]

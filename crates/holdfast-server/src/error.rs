@@ -147,12 +147,18 @@ impl From<ApiError> for tonic::Status {
         let mut metadata = tonic::metadata::MetadataMap::new();
         let problem = format!("urn:holdfast:{slug}");
         metadata.insert(PROBLEM_METADATA, problem.parse().expect("problem types are ASCII"));
+        if let ApiError::Busy { holder: Some(holder), .. } = &e {
+            let bytes = prost::Message::encode_to_vec(&crate::grpc::holder(holder));
+            metadata.insert_bin(HOLDER_METADATA, tonic::metadata::MetadataValue::from_bytes(&bytes));
+        }
         tonic::Status::with_metadata(code, detail, metadata)
     }
 }
 
 /// The gRPC metadata entry that carries an error's problem type.
 pub const PROBLEM_METADATA: &str = "holdfast-problem";
+/// The gRPC binary metadata entry that carries, with a busy answer, who holds the lock (a `Holder` message).
+pub const HOLDER_METADATA: &str = "holdfast-holder-bin";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

@@ -138,7 +138,7 @@ fn hold(grant: &Grant) -> Hold {
     }
 }
 
-fn holder(h: &HolderView) -> Holder {
+pub(crate) fn holder(h: &HolderView) -> Holder {
     let (expires_at_ms, ttl_ms, session_id) = match h.lease {
         Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms, 0),
         Lease::Session(id) => (0, 0, id),

@@ -237,3 +237,19 @@ async fn bad_session_requests_get_clear_errors_and_change_nothing() {
     assert!(listed.locks.is_empty(), "nothing was taken: {listed:?}");
     node.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_one_shot_acquire_names_the_holder_in_its_status() {
+    use holdfast_proto::v1::{AcquireRequest, Holder};
+    let node = Node::start().await;
+    let mut client = node.client().await;
+    let request = |owner: &str| AcquireRequest { name: "job".into(), owner: owner.into(), ttl_ms: 30_000, wait_ms: 0 };
+    let held = client.acquire(request("first")).await.expect("first acquire").into_inner();
+    let status = client.acquire(request("second")).await.expect_err("the lock is held");
+    assert_eq!(status.code(), tonic::Code::AlreadyExists);
+    assert_eq!(status.metadata().get("holdfast-problem").unwrap(), "urn:holdfast:busy");
+    let bytes = status.metadata().get_bin("holdfast-holder-bin").expect("the holder is named").to_bytes().unwrap();
+    let holder = <Holder as prost::Message>::decode(bytes).expect("a Holder message");
+    assert_eq!((holder.owner.as_str(), holder.fence, holder.expires_at_ms), ("first", held.fence, held.expires_at_ms));
+    node.stop().await;
+}
