@@ -309,7 +309,12 @@ impl SessionStream {
                     // The client went away: the session lives until its lease runs out, or is resumed.
                     Ok(None) | Err(_) => return Ok(()),
                 },
-                Some(note) = notes.recv() => self.note(note).await?,
+                note = notes.recv() => match note {
+                    Some(note) => self.note(note).await?,
+                    // Another stream on this node attached the same session (the client resumed it here):
+                    // this one must not go on acting for it.
+                    None => return Err(Status::aborted("the session was resumed on another stream")),
+                },
                 Some(beat) = beats.recv() => match beat {
                     Beat::Gone => return self.gone().await,
                     // No acknowledgement: the client's own clock decides when its lease is lost.

@@ -253,3 +253,17 @@ async fn a_busy_one_shot_acquire_names_the_holder_in_its_status() {
     assert_eq!((holder.owner.as_str(), holder.fence, holder.expires_at_ms), ("first", held.fence, held.expires_at_ms));
     node.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_session_is_resumed_elsewhere_on_the_node_is_ended() {
+    let node = Node::start().await;
+    let mut client = node.client().await;
+    let mut old = Stream::open(&mut client, open("mover", 5_000)).await;
+    let id = opened(&mut old).await;
+    let mut new = Stream::open(&mut client, RequestKind::Resume(Resume { session_id: id })).await;
+    assert_eq!(opened(&mut new).await, id);
+    // The old stream, still open, must not go on acting for the session.
+    let ended = tokio::time::timeout(BOUND, old.events.message()).await.expect("the old stream ends in time");
+    assert_eq!(ended.expect_err("the old stream ends with an error").code(), tonic::Code::Aborted);
+    node.stop().await;
+}
