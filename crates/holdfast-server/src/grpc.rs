@@ -36,10 +36,6 @@ pub struct LocksService {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
-fn parse_token(text: &str) -> Result<Token, ApiError> {
-    text.parse().map_err(|_| ApiError::invalid("invalid-token", "token: 32 hex digits, as acquire returned it".into()))
-}
-
 fn or_anonymous(owner: String) -> String {
     if owner.is_empty() {
         "anonymous".into()
@@ -78,13 +74,13 @@ impl Locks for LocksService {
     async fn renew(&self, request: GrpcRequest<RenewRequest>) -> Result<GrpcResponse<Hold>, Status> {
         let r = request.into_inner();
         let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
-        let grant = ops::renew(&self.node, r.name, parse_token(&r.token)?, ttl_ms).await?;
+        let grant = ops::renew(&self.node, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
         Ok(GrpcResponse::new(hold(&grant)))
     }
 
     async fn release(&self, request: GrpcRequest<ReleaseRequest>) -> Result<GrpcResponse<ReleaseResponse>, Status> {
         let r = request.into_inner();
-        let (name, fence) = ops::release(&self.node, r.name, parse_token(&r.token)?).await?;
+        let (name, fence) = ops::release(&self.node, r.name, ops::parse_token(&r.token)?).await?;
         Ok(GrpcResponse::new(ReleaseResponse { name, fence }))
     }
 

@@ -130,8 +130,7 @@ impl<'a> Parsed<'a> {
         let Some(text) = self.get("token") else {
             return Err(ApiError::invalid("invalid-token", "token is required".into()));
         };
-        text.parse()
-            .map_err(|_| ApiError::invalid("invalid-token", "token: 32 hex digits, as acquire returned it".into()))
+        ops::parse_token(text)
     }
 }
 

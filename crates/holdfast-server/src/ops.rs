@@ -54,6 +54,11 @@ pub fn check_wait(node: &Node, wait_ms: u64) -> Result<u64, ApiError> {
     Err(ApiError::invalid("invalid-wait", format!("wait {} is longer than {}", show_ms(wait_ms), show_ms(max))))
 }
 
+/// A token as acquire returned it: 32 hex digits.
+pub fn parse_token(text: &str) -> Result<Token, ApiError> {
+    text.parse().map_err(|_| ApiError::invalid("invalid-token", "token: 32 hex digits, as acquire returned it".into()))
+}
+
 /// A page size from 1 to [`PAGE_MAX`].
 pub fn check_page(limit: usize) -> Result<usize, ApiError> {
     if (1..=PAGE_MAX).contains(&limit) {
