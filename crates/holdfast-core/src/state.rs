@@ -588,6 +588,11 @@ impl LockState {
             .collect()
     }
 
+    /// Who holds `name`, if anyone: a cheaper [`LockState::get`] when the waiters do not matter.
+    pub fn holder(&self, name: &str) -> Option<HolderView> {
+        self.locks.get(name).map(|lock| view_of(&lock.holder))
+    }
+
     /// The grant `token` holds on `name`, if it holds it now.
     pub fn grant(&self, name: &str, token: Token) -> Option<Grant> {
         let lock = self.locks.get(name)?;

@@ -228,7 +228,7 @@ impl Events {
             if expire.len() >= limits::EXPIRE_BATCH_MAX {
                 return expire;
             }
-            let hold = state.get(name).map(|l| l.holder).filter(|h| h.fence == fence);
+            let hold = state.holder(name).filter(|h| h.fence == fence);
             if let Some(Lease::Ttl { expires_at_ms, .. }) = hold.map(|h| h.lease) {
                 if expires_at_ms <= wall_ms {
                     expire.locks.push((name.clone(), fence));

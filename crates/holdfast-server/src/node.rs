@@ -499,14 +499,14 @@ impl Node {
         if !self.is_leader() {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
-        if self.state.read().expect("lock state poisoned").get(name).is_none() {
+        if self.state.read().expect("lock state poisoned").holder(name).is_none() {
             return Ok(None);
         }
         self.confirm_leader().await?;
         let state = self.state.read().expect("lock state poisoned");
-        Ok(state.get(name).map(|view| Written {
+        Ok(state.holder(name).map(|holder| Written {
             index: state.applied_index(),
-            response: Response { at_ms: state.now_ms(), outcome: Some(Outcome::Busy { holder: view.holder }) },
+            response: Response { at_ms: state.now_ms(), outcome: Some(Outcome::Busy { holder }) },
             token: None,
         }))
     }

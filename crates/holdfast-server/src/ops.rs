@@ -152,7 +152,7 @@ async fn wait_for_grant(
     // holds a lock its requester was told it did not get.
     node.events.unwatch(token);
     node.write(Request::Cancel { name: name.clone(), token }).await?;
-    let holder = node.state.read().expect("lock state poisoned").get(&name).map(|l| l.holder);
+    let holder = node.state.read().expect("lock state poisoned").holder(&name);
     Err(ApiError::Busy { name, holder })
 }
 
