@@ -13,7 +13,7 @@ mod generated {
 /// The public API (`proto/holdfast/v1/locks.proto`).
 pub mod v1 {
     pub use super::generated::locks_client::LocksClient;
-    pub use super::generated::locks_server::{Locks, LocksServer};
+    pub use super::generated::locks_server::{Locks, LocksServer, SERVICE_NAME as LOCKS_SERVICE};
     pub use super::generated::session_event::Kind as EventKind;
     pub use super::generated::session_request::Kind as RequestKind;
     pub use super::generated::{

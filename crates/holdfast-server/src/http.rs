@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::{Path, Query as QueryParams, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,8 +24,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/locks/{name}", post(acquire).delete(release).get(get_lock))
         .route("/v1/locks/{name}/renew", post(renew))
         .route("/v1/cluster", get(cluster))
-        .route("/livez", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .merge(crate::health::routes())
         .fallback(|| async { ApiError::NoRoute })
         .method_not_allowed_fallback(|| async { ApiError::NoMethod })
         .with_state(node)
@@ -90,13 +88,6 @@ async fn list(State(node): State<Arc<Node>>, params: Params) -> Result<Response,
 
 async fn cluster(State(node): State<Arc<Node>>) -> Response {
     Json(crate::cluster_status(&node)).into_response()
-}
-
-async fn readyz(State(node): State<Arc<Node>>) -> Response {
-    match crate::readiness(&node) {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
-    }
 }
 
 // --- parameters ---

@@ -19,6 +19,7 @@ use holdfast_core::{limits, Applied, Command, Entry, Expire, Grant, Lease, LockS
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::metrics::{self, Metrics};
 use crate::node::{wall_ms, Node};
 
 /// How often the leader looks for run-out leases.
@@ -42,6 +43,8 @@ pub enum SessionNote {
 #[derive(Default)]
 pub struct Events {
     inner: Mutex<Inner>,
+    /// Counts grants, hand-overs, expirations and flushes.
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Default)]
@@ -141,6 +144,34 @@ impl Inner {
 }
 
 impl Events {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Events { inner: Mutex::default(), metrics }
+    }
+
+    /// The metrics this node's observer counts into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Counts what an applied entry did.
+    fn count(&self, entry: &Entry, applied: &Applied) {
+        let m = &self.metrics;
+        m.grants.inc_by(applied.grants.len() as u64);
+        let handovers = applied.grants.iter().filter(|g| applied.ended.iter().any(|(name, _)| *name == g.name)).count();
+        if handovers > 0 {
+            m.handovers.inc_by(handovers as u64);
+            let took_s = wall_ms().saturating_sub(entry.at_ms) as f64 / 1000.0;
+            for _ in 0..handovers {
+                m.handover_latency.observe(took_s);
+            }
+        }
+        if let Outcome::Expired { locks, waiters, sessions } = applied.outcome {
+            m.expired(metrics::Expired::Lock, locks);
+            m.expired(metrics::Expired::Waiter, waiters);
+            m.expired(metrics::Expired::Session, sessions);
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("events poisoned")
     }
@@ -258,6 +289,7 @@ impl Events {
 
 impl ApplyObserver for Events {
     fn applied(&self, state: &LockState, _index: u64, entry: &Entry, applied: &Applied) {
+        self.count(entry, applied);
         let now = Instant::now();
         let mut inner = self.lock();
         for (name, fence) in &applied.ended {
@@ -319,6 +351,10 @@ impl ApplyObserver for Events {
             }
             _ => {}
         }
+    }
+
+    fn flushed(&self, took: Duration) {
+        self.metrics.fsync.observe(took.as_secs_f64());
     }
 
     fn restored(&self, state: &LockState) {

@@ -10,14 +10,18 @@
 //! - [`ops`]: the one-shot operations and input checks both fronts share.
 //! - [`http`]: the HTTP/JSON API; [`grpc`]: the gRPC API with lock sessions; [`error`]: how errors
 //!   become HTTP answers and gRPC statuses (one place each).
+//! - [`metrics`]: the Prometheus registry; [`health`]: liveness, readiness, `grpc.health.v1`, the
+//!   optional plain health port, request metrics and systemd's readiness notification.
 //!
 //! [`run`] takes its listeners and a shutdown future, so the same node runs on real sockets and in tests.
 //! This crate must not depend on the client library or the binary.
 
 pub mod error;
 pub mod grpc;
+pub mod health;
 pub mod http;
 pub mod keeper;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod ops;
@@ -63,13 +67,23 @@ pub struct Config {
     pub snapshot_every_entries: u64,
 }
 
-/// Runs a node on `client` (HTTP) and `peer` (Raft gRPC) until `shutdown` resolves.
+/// Where a node listens.
+pub struct Listeners {
+    /// Clients: HTTP/JSON and gRPC side by side.
+    pub client: TcpListener,
+    /// Peers: Raft and forwarded requests over gRPC.
+    pub peer: TcpListener,
+    /// Optional plain port for `/livez`, `/readyz` and `/metrics` only.
+    pub health: Option<TcpListener>,
+}
+
+/// Runs a node on its listeners until `shutdown` resolves.
 pub async fn run(
     config: Config,
-    client: TcpListener,
-    peer: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let Listeners { client, peer, health } = listeners;
     anyhow::ensure!(
         config.members.contains_key(&config.id),
         "node {} is not in the member list {:?}",
@@ -78,7 +92,7 @@ pub async fn run(
     );
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
-    let events = Arc::new(Events::default());
+    let events = Arc::new(Events::new(Arc::new(metrics::Metrics::new())));
     let (log_store, sm_store) = holdfast_store::open(&config.data_dir, events.clone())
         .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
     let state = sm_store.state();
@@ -111,8 +125,8 @@ pub async fn run(
         }
     }
 
-    let node =
-        Arc::new(Node::new(config.id, raft.clone(), state, events, peers, config.limits.clone(), committed_index));
+    let limits = config.limits.clone();
+    let node = Arc::new(Node::new(config.id, raft.clone(), state, events, peers, limits, committed_index));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
     let peer_service = PeerServer::new(PeerService { node: node.clone() })
@@ -134,12 +148,24 @@ pub async fn run(
     let pings_node = node.clone();
     let pings_stop = stop_rx.clone();
     let pings = tokio::spawn(async move { pings_node.run_waiter_pings(pings_stop).await });
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let watcher = tokio::spawn(health::watch_raft(node.clone(), health_reporter, stop_rx.clone()));
+    let health_server = health.map(|listener| {
+        let mut stop = stop_rx.clone();
+        let serve = axum::serve(listener, health::router(node.clone())).with_graceful_shutdown(async move {
+            let _ = stop.changed().await;
+        });
+        tokio::spawn(async move { serve.await })
+    });
 
     let client_addr = client.local_addr()?;
     tracing::info!(id = config.id, %client_addr, %peer_addr, data_dir = %config.data_dir.display(), "holdfast node started");
     let mut http_stop = stop_rx.clone();
     let locks = holdfast_proto::v1::LocksServer::new(grpc::LocksService { node: node.clone() });
-    let app = http::router(node.clone()).route_service("/holdfast.v1.Locks/{*method}", locks);
+    let app = http::router(node.clone())
+        .route_service("/holdfast.v1.Locks/{*method}", locks)
+        .route_service("/grpc.health.v1.Health/{*method}", health_service)
+        .layer(axum::middleware::from_fn_with_state(node.metrics.clone(), health::track));
     // Without TCP_NODELAY, small answers and pushed session events wait for Nagle and delayed ACKs (~40 ms).
     let client = axum::serve::ListenerExt::tap_io(client, |tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
@@ -150,12 +176,14 @@ pub async fn run(
         let _ = http_stop.changed().await;
     });
     let mut http = tokio::spawn(async move { http.await });
+    health::notify_systemd("READY=1");
 
     tokio::select! {
         _ = shutdown => {}
         result = &mut http => { result?.context("HTTP server")?; }
     }
     tracing::info!("shutting down");
+    health::notify_systemd("STOPPING=1");
     let _ = stop_tx.send(true);
     if tokio::time::timeout(DRAIN, &mut http).await.is_err() {
         http.abort();
@@ -163,6 +191,10 @@ pub async fn run(
     let _ = keeper.await;
     let _ = confirmer.await;
     let _ = pings.await;
+    let _ = watcher.await;
+    if let Some(health_server) = health_server {
+        let _ = health_server.await;
+    }
     let _ = peer_server.await;
     raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
     Ok(())

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::keeper::Events;
+use crate::metrics::{Forwarded, Metrics, ProposalResult};
 use crate::network::{decode, encode, Peers};
 
 /// How long a write or a read may take, forwarding and retries included, before the caller is told the
@@ -170,6 +171,7 @@ pub struct Node {
     last_stamp_ms: AtomicU64,
     /// Batches the leadership confirmations heartbeats need.
     confirmer: Confirmer,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
@@ -194,8 +196,10 @@ impl Node {
         limits: FrontLimits,
         committed_index: Arc<AtomicU64>,
     ) -> Self {
+        let metrics = events.metrics().clone();
         let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
-        Node { id, raft, state, events, peers, limits, committed_index, last_stamp_ms: AtomicU64::new(0), confirmer }
+        let last_stamp_ms = AtomicU64::new(0);
+        Node { id, raft, state, events, peers, limits, committed_index, last_stamp_ms, confirmer, metrics }
     }
 
     /// The leader's stamp for a new entry: `max(last stamp, last applied time, wall clock)`.
@@ -313,6 +317,13 @@ impl Node {
         let Some(addr) = addr else {
             return Err(NodeError::NotLeader { leader: None });
         };
+        self.metrics.forwarded(match request {
+            ForwardRequest::Write(_) => Forwarded::Write,
+            ForwardRequest::Read(_) => Forwarded::Read,
+            ForwardRequest::Heartbeat(_) => Forwarded::Heartbeat,
+            ForwardRequest::StillWaiting(_) => Forwarded::StillWaiting,
+            ForwardRequest::Barrier => Forwarded::Barrier,
+        });
         let mut client = self.peers.client(leader, &addr).map_err(|e| NodeError::Unreachable(e.to_string()))?;
         let timeout = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(timeout, client.forward(encode(request))).await {
@@ -518,10 +529,12 @@ impl Node {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
         let entry = Entry { at_ms: self.stamp(), cmd };
-        let written = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(entry))
-            .await
-            .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
-        match written {
+        let written = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(entry)).await;
+        self.metrics.proposal(match &written {
+            Ok(Ok(_)) => ProposalResult::Committed,
+            _ => ProposalResult::Failed,
+        });
+        match written.map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))? {
             Ok(reply) => Ok((reply.log_id.index, reply.data)),
             // openraft also answers ForwardToLeader for an entry it appended and then had truncated by a
             // new leader; a copy may survive on another node and still commit, so this is not "nothing was

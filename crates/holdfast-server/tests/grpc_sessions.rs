@@ -41,9 +41,13 @@ impl Node {
             snapshot_every_entries: 1000,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(holdfast_server::run(config, client, peer, async move {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(holdfast_server::run(
+            config,
+            holdfast_server::Listeners { client, peer, health: None },
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let node = Node { addr, stop: Some(stop), task, _dir: dir };
         let url = format!("http://{}/readyz", node.addr);
         tokio::time::timeout(BOUND, async {

@@ -88,6 +88,9 @@ pub trait ApplyObserver: Send + Sync + 'static {
     fn applied(&self, state: &LockState, index: u64, entry: &holdfast_core::Entry, applied: &Applied);
     /// `state` was replaced whole, from a snapshot (installed from the leader, or restored at start).
     fn restored(&self, state: &LockState);
+    /// A flush (sled's write and fsync) that a log append, a vote or a snapshot waited for took `took`.
+    /// Called without the state's lock held.
+    fn flushed(&self, _took: std::time::Duration) {}
 }
 
 /// An observer that ignores every change: for tests and tools that only need the storage.
@@ -140,7 +143,7 @@ pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, S
     }
     let log = db.open_tree(keys::LOG_TREE)?;
     let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
-    let log_store = LogStore::new(db.clone(), log, meta);
+    let log_store = LogStore::new(db.clone(), log, meta, observer.clone());
     let state_machine = StateMachineStore::open(db, snapshots, observer)?;
     Ok((log_store, state_machine))
 }
@@ -152,8 +155,10 @@ pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, S
 /// once about eight flushes are in flight in one process, because its IO thread pool ends up waiting
 /// on itself (spacejam/sled#1241, #1308, fixed only on sled's unreleased main branch). A process
 /// that runs several nodes, as the simulations and in-process cluster tests do, gets there easily.
-async fn flush(db: &sled::Db) -> Result<(), StoreError> {
+async fn flush(db: &sled::Db, observer: &dyn ApplyObserver) -> Result<(), StoreError> {
     let db = db.clone();
+    let started = std::time::Instant::now();
     tokio::task::spawn_blocking(move || db.flush()).await??;
+    observer.flushed(started.elapsed());
     Ok(())
 }

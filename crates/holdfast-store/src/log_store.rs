@@ -9,7 +9,7 @@ use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{flush, keys, NodeId, StoreError, TypeConfig};
+use crate::{flush, keys, ApplyObserver, NodeId, StoreError, TypeConfig};
 
 /// The Raft log, the vote and the committed log id of one node; clones share the same trees.
 #[derive(Clone)]
@@ -17,6 +17,8 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// Told how long each flush took.
+    observer: std::sync::Arc<dyn ApplyObserver>,
     /// The last committed index openraft saved, for status reports (0: none yet).
     committed_index: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -27,8 +29,13 @@ fn key(index: u64) -> [u8; 8] {
 }
 
 impl LogStore {
-    pub(crate) fn new(db: sled::Db, log: sled::Tree, meta: sled::Tree) -> Self {
-        Self { db, log, meta, committed_index: Default::default() }
+    pub(crate) fn new(
+        db: sled::Db,
+        log: sled::Tree,
+        meta: sled::Tree,
+        observer: std::sync::Arc<dyn ApplyObserver>,
+    ) -> Self {
+        Self { db, log, meta, observer, committed_index: Default::default() }
     }
 
     /// The last committed log index this node knows of, kept current as openraft reports commits; for
@@ -102,12 +109,12 @@ impl LogStore {
 
     async fn append_flushed(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>) -> Result<(), StoreError> {
         self.write_entries(entries)?;
-        flush(&self.db).await
+        flush(&self.db, self.observer.as_ref()).await
     }
 
     async fn truncate_flushed(&self, since: u64) -> Result<(), StoreError> {
         self.delete(key(since)..)?;
-        flush(&self.db).await
+        flush(&self.db, self.observer.as_ref()).await
     }
 
     async fn purge_flushed(&self, upto: LogId<NodeId>) -> Result<(), StoreError> {
@@ -115,12 +122,12 @@ impl LogStore {
         // it starts, and the next purge deletes what is left below it.
         self.write_meta(keys::LAST_PURGED, &upto)?;
         self.delete(..=key(upto.index))?;
-        flush(&self.db).await
+        flush(&self.db, self.observer.as_ref()).await
     }
 
     async fn save_vote_flushed(&self, vote: &Vote<NodeId>) -> Result<(), StoreError> {
         self.write_meta(keys::VOTE, vote)?;
-        flush(&self.db).await
+        flush(&self.db, self.observer.as_ref()).await
     }
 }
 

@@ -156,7 +156,7 @@ impl Machine {
         batch.insert(keys::SNAPSHOT_META, bincode::serialize(meta)?);
         batch.insert(keys::SNAPSHOT_DATA, data);
         self.snapshots.apply_batch(batch)?;
-        flush(&self.db).await
+        flush(&self.db, self.observer.as_ref()).await
     }
 
     /// Replaces the lock state and progress with a snapshot's.

@@ -186,6 +186,39 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// `holdfast healthcheck`: GETs `url` (plain `http://HOST:PORT/PATH`) and succeeds on a 200. A plain
+/// HTTP/1.0 request on a standard socket, so a container image needs nothing but this binary.
+pub fn healthcheck(url: &str, timeout: Duration) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+
+    let rest = url.strip_prefix("http://").ok_or_else(|| anyhow::anyhow!("{url:?}: only http:// URLs are probed"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, "/"),
+    };
+    let addr = authority
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("{authority:?}: {e}"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{authority:?} resolves to no address"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {authority}\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut answer)?;
+    let answer = String::from_utf8_lossy(&answer);
+    let status_line = answer.lines().next().unwrap_or_default();
+    match status_line.split_whitespace().nth(1) {
+        Some("200") => Ok(()),
+        _ => {
+            let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default().trim();
+            anyhow::bail!("{url}: {status_line} {body}")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,6 +49,15 @@ enum Commands {
         #[command(subcommand)]
         command: ClusterCli,
     },
+    /// Exit 0 if a node's health URL answers 200, 1 otherwise: a probe for images without curl.
+    Healthcheck {
+        /// The URL to GET (plain HTTP).
+        #[arg(long, env = "HOLDFAST_HEALTHCHECK_URL", default_value = "http://127.0.0.1:7070/livez")]
+        url: String,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
 }
 
 /// Which cluster to talk to, and how to print.
@@ -153,9 +162,10 @@ enum ClusterCli {
 
 #[derive(Parser)]
 struct ServerArgs {
-    /// This node's id (a positive number, unique in the cluster).
-    #[arg(long, env = "HOLDFAST_ID", default_value_t = 1)]
-    id: u64,
+    /// This node's id: a positive number, unique in the cluster; or `hostname`, which takes the number N
+    /// that ends the host name (`holdfast-2`, a StatefulSet pod) and uses N+1.
+    #[arg(long, env = "HOLDFAST_ID", default_value = "1")]
+    id: String,
     /// Every member as ID=HOST:PEER_PORT, comma-separated: the peer addresses the nodes reach each other
     /// at, the same list on every node. Default: this node alone, at --peer-addr.
     #[arg(long, env = "HOLDFAST_MEMBERS")]
@@ -166,6 +176,10 @@ struct ServerArgs {
     /// Where to listen for peers (Raft over gRPC).
     #[arg(long, env = "HOLDFAST_PEER_ADDR", default_value = "127.0.0.1:7071")]
     peer_addr: SocketAddr,
+    /// Where to also serve /livez, /readyz and /metrics, alone, on plain HTTP (default: only on the client
+    /// port).
+    #[arg(long, env = "HOLDFAST_HEALTH_ADDR")]
+    health_addr: Option<SocketAddr>,
     /// Where the log, vote and snapshots are kept.
     #[arg(long, env = "HOLDFAST_DATA_DIR", default_value = "./holdfast-data")]
     data_dir: PathBuf,
@@ -250,6 +264,13 @@ fn main() -> anyhow::Result<()> {
                 Err(e) => unreachable_cluster(&e),
             }
         })),
+        Commands::Healthcheck { url, timeout } => match cli::healthcheck(&url, timeout) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                eprintln!("holdfast healthcheck: {e:#}");
+                exit(1)
+            }
+        },
     }
 }
 
@@ -277,20 +298,36 @@ fn server(args: ServerArgs) -> anyhow::Result<()> {
         let peer = tokio::net::TcpListener::bind(args.peer_addr)
             .await
             .with_context(|| format!("listening for peers on {}", args.peer_addr))?;
-        holdfast_server::run(config, client, peer, shutdown_signal()).await
+        let health = match args.health_addr {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listening for health checks on {addr}"))?,
+            ),
+            None => None,
+        };
+        let listeners = holdfast_server::Listeners { client, peer, health };
+        holdfast_server::run(config, listeners, shutdown_signal()).await
     })
 }
 
 fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
-    if args.id == 0 {
-        bail!("--id must be a positive number");
-    }
+    let id = match args.id.as_str() {
+        "hostname" => {
+            let host = hostname().context("--id hostname: reading the host name")?;
+            id_from_hostname(&host)?
+        }
+        number => match number.parse::<u64>() {
+            Ok(0) | Err(_) => bail!("--id must be a positive number or `hostname` (got {number:?})"),
+            Ok(id) => id,
+        },
+    };
     let members = match &args.members {
         Some(list) => parse_members(list)?,
-        None => BTreeMap::from([(args.id, args.peer_addr.to_string())]),
+        None => BTreeMap::from([(id, args.peer_addr.to_string())]),
     };
-    if !members.contains_key(&args.id) {
-        bail!("--members must include this node's id {} (got {list:?})", args.id, list = args.members);
+    if !members.contains_key(&id) {
+        bail!("--members must include this node's id {id} (got {list:?})", list = args.members);
     }
     let ms = |d: Duration| d.as_millis() as u64;
     if args.ttl_min > args.ttl_max {
@@ -306,7 +343,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         bail!("--election-timeout must be more than twice --heartbeat-interval");
     }
     Ok(holdfast_server::Config {
-        id: args.id,
+        id,
         members,
         data_dir: args.data_dir.clone(),
         limits: FrontLimits {
@@ -318,6 +355,26 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         election_timeout_ms: ms(args.election_timeout),
         snapshot_every_entries: args.snapshot_every.max(1),
     })
+}
+
+/// The id of a node on host `name-N` (a StatefulSet pod's name ends in its ordinal N, from 0): N+1.
+fn id_from_hostname(host: &str) -> anyhow::Result<u64> {
+    let short = host.split('.').next().unwrap_or(host);
+    let ordinal = short.rsplit_once('-').and_then(|(_, n)| n.parse::<u64>().ok());
+    match ordinal.and_then(|n| n.checked_add(1)) {
+        Some(id) => Ok(id),
+        None => bail!("--id hostname: the host name {host:?} does not end in -N (as StatefulSet pods' do)"),
+    }
+}
+
+fn hostname() -> anyhow::Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
 }
 
 /// `1=h1:7071,2=h2:7071,3=h3:7071`.
@@ -375,6 +432,19 @@ mod tests {
         for bad in ["", "1", "x=h:1", "0=h:1", "1=h", "1=:7071", "1=h:99999", "1=h:1,1=h:2"] {
             assert!(parse_members(bad).is_err(), "{bad:?} must be refused");
         }
+    }
+
+    #[test]
+    fn ids_come_from_a_statefulset_pods_ordinal() {
+        assert_eq!(id_from_hostname("holdfast-0").unwrap(), 1);
+        assert_eq!(id_from_hostname("holdfast-2.holdfast-peers.default.svc").unwrap(), 3);
+        assert_eq!(id_from_hostname("my-lock-svc-11").unwrap(), 12);
+        for bad in ["holdfast", "holdfast-", "holdfast-x", "web1", ""] {
+            assert!(id_from_hostname(bad).is_err(), "{bad:?} must be refused");
+        }
+        let cli = Cli::try_parse_from(["holdfast", "server", "--id", "0"]).unwrap();
+        let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
+        assert!(server_config(&args).is_err(), "id 0 is refused");
     }
 
     #[test]

@@ -1,0 +1,169 @@
+//! What operators and orchestrators ask a node: is the process alive (`/livez`, never dependent on quorum,
+//! so a restart loop cannot turn a lost quorum into an outage), may it take traffic (`/readyz` and
+//! `grpc.health.v1`, which do depend on a leader), and what is it doing (`/metrics`). Also: counting every
+//! client request, logging Raft role changes, and telling systemd the node is ready.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use openraft::ServerState;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use crate::metrics::{self, Api, Metrics};
+use crate::node::Node;
+
+/// How often readiness is re-checked for `grpc.health.v1` when Raft's metrics do not change.
+const HEALTH_RECHECK: Duration = Duration::from_secs(1);
+
+/// `/livez`, `/readyz` and `/metrics`: the client port serves them too, and the optional health port
+/// serves only them (plain HTTP, for probes and scrapers when the client port needs client certificates).
+pub fn router(node: Arc<Node>) -> Router {
+    routes().with_state(node)
+}
+
+/// The same routes, for merging into the client port's router.
+pub fn routes() -> Router<Arc<Node>> {
+    Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_page))
+}
+
+async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    match crate::readiness(&node) {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+    }
+}
+
+async fn metrics_page(State(node): State<Arc<Node>>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], render(&node)).into_response()
+}
+
+/// Sets the gauges read at scrape time, then encodes every metric.
+pub fn render(node: &Node) -> String {
+    let m = &node.metrics;
+    let applied = {
+        let raft = node.raft.metrics();
+        let r = raft.borrow();
+        m.has_leader.set(r.current_leader.is_some().into());
+        m.is_leader.set((r.state == ServerState::Leader).into());
+        m.term.set(r.current_term as i64);
+        m.last_log_index.set(r.last_log_index.unwrap_or(0) as i64);
+        r.last_applied.map_or(0, |l| l.index)
+    };
+    let committed = node.committed_index.load(std::sync::atomic::Ordering::Relaxed);
+    m.committed_index.set(committed as i64);
+    m.applied_index.set(applied as i64);
+    m.apply_lag.set(committed.saturating_sub(applied) as i64);
+    {
+        let state = node.state.read().expect("lock state poisoned");
+        m.locks_held.set(state.lock_count() as i64);
+        m.waiters.set(state.waiter_count() as i64);
+        m.sessions.set(state.session_count() as i64);
+    }
+    m.encode()
+}
+
+/// Middleware on the client port: counts each request and its latency by front, endpoint and code. The
+/// endpoint is the route pattern (`POST /v1/locks/{name}`), never the lock name, so the label set stays
+/// small; a gRPC method the server does not have counts as `unmatched`.
+pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let path = request.uri().path().to_owned();
+    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
+    let method = request.method().clone();
+    let grpc =
+        request.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    let response = next.run(request).await;
+    let took = started.elapsed();
+    if grpc {
+        // A failed unary call answers "trailers only": its status is in the headers. A success's status is
+        // in the trailers, after this middleware has let go of the response.
+        let code = response
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u16>().ok())
+            .unwrap_or(0);
+        let endpoint = match route {
+            Some(_) if code != tonic::Code::Unimplemented as u16 => path,
+            _ => "unmatched".to_owned(),
+        };
+        metrics.request(Api::Grpc, endpoint, code, took);
+    } else {
+        let endpoint = match route {
+            Some(route) => format!("{method} {route}"),
+            None => "unmatched".to_owned(),
+        };
+        metrics.request(Api::Http, endpoint, response.status().as_u16(), took);
+    }
+    response
+}
+
+/// Follows Raft's metrics until `shutdown`: logs every change of role, leader or term, counts leader
+/// changes, and keeps `grpc.health.v1` in step with `/readyz` (for the whole server, `""`, and for
+/// `holdfast.v1.Locks`).
+pub async fn watch_raft(node: Arc<Node>, health: HealthReporter, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut raft = node.raft.metrics();
+    let mut seen: Option<(ServerState, Option<u64>, u64)> = None;
+    let mut serving = None;
+    loop {
+        {
+            let m = raft.borrow_and_update();
+            let now = (m.state, m.current_leader, m.current_term);
+            if seen != Some(now) {
+                let leader_before = seen.and_then(|(_, leader, _)| leader);
+                if m.current_leader.is_some() && m.current_leader != leader_before {
+                    node.metrics.leader_changes.inc();
+                }
+                tracing::info!(state = ?m.state, leader = ?m.current_leader, term = m.current_term, "raft role");
+                seen = Some(now);
+            }
+        }
+        let ready = crate::readiness(&node).is_ok();
+        if serving != Some(ready) {
+            let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
+            health.set_service_status("", status).await;
+            health.set_service_status(holdfast_proto::v1::LOCKS_SERVICE, status).await;
+            serving = Some(ready);
+        }
+        tokio::select! {
+            changed = raft.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(HEALTH_RECHECK) => {}
+        }
+    }
+}
+
+/// Sends `state` (`READY=1`, `STOPPING=1`) to systemd's notification socket, if the service manager gave
+/// one (`Type=notify`); does nothing otherwise.
+pub fn notify_systemd(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = (|| -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let socket = std::os::unix::net::UnixDatagram::unbound()?;
+        let bytes = path.as_bytes();
+        let addr = match bytes.strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                std::os::unix::net::SocketAddr::from_abstract_name(name)?
+            }
+            None => std::os::unix::net::SocketAddr::from_pathname(&path)?,
+        };
+        socket.send_to_addr(state.as_bytes(), &addr)?;
+        Ok(())
+    })();
+    if let Err(e) = sent {
+        tracing::warn!(%e, state, "could not notify systemd");
+    }
+}

@@ -1,0 +1,298 @@
+//! Prometheus metrics: one registry per node, served at `GET /metrics` (OpenMetrics text) on the client
+//! port and on the health port. Names and labels are documented in `docs/operations.md`; they are part of
+//! the interface, so rename nothing without saying so there.
+//!
+//! Counters move where things happen (apply, propose, forward, each request). Gauges that describe the
+//! state (locks held, Raft's term and indexes) are read when scraped, so they cost nothing in between.
+//! No label carries a lock name, owner, token or key: label values come from small fixed sets.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Which front a request came in by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Http,
+    Grpc,
+}
+
+impl Api {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Api::Http => "http",
+            Api::Grpc => "grpc",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub api: &'static str,
+    /// `METHOD /route/{param}` for HTTP, `/package.Service/Method` for gRPC; `unmatched` otherwise.
+    pub endpoint: String,
+    /// The HTTP status, or the gRPC status code (0 is OK).
+    pub code: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub api: &'static str,
+    pub endpoint: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProposalResult {
+    Committed,
+    Failed,
+}
+
+impl ProposalResult {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProposalResult::Committed => "committed",
+            ProposalResult::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProposalLabels {
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    Lock,
+    Waiter,
+    Session,
+}
+
+impl Expired {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Expired::Lock => "lock",
+            Expired::Waiter => "waiter",
+            Expired::Session => "session",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExpiredLabels {
+    pub kind: &'static str,
+}
+
+/// What a follower forwards to the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    Write,
+    Read,
+    Heartbeat,
+    StillWaiting,
+    Barrier,
+}
+
+impl Forwarded {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Forwarded::Write => "write",
+            Forwarded::Read => "read",
+            Forwarded::Heartbeat => "heartbeat",
+            Forwarded::StillWaiting => "still_waiting",
+            Forwarded::Barrier => "barrier",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardedLabels {
+    pub kind: &'static str,
+}
+
+type HistogramMaker = fn() -> Histogram;
+
+/// Latencies from 100 µs to about 13 s.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+}
+
+/// A node's metrics.
+pub struct Metrics {
+    registry: Registry,
+
+    // Raft, read when scraped.
+    pub has_leader: Gauge,
+    pub is_leader: Gauge,
+    pub term: Gauge,
+    pub last_log_index: Gauge,
+    pub committed_index: Gauge,
+    pub applied_index: Gauge,
+    pub apply_lag: Gauge,
+    // Raft, counted as it happens.
+    pub leader_changes: Counter,
+    pub proposals: Family<ProposalLabels, Counter>,
+    pub fsync: Histogram,
+
+    // The lock state, read when scraped.
+    pub locks_held: Gauge,
+    pub waiters: Gauge,
+    pub sessions: Gauge,
+    // The lock state, counted on apply (so every node counts the same entries).
+    pub grants: Counter,
+    pub handovers: Counter,
+    pub expirations: Family<ExpiredLabels, Counter>,
+    pub handover_latency: Histogram,
+
+    // The fronts.
+    pub forwarded: Family<ForwardedLabels, Counter>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Family<EndpointLabels, Histogram, HistogramMaker>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut root = Registry::with_prefix("holdfast");
+        let m = Metrics {
+            registry: Registry::default(),
+            has_leader: Gauge::default(),
+            is_leader: Gauge::default(),
+            term: Gauge::default(),
+            last_log_index: Gauge::default(),
+            committed_index: Gauge::default(),
+            applied_index: Gauge::default(),
+            apply_lag: Gauge::default(),
+            leader_changes: Counter::default(),
+            proposals: Family::default(),
+            fsync: latency_histogram(),
+            locks_held: Gauge::default(),
+            waiters: Gauge::default(),
+            sessions: Gauge::default(),
+            grants: Counter::default(),
+            handovers: Counter::default(),
+            expirations: Family::default(),
+            handover_latency: latency_histogram(),
+            forwarded: Family::default(),
+            requests: Family::default(),
+            request_duration: Family::new_with_constructor(latency_histogram),
+        };
+        let raft = root.sub_registry_with_prefix("raft");
+        raft.register("has_leader", "1 if this node knows a leader", m.has_leader.clone());
+        raft.register("is_leader", "1 if this node is the leader", m.is_leader.clone());
+        raft.register("term", "The current Raft term", m.term.clone());
+        raft.register("last_log_index", "The index of the last entry in this node's log", m.last_log_index.clone());
+        raft.register("committed_index", "The last committed index this node knows of", m.committed_index.clone());
+        raft.register("applied_index", "The last index applied to this node's lock state", m.applied_index.clone());
+        raft.register_with_unit(
+            "apply_lag",
+            "Committed entries not yet applied on this node",
+            Unit::Other("entries".into()),
+            m.apply_lag.clone(),
+        );
+        raft.register("leader_changes", "Times this node saw a new leader", m.leader_changes.clone());
+        raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
+        let storage = root.sub_registry_with_prefix("storage");
+        storage.register_with_unit(
+            "fsync_duration",
+            "Time of each flush (write and fsync) the log, vote or snapshot waited for",
+            Unit::Seconds,
+            m.fsync.clone(),
+        );
+        root.register("locks_held", "Locks held now", m.locks_held.clone());
+        root.register("lock_waiters", "Claims waiting in lock queues now", m.waiters.clone());
+        root.register("sessions", "Open sessions", m.sessions.clone());
+        root.register("grants", "Locks granted (applied on this node)", m.grants.clone());
+        root.register(
+            "handovers",
+            "Grants to a waiter in the same entry that ended the previous hold",
+            m.handovers.clone(),
+        );
+        root.register("expirations", "Holds, waiters and sessions expired, by kind", m.expirations.clone());
+        root.register_with_unit(
+            "handover_latency",
+            "From the leader stamping an entry that hands a lock over to this node applying it",
+            Unit::Seconds,
+            m.handover_latency.clone(),
+        );
+        root.register("forwarded_requests", "Requests this node forwarded to the leader, by kind", m.forwarded.clone());
+        root.register("requests", "Client requests answered, by front, endpoint and code", m.requests.clone());
+        root.register_with_unit(
+            "request_duration",
+            "Client request latency by front and endpoint (for gRPC streams: until the stream opened)",
+            Unit::Seconds,
+            m.request_duration.clone(),
+        );
+        Metrics { registry: root, ..m }
+    }
+
+    /// Counts one answered client request.
+    pub fn request(&self, api: Api, endpoint: String, code: u16, took: Duration) {
+        let api = api.label();
+        self.requests.get_or_create(&RequestLabels { api, endpoint: endpoint.clone(), code }).inc();
+        self.request_duration.get_or_create(&EndpointLabels { api, endpoint }).observe(took.as_secs_f64());
+    }
+
+    pub fn proposal(&self, result: ProposalResult) {
+        self.proposals.get_or_create(&ProposalLabels { result: result.label() }).inc();
+    }
+
+    pub fn forwarded(&self, kind: Forwarded) {
+        self.forwarded.get_or_create(&ForwardedLabels { kind: kind.label() }).inc();
+    }
+
+    pub fn expired(&self, kind: Expired, count: usize) {
+        if count > 0 {
+            self.expirations.get_or_create(&ExpiredLabels { kind: kind.label() }).inc_by(count as u64);
+        }
+    }
+
+    /// The registry as OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_prefix_units_and_labels() {
+        let m = Metrics::new();
+        m.grants.inc();
+        m.proposal(ProposalResult::Failed);
+        m.request(Api::Http, "POST /v1/locks/{name}".into(), 200, Duration::from_millis(3));
+        m.fsync.observe(0.002);
+        let text = m.encode();
+        for line in [
+            "holdfast_grants_total 1",
+            "holdfast_raft_proposals_total{result=\"failed\"} 1",
+            "holdfast_requests_total{api=\"http\",endpoint=\"POST /v1/locks/{name}\",code=\"200\"} 1",
+            "holdfast_storage_fsync_duration_seconds_count 1",
+            "holdfast_raft_apply_lag_entries 0",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
+        }
+    }
+}

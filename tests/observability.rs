@@ -1,0 +1,253 @@
+//! What operators see: Prometheus metrics that count what happened on every node, health that tells
+//! "alive" from "ready" (HTTP and `grpc.health.v1`), the separate health port, systemd's readiness
+//! notification, `holdfast healthcheck`, and JSON logs that trace Raft role changes.
+
+mod common;
+
+use std::io::BufRead;
+use std::net::TcpListener;
+use std::os::unix::net::UnixDatagram;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{wait_for, Cluster, ELECTION_BOUND, EXIT_BOUND, READY_BOUND};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+/// The value of the sample `series` (name with labels, exactly as exposed) in a metrics page.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+async fn metrics(cluster: &Cluster, id: usize) -> Result<String, String> {
+    let reply = cluster.try_get(id, "/metrics").await.map_err(|e| format!("node {id}: {e}"))?;
+    let content_type = reply.content_type.clone().unwrap_or_default();
+    if reply.status != 200 || !content_type.starts_with("application/openmetrics-text") {
+        return Err(format!("node {id}: GET /metrics answered {reply:?}"));
+    }
+    Ok(reply.body.as_str().unwrap_or_default().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_grants_handovers_forwards_and_requests_on_every_node() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+
+    // Through a follower: forwarded to the leader.
+    let first = cluster.acquire(follower, "metrics-job", "metrics-owner-one", "30s").await;
+    let token = first.ok("first acquire")["token"].as_str().unwrap().to_owned();
+    let waiter = {
+        let url =
+            format!("{}/v1/locks/metrics-job?owner=metrics-owner-two&ttl=30s&wait=20s", cluster.client_url(leader));
+        let http = cluster.http().clone();
+        tokio::spawn(async move { http.post(url).send().await.map(|r| r.status().as_u16()) })
+    };
+    wait_for(ELECTION_BOUND, "the second owner to wait in the queue", async || {
+        let view = cluster.lock(leader, "metrics-job").await;
+        match view.body["waiters"].as_array().map(Vec::len) {
+            Some(1) => Ok(()),
+            _ => Err(format!("{view:?}")),
+        }
+    })
+    .await;
+    cluster.release(leader, "metrics-job", &token).await.ok("release by the first owner");
+    assert_eq!(waiter.await.unwrap().unwrap(), 200, "the waiter is granted on release");
+
+    // Every node applies the same entries, so every node counts the same grants and hand-over.
+    for id in cluster.ids() {
+        let page = wait_for(ELECTION_BOUND, "every node to count 2 grants and 1 hand-over", async || {
+            let page = metrics(&cluster, id).await?;
+            let counted = (sample(&page, "holdfast_grants_total"), sample(&page, "holdfast_handovers_total"));
+            match counted {
+                (Some(2.0), Some(1.0)) => Ok(page),
+                _ => Err(format!("node {id}: (grants, handovers) = {counted:?}")),
+            }
+        })
+        .await;
+        assert_eq!(sample(&page, "holdfast_raft_has_leader"), Some(1.0), "node {id}");
+        let is_leader = if id == leader { 1.0 } else { 0.0 };
+        assert_eq!(sample(&page, "holdfast_raft_is_leader"), Some(is_leader), "node {id}");
+        assert_eq!(sample(&page, "holdfast_locks_held"), Some(1.0), "node {id}: the waiter holds it now");
+        assert_eq!(sample(&page, "holdfast_lock_waiters"), Some(0.0), "node {id}");
+        assert!(sample(&page, "holdfast_raft_term").is_some_and(|t| t >= 1.0), "node {id}: {page}");
+        assert!(sample(&page, "holdfast_storage_fsync_duration_seconds_count").is_some_and(|n| n >= 1.0));
+        assert!(sample(&page, "holdfast_handover_latency_seconds_count") == Some(1.0), "node {id}: {page}");
+        // Labels come from fixed sets: no lock name or owner ever appears.
+        assert!(!page.contains("metrics-job") && !page.contains("metrics-owner"), "node {id} leaks a name:\n{page}");
+    }
+    let leader_page = metrics(&cluster, leader).await.unwrap();
+    assert!(
+        sample(&leader_page, "holdfast_raft_proposals_total{result=\"committed\"}").is_some_and(|n| n >= 3.0),
+        "the leader proposed acquire, enqueue and release:\n{leader_page}"
+    );
+    let follower_page = metrics(&cluster, follower).await.unwrap();
+    assert_eq!(
+        sample(&follower_page, "holdfast_forwarded_requests_total{kind=\"write\"}"),
+        Some(1.0),
+        "the follower forwarded the first acquire:\n{follower_page}"
+    );
+    assert_eq!(
+        sample(&follower_page, "holdfast_requests_total{api=\"http\",endpoint=\"POST /v1/locks/{name}\",code=\"200\"}"),
+        Some(1.0),
+        "the follower counted the acquire it answered:\n{follower_page}"
+    );
+    assert!(
+        sample(&leader_page, "holdfast_requests_total{api=\"http\",endpoint=\"DELETE /v1/locks/{name}\",code=\"200\"}")
+            == Some(1.0),
+        "the leader counted the release:\n{leader_page}"
+    );
+}
+
+async fn grpc_health(cluster: &Cluster, id: usize, service: &str) -> Result<ServingStatus, String> {
+    let url = format!("http://{}", cluster.client_addr(id));
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("node {id}: {e}"))?;
+    let mut client = HealthClient::new(channel);
+    let request = HealthCheckRequest { service: service.to_owned() };
+    let reply = tokio::time::timeout(Duration::from_secs(2), client.check(request))
+        .await
+        .map_err(|_| format!("node {id}: health check timed out"))?
+        .map_err(|e| format!("node {id}: {e}"))?;
+    ServingStatus::try_from(reply.into_inner().status).map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quorum_a_node_is_alive_but_not_ready_over_http_and_grpc() {
+    let mut cluster = Cluster::start(3).await;
+    for id in cluster.ids() {
+        for service in ["", "holdfast.v1.Locks"] {
+            let status = wait_for(READY_BOUND, "grpc.health.v1 to say SERVING", async || {
+                match grpc_health(&cluster, id, service).await? {
+                    ServingStatus::Serving => Ok(ServingStatus::Serving),
+                    other => Err(format!("node {id} {service:?}: {other:?}")),
+                }
+            })
+            .await;
+            assert_eq!(status, ServingStatus::Serving);
+        }
+    }
+
+    // Two of three gone: no quorum, no leader. The survivor must stay alive (a liveness probe that failed
+    // now would have Kubernetes restart a healthy node into a longer outage) and stop being ready.
+    let survivor = 1;
+    cluster.kill(2);
+    cluster.kill(3);
+    wait_for(ELECTION_BOUND, "the survivor to report not ready", async || {
+        let ready = cluster.try_get(survivor, "/readyz").await.map_err(|e| e.to_string())?;
+        let grpc = grpc_health(&cluster, survivor, "").await?;
+        match (ready.status, grpc) {
+            (503, ServingStatus::NotServing) => Ok(()),
+            seen => Err(format!("(/readyz, grpc health) = {seen:?}")),
+        }
+    })
+    .await;
+    let live = cluster.try_get(survivor, "/livez").await.unwrap();
+    assert_eq!(live.status, 200, "liveness does not depend on quorum: {live:?}");
+    let page = metrics(&cluster, survivor).await.unwrap();
+    assert_eq!(sample(&page, "holdfast_raft_has_leader"), Some(0.0), "{page}");
+
+    // Quorum back: ready again.
+    cluster.respawn(2);
+    cluster.wait_ready(survivor).await;
+    wait_for(READY_BOUND, "grpc health to say SERVING again", async || {
+        match grpc_health(&cluster, survivor, "").await? {
+            ServingStatus::Serving => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+/// Two free ports on 127.0.0.1 (held until both are chosen, so they differ).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let probes: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    std::array::from_fn(|i| probes[i].local_addr().unwrap().port())
+}
+
+fn healthcheck(url: &str) -> std::process::ExitStatus {
+    Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["healthcheck", "--url", url, "--timeout", "2s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run holdfast healthcheck")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_port_systemd_notification_healthcheck_and_json_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let [client, peer, health] = free_ports::<3>();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(READY_BOUND)).unwrap();
+    let log_path = dir.path().join("node.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("server")
+        .args(["--client-addr", &format!("127.0.0.1:{client}")])
+        .args(["--peer-addr", &format!("127.0.0.1:{peer}")])
+        .args(["--health-addr", &format!("127.0.0.1:{health}")])
+        .args(["--log-format", "json"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+
+    let mut buf = [0u8; 256];
+    let n = notify.recv(&mut buf).expect("systemd hears from the node within the bound");
+    assert_eq!(&buf[..n], b"READY=1");
+
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let health_url = format!("http://127.0.0.1:{health}");
+    wait_for(READY_BOUND, "/readyz on the health port", async || {
+        let status = http.get(format!("{health_url}/readyz")).send().await.map_err(|e| e.to_string())?.status();
+        if status == 200 {
+            Ok(())
+        } else {
+            Err(status.to_string())
+        }
+    })
+    .await;
+    let page = http.get(format!("{health_url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(sample(&page, "holdfast_raft_is_leader"), Some(1.0), "{page}");
+    let api = http.get(format!("{health_url}/v1/locks")).send().await.unwrap().status();
+    assert_eq!(api, 404, "the health port serves no API");
+
+    assert!(healthcheck(&format!("{health_url}/livez")).success());
+    assert!(healthcheck(&format!("http://127.0.0.1:{client}/readyz")).success());
+    assert!(!healthcheck(&format!("{health_url}/nothing-here")).success(), "a 404 fails the check");
+    let [closed] = free_ports::<1>();
+    assert!(!healthcheck(&format!("http://127.0.0.1:{closed}/livez")).success(), "a closed port fails");
+
+    let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let n = notify.recv(&mut buf).expect("systemd hears the node stop");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    let exited = wait_for(EXIT_BOUND, "the node to exit after SIGTERM", async || {
+        child.try_wait().map_err(|e| e.to_string())?.ok_or_else(|| "still running".to_string())
+    })
+    .await;
+    assert!(exited.success(), "a clean stop exits 0: {exited}");
+
+    // Every log line is one JSON object; the node's rise to leader is among them.
+    let lines: Vec<serde_json::Value> = std::io::BufReader::new(std::fs::File::open(&log_path).unwrap())
+        .lines()
+        .map(|line| {
+            let line = line.unwrap();
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"))
+        })
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"] == "raft role" && l["fields"]["state"] == "Leader"),
+        "no role change to leader in the log: {lines:#?}"
+    );
+}
