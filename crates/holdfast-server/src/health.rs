@@ -15,6 +15,7 @@ use axum::Router;
 use openraft::ServerState;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
+use tracing::Instrument;
 
 use crate::metrics::{self, Api, Metrics};
 use crate::node::Node;
@@ -75,6 +76,9 @@ pub fn render(node: &Node) -> String {
 /// Middleware on the client port: counts each request and its latency by front, endpoint and code. The
 /// endpoint is the route pattern (`POST /v1/locks/{name}`), never the lock name, so the label set stays
 /// small; a gRPC method the server does not have counts as `unmatched`.
+///
+/// Each request also runs in a `request` span (method and path; never the query, which may carry a
+/// token) and, at debug level, logs its answer: `RUST_LOG=holdfast_server::health=debug` traces them all.
 pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let path = request.uri().path().to_owned();
@@ -82,8 +86,10 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: 
     let method = request.method().clone();
     let grpc =
         request.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-    let response = next.run(request).await;
+    let span = tracing::debug_span!("request", %method, %path);
+    let response = next.run(request).instrument(span.clone()).await;
     let took = started.elapsed();
+    tracing::debug!(parent: &span, status = response.status().as_u16(), took_us = took.as_micros() as u64, "answered");
     if grpc {
         // A failed unary call answers "trailers only": its status is in the headers. A success's status is
         // in the trailers, after this middleware has let go of the response.
