@@ -144,6 +144,8 @@ struct Node {
     data_dir: PathBuf,
     log_path: PathBuf,
     child: Option<Child>,
+    /// Started with `--join` (waits to be added) rather than with the member list.
+    join: bool,
 }
 
 /// A cluster of real `holdfast server` processes. Dropping it kills them all.
@@ -151,6 +153,8 @@ pub struct Cluster {
     bin: PathBuf,
     members: String,
     nodes: Vec<Node>,
+    /// Flags every node gets besides the harness's own.
+    extra_args: Vec<String>,
     http: reqwest::Client,
     // Declared last so that it is removed after the processes are gone.
     dir: TempDir,
@@ -159,10 +163,15 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes that all know each other and waits (bounded) until every one is ready.
     pub async fn start(n: usize) -> Cluster {
+        Cluster::start_with(n, &[]).await
+    }
+
+    /// [`Cluster::start`], with `extra_args` given to every node (e.g. `--admin-key`).
+    pub async fn start_with(n: usize, extra_args: &[&str]) -> Cluster {
         assert!(n >= 1, "a cluster needs at least one node");
         let mut attempt = 1;
         loop {
-            let mut cluster = Cluster::spawn(n);
+            let mut cluster = Cluster::spawn(n, extra_args);
             match cluster.wait_all_ready().await {
                 Ok(()) => return cluster,
                 Err(reason) if attempt < START_ATTEMPTS && reason.contains("in use") => {
@@ -178,7 +187,7 @@ impl Cluster {
         }
     }
 
-    fn spawn(n: usize) -> Cluster {
+    fn spawn(n: usize, extra_args: &[&str]) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("holdfast-test-")
             .tempdir()
@@ -198,6 +207,7 @@ impl Cluster {
                 data_dir: dir.path().join(format!("node{id}")).join("data"),
                 log_path: dir.path().join(format!("node{id}.log")),
                 child: None,
+                join: false,
             })
             .collect();
         let members = nodes.iter().map(|node| format!("{}={}", node.id, node.peer_addr)).collect::<Vec<_>>().join(",");
@@ -207,7 +217,9 @@ impl Cluster {
             .timeout(REQUEST_TIMEOUT)
             .build()
             .expect("build the HTTP client");
-        let mut cluster = Cluster { bin: PathBuf::from(env!("CARGO_BIN_EXE_holdfast")), members, nodes, http, dir };
+        let bin = PathBuf::from(env!("CARGO_BIN_EXE_holdfast"));
+        let extra_args = extra_args.iter().map(|arg| arg.to_string()).collect();
+        let mut cluster = Cluster { bin, members, nodes, extra_args, http, dir };
         for id in 1..=n {
             cluster.spawn_node(id);
         }
@@ -217,6 +229,7 @@ impl Cluster {
     fn spawn_node(&mut self, id: usize) {
         let bin = self.bin.clone();
         let members = self.members.clone();
+        let extra_args = self.extra_args.clone();
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
         std::fs::create_dir_all(&node.data_dir).expect("create the node's data directory");
@@ -225,12 +238,13 @@ impl Cluster {
         writeln!(log, "===== harness: starting node {id} =====").expect("write to the node's log");
         let stderr = log.try_clone().expect("clone the node's log file handle");
         let mut command = Command::new(&bin);
+        command.arg("server").arg("--id").arg(id.to_string());
+        match node.join {
+            true => command.arg("--join"),
+            false => command.arg("--members").arg(&members),
+        };
         command
-            .arg("server")
-            .arg("--id")
-            .arg(id.to_string())
-            .arg("--members")
-            .arg(&members)
+            .args(&extra_args)
             .arg("--client-addr")
             .arg(node.client_addr.to_string())
             .arg("--peer-addr")
@@ -259,6 +273,35 @@ impl Cluster {
     /// Number of nodes (running or not).
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Starts a new node, with the next id and new ports, that joins the running cluster (`--join`): it
+    /// waits until a member adds it. Answers its id.
+    pub fn spawn_joining(&mut self) -> usize {
+        let id = self.nodes.len() + 1;
+        let probes: Vec<TcpListener> =
+            (0..2).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 to find a free port")).collect();
+        let addr = |i: usize| probes[i].local_addr().expect("local address of a probe listener");
+        let (client_addr, peer_addr) = (addr(0), addr(1));
+        drop(probes);
+        self.nodes.push(Node {
+            id,
+            client_addr,
+            peer_addr,
+            data_dir: self.dir.path().join(format!("node{id}")).join("data"),
+            log_path: self.dir.path().join(format!("node{id}.log")),
+            child: None,
+            join: true,
+        });
+        self.spawn_node(id);
+        id
+    }
+
+    /// Deletes node `id`'s data directory (a lost disk); the node must not be running.
+    pub fn wipe(&mut self, id: usize) {
+        let node = self.node(id);
+        assert!(node.child.is_none(), "wipe node {id}: stop it first");
+        std::fs::remove_dir_all(&node.data_dir).expect("remove the node's data directory");
     }
 
     /// The ids of all nodes, 1..=n.
@@ -395,10 +438,16 @@ impl Cluster {
     /// The id of the leader: waits (bounded by [`ELECTION_BOUND`]) until a running node says it is the
     /// leader and every other running node that knows a leader names the same one.
     pub async fn leader(&self) -> usize {
+        self.leader_among(&self.running()).await
+    }
+
+    /// [`Cluster::leader`], asking only the nodes `ids` (e.g. the members, when other nodes run that have
+    /// not joined yet or were removed).
+    pub async fn leader_among(&self, ids: &[usize]) -> usize {
         wait_for(ELECTION_BOUND, "a leader that every running node agrees on", async || {
             let mut seen = Vec::new();
             let mut leader = None;
-            for id in self.running() {
+            for &id in ids {
                 let reply = match self.try_get(id, "/v1/cluster").await {
                     Ok(reply) if reply.status == 200 => reply,
                     Ok(reply) => return Err(format!("node {id}: {reply:?}")),

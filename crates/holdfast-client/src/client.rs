@@ -4,7 +4,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_proto::v1::{AcquireRequest, ClusterStatusRequest, GetRequest, ListRequest, ReleaseRequest, RenewRequest};
+use holdfast_proto::v1::{
+    AcquireRequest, AddMemberRequest, ClusterStatusRequest, GetRequest, ListRequest, ReleaseRequest,
+    RemoveMemberRequest, RenewRequest,
+};
 use tokio::task::JoinSet;
 
 use crate::error::Error;
@@ -406,6 +409,52 @@ impl Client {
         })
         .await
     }
+
+    /// Admin: adds node `id`, started with `--join`, whose peer port the other nodes reach at `peer_addr`
+    /// (`HOST:PORT`). The leader adds it as a learner, waits until it caught up (up to a minute), then makes
+    /// it a voter; the answer is the cluster afterwards. `admin_key` is the server's `--admin-key`, if it has
+    /// one. Adding a voter again at the same address changes nothing.
+    pub async fn add_member(&self, id: u64, peer_addr: &str, admin_key: Option<&str>) -> Result<ClusterStatus, Error> {
+        let request = AddMemberRequest { id, addr: peer_addr.to_owned() };
+        let pool = &self.pool;
+        pool.call("add member", pool.retry(MEMBERSHIP_WAIT), |i, mut client| {
+            let request = admin_request(request.clone(), admin_key);
+            async move {
+                let status = client.add_member(request?).await?.into_inner();
+                Ok(ClusterStatus::from_proto(pool.endpoints()[i].clone(), status))
+            }
+        })
+        .await
+    }
+
+    /// Admin: removes node `id` (a voter or a learner) from the cluster; the answer is the cluster
+    /// afterwards.
+    pub async fn remove_member(&self, id: u64, admin_key: Option<&str>) -> Result<ClusterStatus, Error> {
+        let pool = &self.pool;
+        pool.call("remove member", pool.retry(MEMBERSHIP_WAIT), |i, mut client| {
+            let request = admin_request(RemoveMemberRequest { id }, admin_key);
+            async move {
+                let status = client.remove_member(request?).await?.into_inner();
+                Ok(ClusterStatus::from_proto(pool.endpoints()[i].clone(), status))
+            }
+        })
+        .await
+    }
+}
+
+/// How long the server may take over a membership change (it waits for a new node to catch up).
+const MEMBERSHIP_WAIT: Duration = Duration::from_secs(60);
+
+/// `message` with `authorization: Bearer KEY` metadata when there is a key.
+fn admin_request<T>(message: T, admin_key: Option<&str>) -> Result<tonic::Request<T>, Error> {
+    let mut request = tonic::Request::new(message);
+    if let Some(key) = admin_key {
+        let value = format!("Bearer {key}")
+            .parse()
+            .map_err(|_| Error::InvalidArgument("the admin key has characters that cannot be sent".into()))?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    Ok(request)
 }
 
 impl std::fmt::Debug for Client {

@@ -50,6 +50,13 @@ pub enum Error {
     /// The server answered something this client does not understand, or failed internally.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A change the cluster cannot make as it is (a membership change: the id or address is taken, the
+    /// node is not a member, it is the last voter, another change is in progress); nothing changed.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// An admin call without the server's admin key, or with a wrong one.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
 }
 
 fn holder_suffix(holder: &Option<HolderInfo>) -> String {
@@ -82,6 +89,11 @@ impl Error {
             Some(s) if s.starts_with("invalid-") || s == "session-hold" => {
                 return Error::InvalidArgument(detail.to_owned())
             }
+            Some("unauthenticated") => return Error::Unauthenticated(detail.to_owned()),
+            Some(
+                "member-exists" | "address-in-use" | "not-caught-up" | "not-a-member" | "last-member"
+                | "membership-change",
+            ) => return Error::Refused(detail.to_owned()),
             _ => {}
         }
         match code {
@@ -90,6 +102,7 @@ impl Error {
             Some(Code::FailedPrecondition) => Error::NotHolder,
             Some(Code::NotFound) => Error::NotFound,
             Some(Code::ResourceExhausted) => Error::LimitReached(detail.to_owned()),
+            Some(Code::Unauthenticated) => Error::Unauthenticated(detail.to_owned()),
             Some(Code::Unavailable | Code::DeadlineExceeded) => Error::Unavailable(detail.to_owned()),
             Some(code) => Error::Protocol(format!("{code:?}: {detail}")),
             None => Error::Protocol(format!("{}: {detail}", problem.unwrap_or("unknown problem"))),

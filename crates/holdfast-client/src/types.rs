@@ -171,6 +171,8 @@ pub struct ClusterStatus {
     pub last_log_index: u64,
     /// The index of the last entry the node applied.
     pub applied_index: u64,
+    /// The members that vote; the other members are learners, catching up before they vote.
+    pub voters: Vec<u64>,
 }
 
 impl ClusterStatus {
@@ -189,6 +191,7 @@ impl ClusterStatus {
             members: s.members.into_iter().collect(),
             last_log_index: s.last_log_index,
             applied_index: s.applied_index,
+            voters: s.voters,
         }
     }
 }

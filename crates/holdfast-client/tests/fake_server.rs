@@ -291,6 +291,34 @@ impl Locks for Fake {
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
         Ok(Response::new(v1::ClusterStatusResponse { id: 1, leader: 1, state: "Leader".into(), ..Default::default() }))
     }
+
+    /// Admits the key `fake-admin-key` only, and adds any id.
+    async fn add_member(
+        &self,
+        request: Request<v1::AddMemberRequest>,
+    ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        let key = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        if key != Some("Bearer fake-admin-key") {
+            return Err(problem(tonic::Code::Unauthenticated, "unauthenticated", "wrong admin key"));
+        }
+        let id = request.into_inner().id;
+        Ok(Response::new(v1::ClusterStatusResponse { id: 1, leader: 1, voters: vec![1, id], ..Default::default() }))
+    }
+
+    /// Knows no member to remove.
+    async fn remove_member(
+        &self,
+        request: Request<v1::RemoveMemberRequest>,
+    ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        let detail = format!("node {} is not a member", request.into_inner().id);
+        Err(problem(tonic::Code::FailedPrecondition, "not-a-member", &detail))
+    }
+}
+
+fn problem(code: tonic::Code, slug: &str, detail: &str) -> Status {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert(PROBLEM_METADATA, format!("urn:holdfast:{slug}").parse().unwrap());
+    Status::with_metadata(code, detail, metadata)
 }
 
 /// A fake on a loopback port and a client connected to it.
@@ -474,4 +502,17 @@ async fn with_lock_runs_the_work_and_closes() {
     ));
     held.release().await.unwrap();
     session.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn membership_calls_carry_the_admin_key_and_map_refusals() {
+    let (_fake, client) = start().await;
+    let status = client.add_member(4, "h4:7071", Some("fake-admin-key")).await.unwrap();
+    assert_eq!(status.voters, vec![1, 4]);
+    assert!(matches!(client.add_member(4, "h4:7071", None).await, Err(Error::Unauthenticated(_))));
+    assert!(matches!(client.add_member(4, "h4:7071", Some("other")).await, Err(Error::Unauthenticated(_))));
+    match client.remove_member(9, Some("fake-admin-key")).await {
+        Err(Error::Refused(detail)) => assert!(detail.contains("not a member"), "{detail}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }

@@ -17,10 +17,10 @@ pub mod v1 {
     pub use super::generated::session_event::Kind as EventKind;
     pub use super::generated::session_request::Kind as RequestKind;
     pub use super::generated::{
-        AcquireRequest, Acquired, Busy, Close, ClusterStatusRequest, ClusterStatusResponse, GetRequest, Heartbeat,
-        HeartbeatAck, Hold, Holder, ListRequest, ListResponse, Lock, Lost, Open, Opened, ReleaseRequest,
-        ReleaseResponse, Released, RenewRequest, Resume, SessionAcquire, SessionError, SessionEvent, SessionRelease,
-        SessionRequest, Waiter, Waiting,
+        AcquireRequest, Acquired, AddMemberRequest, Busy, Close, ClusterStatusRequest, ClusterStatusResponse,
+        GetRequest, Heartbeat, HeartbeatAck, Hold, Holder, ListRequest, ListResponse, Lock, Lost, Open, Opened,
+        ReleaseRequest, ReleaseResponse, Released, RemoveMemberRequest, RenewRequest, Resume, SessionAcquire,
+        SessionError, SessionEvent, SessionRelease, SessionRequest, Waiter, Waiting,
     };
 }
 

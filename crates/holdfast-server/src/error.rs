@@ -29,6 +29,10 @@ pub enum ApiError {
     Limit { slug: &'static str, detail: String },
     /// No leader could serve the request in time.
     Unavailable { detail: String },
+    /// A change that conflicts with the cluster as it is (a membership change that cannot be made).
+    Conflict { slug: String, detail: String },
+    /// An admin call without the admin key (or with a wrong one).
+    Unauthenticated { detail: String },
     /// No such endpoint.
     NoRoute,
     /// The endpoint does not take this method.
@@ -49,7 +53,10 @@ impl ApiError {
 
 impl From<NodeError> for ApiError {
     fn from(e: NodeError) -> Self {
-        ApiError::Unavailable { detail: e.to_string() }
+        match e {
+            NodeError::Refused { slug, detail } => ApiError::Conflict { slug, detail },
+            e => ApiError::Unavailable { detail: e.to_string() },
+        }
     }
 }
 
@@ -77,8 +84,12 @@ impl From<Reject> for ApiError {
 
 impl ApiError {
     /// HTTP status, problem slug, title and detail.
-    fn describe(&self) -> (StatusCode, &'static str, &'static str, String) {
+    fn describe(&self) -> (StatusCode, &str, &'static str, String) {
         match self {
+            ApiError::Conflict { slug, detail } => (StatusCode::CONFLICT, slug, "Conflict", detail.clone()),
+            ApiError::Unauthenticated { detail } => {
+                (StatusCode::UNAUTHORIZED, "unauthenticated", "Unauthenticated", detail.clone())
+            }
             ApiError::Invalid { slug, detail } => (StatusCode::BAD_REQUEST, *slug, "Invalid request", detail.clone()),
             ApiError::Busy { name, holder } => {
                 let detail = match holder {
@@ -139,6 +150,8 @@ impl From<ApiError> for tonic::Status {
             ApiError::Busy { .. } => tonic::Code::AlreadyExists,
             ApiError::NotHolder { .. } | ApiError::Expired { .. } => tonic::Code::FailedPrecondition,
             ApiError::NotFound { .. } | ApiError::SessionGone { .. } => tonic::Code::NotFound,
+            ApiError::Conflict { .. } => tonic::Code::FailedPrecondition,
+            ApiError::Unauthenticated { .. } => tonic::Code::Unauthenticated,
             ApiError::Limit { .. } => tonic::Code::ResourceExhausted,
             ApiError::Unavailable { .. } => tonic::Code::Unavailable,
             ApiError::NoRoute | ApiError::NoMethod => tonic::Code::Unimplemented,

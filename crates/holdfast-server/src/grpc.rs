@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use holdfast_core::{Grant, HolderView, Lease, LockView, Outcome, SessionId, SessionView, Token};
 use holdfast_proto::v1::{
-    self, AcquireRequest, Acquired, ClusterStatusRequest, ClusterStatusResponse, EventKind, GetRequest, Hold, Holder,
-    ListRequest, ListResponse, Locks, ReleaseRequest, ReleaseResponse, RenewRequest, RequestKind, SessionEvent,
-    SessionRequest,
+    self, AcquireRequest, Acquired, AddMemberRequest, ClusterStatusRequest, ClusterStatusResponse, EventKind,
+    GetRequest, Hold, Holder, ListRequest, ListResponse, Locks, ReleaseRequest, ReleaseResponse, RemoveMemberRequest,
+    RenewRequest, RequestKind, SessionEvent, SessionRequest,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -101,10 +101,40 @@ impl Locks for LocksService {
         &self,
         _request: GrpcRequest<ClusterStatusRequest>,
     ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
+        Ok(GrpcResponse::new(self.status()))
+    }
+
+    async fn add_member(
+        &self,
+        request: GrpcRequest<AddMemberRequest>,
+    ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
+        ops::check_admin(&self.node, authorization(&request))?;
+        let r = request.into_inner();
+        ops::add_member(&self.node, r.id, &r.addr).await?;
+        Ok(GrpcResponse::new(self.status()))
+    }
+
+    async fn remove_member(
+        &self,
+        request: GrpcRequest<RemoveMemberRequest>,
+    ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
+        ops::check_admin(&self.node, authorization(&request))?;
+        ops::remove_member(&self.node, request.into_inner().id).await?;
+        Ok(GrpcResponse::new(self.status()))
+    }
+}
+
+fn authorization<T>(request: &GrpcRequest<T>) -> Option<&str> {
+    request.metadata().get("authorization").and_then(|v| v.to_str().ok())
+}
+
+impl LocksService {
+    /// This node's view of the cluster.
+    fn status(&self) -> ClusterStatusResponse {
         let metrics = self.node.raft.metrics();
         let m = metrics.borrow();
         let members = m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
-        Ok(GrpcResponse::new(ClusterStatusResponse {
+        ClusterStatusResponse {
             id: self.node.id,
             leader: m.current_leader.unwrap_or(0),
             term: m.current_term,
@@ -112,7 +142,8 @@ impl Locks for LocksService {
             members,
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
-        }))
+            voters: m.membership_config.membership().voter_ids().collect(),
+        }
     }
 }
 

@@ -24,6 +24,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/locks/{name}", post(acquire).delete(release).get(get_lock))
         .route("/v1/locks/{name}/renew", post(renew))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/members", post(add_member))
+        .route("/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .merge(crate::health::routes())
         .fallback(|| async { ApiError::NoRoute })
         .method_not_allowed_fallback(|| async { ApiError::NoMethod })
@@ -88,6 +90,36 @@ async fn list(State(node): State<Arc<Node>>, params: Params) -> Result<Response,
 
 async fn cluster(State(node): State<Arc<Node>>) -> Response {
     Json(crate::cluster_status(&node)).into_response()
+}
+
+fn authorization(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+}
+
+async fn add_member(
+    State(node): State<Arc<Node>>,
+    headers: axum::http::HeaderMap,
+    params: Params,
+) -> Result<Response, ApiError> {
+    ops::check_admin(&node, authorization(&headers))?;
+    let p = Parsed::new(&params, &["id", "addr"])?;
+    let id = p.get("id").and_then(|id| id.parse::<u64>().ok()).unwrap_or(0);
+    let addr = p.get("addr").unwrap_or("");
+    ops::add_member(&node, id, addr).await?;
+    Ok(Json(crate::cluster_status(&node)).into_response())
+}
+
+async fn remove_member(
+    State(node): State<Arc<Node>>,
+    headers: axum::http::HeaderMap,
+    Path(id): Path<String>,
+    params: Params,
+) -> Result<Response, ApiError> {
+    ops::check_admin(&node, authorization(&headers))?;
+    Parsed::new(&params, &[])?;
+    let id = id.parse::<u64>().map_err(|_| ApiError::invalid("invalid-member", format!("{id:?} is not a node id")))?;
+    ops::remove_member(&node, id).await?;
+    Ok(Json(crate::cluster_status(&node)).into_response())
 }
 
 // --- parameters ---

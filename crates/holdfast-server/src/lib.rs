@@ -65,6 +65,11 @@ pub struct Config {
     pub election_timeout_ms: u64,
     /// A snapshot is taken after this many entries since the last one.
     pub snapshot_every_entries: u64,
+    /// Start without initializing the cluster, to be added by a member (`holdfast cluster add`): for a
+    /// node that joins a running cluster, or replaces one whose disk was lost (under a new id).
+    pub join: bool,
+    /// The key admin calls must present; `None` leaves them open.
+    pub admin_key: Option<String>,
 }
 
 /// Where a node listens.
@@ -117,7 +122,9 @@ pub async fn run(
 
     // Every node may initialize with the full member list: the first entry is then the same everywhere,
     // so no node is special (what a Kubernetes StatefulSet needs). A node with data just rejoins.
-    if !raft.is_initialized().await? {
+    if config.join {
+        tracing::info!("joining: waiting to be added by the cluster's leader (holdfast cluster add)");
+    } else if !raft.is_initialized().await? {
         let members: BTreeMap<NodeId, BasicNode> =
             config.members.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
         if let Err(e) = raft.initialize(members).await {
@@ -126,7 +133,10 @@ pub async fn run(
     }
 
     let limits = config.limits.clone();
-    let node = Arc::new(Node::new(config.id, raft.clone(), state, events, peers, limits, committed_index));
+    let node = Arc::new(
+        Node::new(config.id, raft.clone(), state, events, peers, limits, committed_index)
+            .with_admin_key(config.admin_key.clone()),
+    );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
     let peer_service = PeerServer::new(PeerService { node: node.clone() })
@@ -216,6 +226,7 @@ pub fn cluster_status(node: &Node) -> Value {
     let members: BTreeMap<String, String> =
         membership.nodes().map(|(id, n)| (id.to_string(), n.addr.clone())).collect();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
     json!({
         "id": node.id,
         "state": format!("{:?}", m.state),
@@ -223,6 +234,7 @@ pub fn cluster_status(node: &Node) -> Value {
         "term": m.current_term,
         "members": members,
         "voters": voters,
+        "learners": learners,
         "last_log_index": m.last_log_index,
         "committed_index": node.committed_index.load(std::sync::atomic::Ordering::Relaxed),
         "applied_index": m.last_applied.map(|l| l.index),

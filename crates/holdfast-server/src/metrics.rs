@@ -102,6 +102,7 @@ pub enum Forwarded {
     Heartbeat,
     StillWaiting,
     Barrier,
+    Membership,
 }
 
 impl Forwarded {
@@ -113,6 +114,7 @@ impl Forwarded {
             Forwarded::Heartbeat => "heartbeat",
             Forwarded::StillWaiting => "still_waiting",
             Forwarded::Barrier => "barrier",
+            Forwarded::Membership => "membership",
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, SessionId, SessionView, Token};
 use holdfast_store::{NodeId, Response, SharedState, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
-use openraft::{Raft, ServerState};
+use openraft::{BasicNode, Raft, ServerState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
@@ -18,6 +18,9 @@ use crate::network::{decode, encode, Peers};
 /// How long a write or a read may take, forwarding and retries included, before the caller is told the
 /// cluster is unavailable.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long adding or removing a member may take: an added node first catches up as a learner, which may
+/// take a snapshot transfer.
+pub const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Pause between attempts while no leader is known or the leader just changed.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
 
@@ -110,6 +113,15 @@ pub enum ForwardRequest {
     StillWaiting(Vec<Token>),
     /// Confirm leadership and answer the leader's applied index (for a read served by a follower).
     Barrier,
+    /// Add node `id`, reachable by peers at `addr`: as a learner until it caught up, then as a voter.
+    AddMember {
+        id: NodeId,
+        addr: String,
+    },
+    /// Remove node `id` from the cluster (voter or learner).
+    RemoveMember {
+        id: NodeId,
+    },
 }
 
 /// What the leader answers a follower.
@@ -137,6 +149,9 @@ pub enum NodeError {
     /// The node cannot serve at all (shutting down, storage failure).
     #[error("node unavailable: {0}")]
     Unavailable(String),
+    /// The leader refused a membership change that cannot be made; nothing changed. `slug` names why.
+    #[error("{detail}")]
+    Refused { slug: String, detail: String },
 }
 
 /// What [`Node::watch`] found for a queued claim.
@@ -172,6 +187,8 @@ pub struct Node {
     /// Batches the leadership confirmations heartbeats need.
     confirmer: Confirmer,
     pub metrics: Arc<Metrics>,
+    /// The key admin calls (membership changes) must present; `None`: admin calls are open.
+    pub admin_key: Option<String>,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
@@ -199,7 +216,13 @@ impl Node {
         let metrics = events.metrics().clone();
         let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
         let last_stamp_ms = AtomicU64::new(0);
-        Node { id, raft, state, events, peers, limits, committed_index, last_stamp_ms, confirmer, metrics }
+        let admin_key = None;
+        Node { id, raft, state, events, peers, limits, committed_index, last_stamp_ms, confirmer, metrics, admin_key }
+    }
+
+    /// Requires `key` of admin calls.
+    pub fn with_admin_key(self, key: Option<String>) -> Self {
+        Node { admin_key: key, ..self }
     }
 
     /// The leader's stamp for a new entry: `max(last stamp, last applied time, wall clock)`.
@@ -279,7 +302,15 @@ impl Node {
     }
 
     async fn through_leader(&self, request: ForwardRequest) -> Result<ForwardReply, NodeError> {
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        self.through_leader_within(request, REQUEST_TIMEOUT).await
+    }
+
+    async fn through_leader_within(
+        &self,
+        request: ForwardRequest,
+        timeout: Duration,
+    ) -> Result<ForwardReply, NodeError> {
+        let deadline = Instant::now() + timeout;
         let mut metrics = self.raft.metrics();
         loop {
             let leader = metrics.borrow_and_update().current_leader;
@@ -296,7 +327,7 @@ impl Node {
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_)) => {
-                    return Err(NodeError::Unavailable(format!("no leader answered within {REQUEST_TIMEOUT:?}")))
+                    return Err(NodeError::Unavailable(format!("no leader answered within {timeout:?}")))
                 }
                 result => return result,
             }
@@ -323,11 +354,12 @@ impl Node {
             ForwardRequest::Heartbeat(_) => Forwarded::Heartbeat,
             ForwardRequest::StillWaiting(_) => Forwarded::StillWaiting,
             ForwardRequest::Barrier => Forwarded::Barrier,
+            ForwardRequest::AddMember { .. } | ForwardRequest::RemoveMember { .. } => Forwarded::Membership,
         });
         let mut client = self.peers.client(leader, &addr).map_err(|e| NodeError::Unreachable(e.to_string()))?;
         let timeout = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(timeout, client.forward(encode(request))).await {
-            Err(_) => Err(NodeError::Timeout(REQUEST_TIMEOUT)),
+            Err(_) => Err(NodeError::Timeout(timeout)),
             Ok(Err(status)) if status.code() == tonic::Code::Unavailable && is_connect_error(&status) => {
                 Err(NodeError::Unreachable(status.message().to_owned()))
             }
@@ -358,7 +390,82 @@ impl Node {
                 self.confirm_leader().await?;
                 Ok(ForwardReply::Barrier(self.state.read().expect("lock state poisoned").applied_index()))
             }
+            ForwardRequest::AddMember { id, addr } => self.add_member(id, addr).await.map(|()| ForwardReply::Noted),
+            ForwardRequest::RemoveMember { id } => self.remove_member(id).await.map(|()| ForwardReply::Noted),
         }
+    }
+
+    /// Adds node `id` at peer address `addr` through the leader; see [`ForwardRequest::AddMember`].
+    pub async fn add(&self, id: NodeId, addr: String) -> Result<(), NodeError> {
+        self.through_leader_within(ForwardRequest::AddMember { id, addr }, MEMBERSHIP_TIMEOUT).await.map(|_| ())
+    }
+
+    /// Removes node `id` through the leader.
+    pub async fn remove(&self, id: NodeId) -> Result<(), NodeError> {
+        self.through_leader_within(ForwardRequest::RemoveMember { id }, MEMBERSHIP_TIMEOUT).await.map(|_| ())
+    }
+
+    /// As leader: adds `id` as a learner, waits until it caught up, then makes it a voter. Adding a voter
+    /// again at the same address does nothing, so a retried call is harmless.
+    async fn add_member(&self, id: NodeId, addr: String) -> Result<(), NodeError> {
+        if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        if let Some(node) = membership.get_node(&id) {
+            if node.addr != addr {
+                let detail = format!("node {id} is already a member, at {}; remove it first", node.addr);
+                return Err(refused("member-exists", detail));
+            }
+            if membership.voter_ids().any(|v| v == id) {
+                return Ok(());
+            }
+        }
+        if let Some((other, _)) = membership.nodes().find(|(other, n)| **other != id && n.addr == addr) {
+            return Err(refused("address-in-use", format!("node {other} is already at {addr}")));
+        }
+        tracing::info!(id, %addr, "adding a member: as a learner until it catches up");
+        let node = BasicNode { addr: addr.clone() };
+        let added = tokio::time::timeout(MEMBERSHIP_TIMEOUT, self.raft.add_learner(id, node, true)).await;
+        match added {
+            Err(_) => {
+                let detail = format!(
+                    "node {id} at {addr} was added as a learner but did not catch up within {MEMBERSHIP_TIMEOUT:?}; \
+                     check that it runs with --join and that peers reach that address, or remove it"
+                );
+                return Err(refused("not-caught-up", detail));
+            }
+            Ok(result) => result.map_err(membership_error)?,
+        };
+        let changes = openraft::ChangeMembers::AddVoterIds(std::collections::BTreeSet::from([id]));
+        self.raft.change_membership(changes, false).await.map_err(membership_error)?;
+        tracing::info!(id, %addr, "node is a voter");
+        Ok(())
+    }
+
+    /// As leader: removes `id`, voter or learner. The last voter cannot be removed.
+    async fn remove_member(&self, id: NodeId) -> Result<(), NodeError> {
+        if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        if membership.get_node(&id).is_none() {
+            return Err(refused("not-a-member", format!("node {id} is not a member")));
+        }
+        let ids = std::collections::BTreeSet::from([id]);
+        let changes = if voters.contains(&id) {
+            if voters.len() == 1 {
+                return Err(refused("last-member", format!("node {id} is the only voter; a cluster needs one")));
+            }
+            openraft::ChangeMembers::RemoveVoters(ids)
+        } else {
+            openraft::ChangeMembers::RemoveNodes(ids)
+        };
+        tracing::info!(id, "removing a member");
+        // `retain: false`: a removed voter also stops receiving the log.
+        self.raft.change_membership(changes, false).await.map_err(membership_error)?;
+        Ok(())
     }
 
     /// As leader: gives every hold, session and waiter a full lease from now, once per term. True if this
@@ -598,6 +705,20 @@ impl Node {
 
 /// Whether a gRPC status says the connection could not be made, so the request was never delivered.
 /// A connection reset or closed after sending is not one: the request may have been applied.
+fn refused(slug: &str, detail: String) -> NodeError {
+    NodeError::Refused { slug: slug.to_owned(), detail }
+}
+
+/// A failed membership change. Not being leader (any more) proposed nothing, so it is retried elsewhere;
+/// a change already in progress is refused, to be tried again once it is done.
+fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> NodeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => NodeError::NotLeader { leader: f.leader_id },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => refused("membership-change", e.to_string()),
+        RaftError::Fatal(e) => NodeError::Unavailable(e.to_string()),
+    }
+}
+
 fn is_connect_error(status: &tonic::Status) -> bool {
     let text = format!("{status:?}").to_ascii_lowercase();
     text.contains("tcp connect error") || text.contains("connection refused")

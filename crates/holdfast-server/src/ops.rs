@@ -228,3 +228,44 @@ pub async fn list(
         other => Err(ApiError::unexpected(other)),
     }
 }
+
+/// Checks an admin call's `Authorization` value (`Bearer KEY`) against the node's admin key, in constant
+/// time. With no admin key configured, admin calls are open (a local node, auth off).
+pub fn check_admin(node: &Node, authorization: Option<&str>) -> Result<(), ApiError> {
+    let Some(key) = node.admin_key.as_deref() else {
+        return Ok(());
+    };
+    let given = authorization.and_then(|value| value.strip_prefix("Bearer ")).map(str::trim);
+    match given {
+        Some(given) if constant_time_eq(given.as_bytes(), key.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::Unauthenticated { detail: "wrong admin key".into() }),
+        None => Err(ApiError::Unauthenticated { detail: "admin calls need `Authorization: Bearer ADMIN_KEY`".into() }),
+    }
+}
+
+/// Equal contents, in a time that depends on the lengths only.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Adds node `id` at peer address `addr` (HOST:PORT); see `Node::add`.
+pub async fn add_member(node: &Node, id: u64, addr: &str) -> Result<(), ApiError> {
+    if id == 0 {
+        return Err(ApiError::invalid("invalid-member", "member ids are positive numbers".into()));
+    }
+    let valid_addr =
+        matches!(addr.rsplit_once(':'), Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok());
+    if !valid_addr || addr.len() > ADDR_LEN_MAX {
+        let detail = format!("addr {addr:?}: expected HOST:PORT of the node's peer port");
+        return Err(ApiError::invalid("invalid-member", detail));
+    }
+    Ok(node.add(id, addr.to_owned()).await?)
+}
+
+/// Removes node `id`; see `Node::remove`.
+pub async fn remove_member(node: &Node, id: u64) -> Result<(), ApiError> {
+    Ok(node.remove(id).await?)
+}
+
+/// The longest peer address a member may have.
+const ADDR_LEN_MAX: usize = 255;

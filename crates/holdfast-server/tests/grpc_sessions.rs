@@ -39,6 +39,8 @@ impl Node {
             heartbeat_ms: 50,
             election_timeout_ms: 200,
             snapshot_every_entries: 1000,
+            join: false,
+            admin_key: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(holdfast_server::run(

@@ -42,6 +42,21 @@ pub async fn cluster_status(client: &Client, as_json: bool) -> u8 {
     finish(client.cluster_status().await.map(|s| status_out(&s)), as_json)
 }
 
+/// A membership change: `cluster add` or `cluster remove`.
+pub enum MemberCommand {
+    Add { id: u64, peer_addr: String },
+    Remove { id: u64 },
+}
+
+/// Runs `cluster add|remove`; prints the cluster afterwards and answers the exit code.
+pub async fn cluster_member(client: &Client, command: MemberCommand, admin_key: Option<&str>, as_json: bool) -> u8 {
+    let result = match command {
+        MemberCommand::Add { id, peer_addr } => client.add_member(id, &peer_addr, admin_key).await,
+        MemberCommand::Remove { id } => client.remove_member(id, admin_key).await,
+    };
+    finish(result.map(|s| status_out(&s)), as_json)
+}
+
 /// What a command prints: a table for people, JSON for scripts.
 struct Out {
     json: Value,
@@ -63,7 +78,11 @@ fn finish(result: Result<Out, ClientError>, as_json: bool) -> u8 {
             match e {
                 ClientError::Busy { .. } => EXIT_BUSY,
                 ClientError::Unavailable(_) => EXIT_UNREACHABLE,
-                ClientError::NotFound | ClientError::NotHolder | ClientError::Expired => 1,
+                ClientError::NotFound
+                | ClientError::NotHolder
+                | ClientError::Expired
+                | ClientError::Refused(_)
+                | ClientError::Unauthenticated(_) => 1,
                 _ => EXIT_USAGE,
             }
         }
@@ -128,7 +147,11 @@ fn status_out(s: &ClusterStatus) -> Out {
         .members
         .iter()
         .map(|(id, addr)| {
-            let role = if Some(*id) == s.leader { "leader" } else { "" };
+            let role = match (Some(*id) == s.leader, s.voters.contains(id)) {
+                (true, _) => "leader",
+                (false, true) => "voter",
+                (false, false) => "learner",
+            };
             vec![
                 id.to_string(),
                 addr.clone(),
@@ -151,7 +174,8 @@ fn status_out(s: &ClusterStatus) -> Out {
     Out {
         json: json!({
             "endpoint": s.endpoint, "id": s.id, "leader": s.leader, "term": s.term, "state": s.state,
-            "members": s.members, "last_log_index": s.last_log_index, "applied_index": s.applied_index,
+            "members": s.members, "voters": s.voters, "last_log_index": s.last_log_index,
+            "applied_index": s.applied_index,
         }),
         table: text,
     }

@@ -158,6 +158,28 @@ enum BenchCli {
 enum ClusterCli {
     /// The leader, term, members and log of the node that answers.
     Status,
+    /// Add a node started with `--join`: it catches up as a learner, then votes. Admin.
+    Add {
+        /// The new node's id (unused in the cluster so far; a replacement takes a new id).
+        id: u64,
+        /// HOST:PORT of its peer port, as the other nodes reach it.
+        peer_addr: String,
+        #[command(flatten)]
+        admin: AdminKey,
+    },
+    /// Remove a node from the cluster. Admin.
+    Remove {
+        id: u64,
+        #[command(flatten)]
+        admin: AdminKey,
+    },
+}
+
+#[derive(clap::Args)]
+struct AdminKey {
+    /// The server's admin key, if it has one.
+    #[arg(long, env = "HOLDFAST_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
 }
 
 #[derive(Parser)]
@@ -170,6 +192,18 @@ struct ServerArgs {
     /// at, the same list on every node. Default: this node alone, at --peer-addr.
     #[arg(long, env = "HOLDFAST_MEMBERS")]
     members: Option<String>,
+    /// Join a running cluster instead of starting one: the node waits until a member adds it
+    /// (`holdfast cluster add ID HOST:PEER_PORT`). For growing a cluster and for replacing a node whose disk
+    /// was lost, under a new id. --members is then not needed.
+    #[arg(long, env = "HOLDFAST_JOIN")]
+    join: bool,
+    /// The key admin calls (adding and removing members) must present as `Authorization: Bearer KEY`.
+    /// Without one, admin calls are open to anyone who reaches the client port.
+    #[arg(long, env = "HOLDFAST_ADMIN_KEY", hide_env_values = true, conflicts_with = "admin_key_file")]
+    admin_key: Option<String>,
+    /// Read the admin key from this file (its first line).
+    #[arg(long, env = "HOLDFAST_ADMIN_KEY_FILE")]
+    admin_key_file: Option<PathBuf>,
     /// Where to listen for clients (HTTP).
     #[arg(long, env = "HOLDFAST_CLIENT_ADDR", default_value = "127.0.0.1:7070")]
     client_addr: SocketAddr,
@@ -258,11 +292,17 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             exit(runtime.block_on(bench::run(args)))
         }
-        Commands::Cluster { target, command: ClusterCli::Status } => exit(client_runtime()?.block_on(async {
-            match holdfast_client::Client::connect(target.endpoints).await {
-                Ok(client) => cli::cluster_status(&client, target.json).await,
-                Err(e) => unreachable_cluster(&e),
-            }
+        Commands::Cluster { target, command } => exit(client_runtime()?.block_on(async {
+            let client = match holdfast_client::Client::connect(target.endpoints).await {
+                Ok(client) => client,
+                Err(e) => return unreachable_cluster(&e),
+            };
+            let (member, admin) = match command {
+                ClusterCli::Status => return cli::cluster_status(&client, target.json).await,
+                ClusterCli::Add { id, peer_addr, admin } => (cli::MemberCommand::Add { id, peer_addr }, admin),
+                ClusterCli::Remove { id, admin } => (cli::MemberCommand::Remove { id }, admin),
+            };
+            cli::cluster_member(&client, member, admin.admin_key.as_deref(), target.json).await
         })),
         Commands::Healthcheck { url, timeout } => match cli::healthcheck(&url, timeout) {
             Ok(()) => Ok(()),
@@ -323,9 +363,21 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         },
     };
     let members = match &args.members {
-        Some(list) => parse_members(list)?,
+        Some(list) if !args.join => parse_members(list)?,
+        Some(_) => bail!("--join and --members do not go together: a joining node learns the members from the cluster"),
         None => BTreeMap::from([(id, args.peer_addr.to_string())]),
     };
+    let admin_key = match (&args.admin_key, &args.admin_key_file) {
+        (Some(key), _) => Some(key.trim().to_owned()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_owned())
+        }
+        (None, None) => None,
+    };
+    if admin_key.as_ref().is_some_and(|key| key.len() < ADMIN_KEY_LEN_MIN) {
+        bail!("the admin key must be at least {ADMIN_KEY_LEN_MIN} characters");
+    }
     if !members.contains_key(&id) {
         bail!("--members must include this node's id {id} (got {list:?})", list = args.members);
     }
@@ -354,8 +406,13 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         heartbeat_ms: ms(args.heartbeat_interval),
         election_timeout_ms: ms(args.election_timeout),
         snapshot_every_entries: args.snapshot_every.max(1),
+        join: args.join,
+        admin_key,
     })
 }
+
+/// The shortest admin key accepted: a guessable key is no key.
+const ADMIN_KEY_LEN_MIN: usize = 16;
 
 /// The id of a node on host `name-N` (a StatefulSet pod's name ends in its ordinal N, from 0): N+1.
 fn id_from_hostname(host: &str) -> anyhow::Result<u64> {
