@@ -155,6 +155,8 @@ pub struct Cluster {
     nodes: Vec<Node>,
     /// Flags every node gets besides the harness's own.
     extra_args: Vec<String>,
+    /// `http`, or `https` for a cluster with TLS on its client port.
+    scheme: &'static str,
     http: reqwest::Client,
     // Declared last so that it is removed after the processes are gone.
     dir: TempDir,
@@ -168,10 +170,19 @@ impl Cluster {
 
     /// [`Cluster::start`], with `extra_args` given to every node (e.g. `--admin-key`).
     pub async fn start_with(n: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::start_tls(n, extra_args, None).await
+    }
+
+    /// [`Cluster::start_with`]; with `https`, the client port speaks TLS and the harness uses that client.
+    pub async fn start_tls(n: usize, extra_args: &[&str], https: Option<reqwest::Client>) -> Cluster {
         assert!(n >= 1, "a cluster needs at least one node");
         let mut attempt = 1;
         loop {
             let mut cluster = Cluster::spawn(n, extra_args);
+            if let Some(http) = &https {
+                cluster.scheme = "https";
+                cluster.http = http.clone();
+            }
             match cluster.wait_all_ready().await {
                 Ok(()) => return cluster,
                 Err(reason) if attempt < START_ATTEMPTS && reason.contains("in use") => {
@@ -219,7 +230,7 @@ impl Cluster {
             .expect("build the HTTP client");
         let bin = PathBuf::from(env!("CARGO_BIN_EXE_holdfast"));
         let extra_args = extra_args.iter().map(|arg| arg.to_string()).collect();
-        let mut cluster = Cluster { bin, members, nodes, extra_args, http, dir };
+        let mut cluster = Cluster { bin, members, nodes, extra_args, scheme: "http", http, dir };
         for id in 1..=n {
             cluster.spawn_node(id);
         }
@@ -297,6 +308,11 @@ impl Cluster {
         id
     }
 
+    /// The process id of running node `id`.
+    pub fn pid(&self, id: usize) -> u32 {
+        self.node(id).child.as_ref().unwrap_or_else(|| panic!("node {id} is not running")).id()
+    }
+
     /// Deletes node `id`'s data directory (a lost disk); the node must not be running.
     pub fn wipe(&mut self, id: usize) {
         let node = self.node(id);
@@ -326,7 +342,7 @@ impl Cluster {
 
     /// `http://127.0.0.1:PORT` of node `id`'s client port, without a trailing slash.
     pub fn client_url(&self, id: usize) -> String {
-        format!("http://{}", self.node(id).client_addr)
+        format!("{}://{}", self.scheme, self.node(id).client_addr)
     }
 
     /// `127.0.0.1:PORT` of node `id`'s client port.

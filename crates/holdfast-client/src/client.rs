@@ -73,8 +73,17 @@ impl ClientBuilder {
                 backoff_max: Duration::from_secs(2),
                 retry_timeout: Duration::from_secs(10),
                 max_attempts: 10,
+                tls: None,
             },
         }
+    }
+
+    /// Talks TLS to the cluster: `ca_pem` is the CA that signed the nodes' certificates; `identity`, this
+    /// client's certificate and key (PEM), for a cluster that requires client certificates
+    /// (`--tls-client-auth`). Endpoints then default to `https://`.
+    pub fn tls(mut self, ca_pem: impl Into<Vec<u8>>, identity: Option<(Vec<u8>, Vec<u8>)>) -> Self {
+        self.config.tls = Some(crate::pool::Tls { ca_pem: ca_pem.into(), identity });
+        self
     }
 
     /// Who this client is, shown to people reading the lock table (default: `hostname/pid`). At most 128
@@ -130,7 +139,8 @@ impl ClientBuilder {
                 "owner {owner:?}: at most {OWNER_LEN_MAX} bytes, no control characters"
             )));
         }
-        let endpoints = self.endpoints.iter().map(|e| normalize(e)).collect::<Result<Vec<_>, _>>()?;
+        let tls = self.config.tls.is_some();
+        let endpoints = self.endpoints.iter().map(|e| normalize(e, tls)).collect::<Result<Vec<_>, _>>()?;
         Ok(Client { pool: Pool::new(endpoints, self.config) })
     }
 

@@ -38,22 +38,44 @@ pub(crate) struct Config {
     pub(crate) retry_timeout: Duration,
     /// Attempts of one call, over all endpoints.
     pub(crate) max_attempts: u32,
+    /// TLS to the nodes, if the cluster's client port uses it.
+    pub(crate) tls: Option<Tls>,
 }
 
-/// Checks an endpoint and spells it the one way the pool uses: `http://host:port`.
+/// TLS settings: the CA that signed the nodes' certificates, and this client's own certificate and key
+/// for a cluster that asks for one (all PEM).
+#[derive(Clone)]
+pub(crate) struct Tls {
+    pub(crate) ca_pem: Vec<u8>,
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of debug output.
+        f.debug_struct("Tls").field("client_certificate", &self.identity.is_some()).finish()
+    }
+}
+
+/// Checks an endpoint and spells it the one way the pool uses: `http://host:port`, or `https://host:port`
+/// when the client has TLS settings (`tls`).
 ///
-/// Accepts `host:port`, `host` (port [`DEFAULT_PORT`]), `[v6]:port`, and the same with an `http://` prefix
-/// and an optional trailing `/`. Refuses `https://` (this client has no TLS yet), paths, queries and user
-/// names, rather than quietly ignoring them.
-pub(crate) fn normalize(endpoint: &str) -> Result<String, Error> {
+/// Accepts `host:port`, `host` (port [`DEFAULT_PORT`]), `[v6]:port`, and the same with an `http://` (or,
+/// with TLS, `https://`) prefix and an optional trailing `/`. Refuses the other scheme, paths, queries and
+/// user names, rather than quietly ignoring them.
+pub(crate) fn normalize(endpoint: &str, tls: bool) -> Result<String, Error> {
     let bad = |why: &str| Error::InvalidArgument(format!("endpoint {endpoint:?}: {why}"));
     let text = endpoint.trim();
+    let scheme = if tls { "https" } else { "http" };
     let rest = match text.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(bad("https is not supported by this client; use http://"))
+        Some((given, rest)) if given.eq_ignore_ascii_case(scheme) => rest,
+        Some((given, _)) if given.eq_ignore_ascii_case("https") => {
+            return Err(bad("https needs the cluster's CA (ClientBuilder::tls, or --ca); or use http://"))
         }
-        Some((scheme, _)) => return Err(bad(&format!("unknown scheme {scheme:?}; use http://"))),
+        Some((given, _)) if given.eq_ignore_ascii_case("http") => {
+            return Err(bad("this client has TLS settings: use https:// or no scheme"))
+        }
+        Some((given, _)) => return Err(bad(&format!("unknown scheme {given:?}; use {scheme}://"))),
         None => text,
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
@@ -87,7 +109,7 @@ pub(crate) fn normalize(endpoint: &str) -> Result<String, Error> {
             _ => return Err(bad(&format!("bad port {p:?}"))),
         },
     };
-    let uri = format!("http://{host}:{port}");
+    let uri = format!("{scheme}://{host}:{port}");
     Endpoint::from_shared(uri.clone()).map_err(|e| bad(&e.to_string()))?;
     Ok(uri)
 }
@@ -161,8 +183,17 @@ impl Pool {
     pub(crate) fn client(&self, i: usize) -> LocksClient<Channel> {
         let mut channels = self.channels.lock().expect("channel cache poisoned");
         let channel = channels[i].get_or_insert_with(|| {
-            Endpoint::from_shared(self.endpoints[i].clone())
-                .expect("endpoints are normalised when the client is built")
+            let mut endpoint = Endpoint::from_shared(self.endpoints[i].clone())
+                .expect("endpoints are normalised when the client is built");
+            if let Some(tls) = &self.config.tls {
+                let mut config = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_pem));
+                if let Some((cert, key)) = &tls.identity {
+                    config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+                }
+                endpoint = endpoint.tls_config(config).expect("TLS settings are checked when the client is built");
+            }
+            endpoint
                 .connect_timeout(self.config.connect_timeout)
                 .tcp_nodelay(true)
                 // Lets a session stream notice a node that vanished without closing its connections
@@ -270,7 +301,10 @@ mod tests {
             ("http://[fe80::1]:18070/", "http://[fe80::1]:18070"),
         ];
         for (input, want) in cases {
-            assert_eq!(normalize(input).as_deref(), Ok(want), "{input}");
+            assert_eq!(normalize(input, false).as_deref(), Ok(want), "{input}");
+            let tls = want.replacen("http://", "https://", 1);
+            let input = input.replacen("http://", "https://", 1);
+            assert_eq!(normalize(&input, true).as_deref(), Ok(tls.as_str()), "{input} with TLS");
         }
     }
 
@@ -294,7 +328,7 @@ mod tests {
             ":7070",
             "node 1:7070",
         ] {
-            match normalize(input) {
+            match normalize(input, false) {
                 Err(Error::InvalidArgument(why)) => assert!(why.contains("endpoint"), "{why}"),
                 other => panic!("{input:?} gave {other:?}"),
             }
@@ -319,6 +353,7 @@ mod tests {
             backoff_max: Duration::from_millis(40),
             retry_timeout: Duration::from_secs(60),
             max_attempts: 7,
+            tls: None,
         }
     }
 

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod ops;
+pub mod tls;
 
 pub use holdfast_core::limits;
 
@@ -70,6 +71,8 @@ pub struct Config {
     pub join: bool,
     /// The key admin calls must present; `None` leaves them open.
     pub admin_key: Option<String>,
+    /// TLS on the client port and mutual TLS between peers; `None`: plain TCP.
+    pub tls: Option<tls::TlsFiles>,
 }
 
 /// Where a node listens.
@@ -116,7 +119,11 @@ pub async fn run(
         ..Default::default()
     };
     let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
-    let peers = Arc::new(Peers::default());
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(tls::Tls::load(files.clone()).context("loading TLS certificates")?)),
+        None => None,
+    };
+    let peers = Arc::new(Peers::new(tls.clone()));
     let network = Network { peers: peers.clone() };
     let raft = Raft::new(config.id, raft_config, network, log_store, sm_store).await.context("starting raft")?;
 
@@ -144,13 +151,23 @@ pub async fn run(
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     let peer_addr = peer.local_addr()?;
     let mut peer_stop = stop_rx.clone();
+    let peer_stopped = async move {
+        let _ = peer_stop.changed().await;
+    };
+    let peer_router = tonic::transport::Server::builder().add_service(peer_service);
     let peer_server =
-        tokio::spawn(tonic::transport::Server::builder().add_service(peer_service).serve_with_incoming_shutdown(
-            nodelay(tokio_stream::wrappers::TcpListenerStream::new(peer)),
-            async move {
-                let _ = peer_stop.changed().await;
-            },
-        ));
+        match &tls {
+            Some(tls) => {
+                use tokio_stream::StreamExt;
+                let incoming = tokio_stream::wrappers::ReceiverStream::new(tls.accept(peer, tls::Port::Peer))
+                    .map(|(stream, _)| Ok::<_, std::io::Error>(stream));
+                tokio::spawn(peer_router.serve_with_incoming_shutdown(incoming, peer_stopped))
+            }
+            None => tokio::spawn(peer_router.serve_with_incoming_shutdown(
+                nodelay(tokio_stream::wrappers::TcpListenerStream::new(peer)),
+                peer_stopped,
+            )),
+        };
     let keeper = tokio::spawn(keeper::run(node.clone(), stop_rx.clone()));
     let confirmer_node = node.clone();
     let confirmer_stop = stop_rx.clone();
@@ -176,16 +193,29 @@ pub async fn run(
         .route_service("/holdfast.v1.Locks/{*method}", locks)
         .route_service("/grpc.health.v1.Health/{*method}", health_service)
         .layer(axum::middleware::from_fn_with_state(node.metrics.clone(), health::track));
-    // Without TCP_NODELAY, small answers and pushed session events wait for Nagle and delayed ACKs (~40 ms).
-    let client = axum::serve::ListenerExt::tap_io(client, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(%e, "could not set TCP_NODELAY on a client connection");
-        }
-    });
-    let http = axum::serve(client, app).with_graceful_shutdown(async move {
+    let http_stopped = async move {
         let _ = http_stop.changed().await;
-    });
-    let mut http = tokio::spawn(async move { http.await });
+    };
+    let mut http = match &tls {
+        Some(tls) => {
+            let listener =
+                tls::TlsListener { local_addr: client_addr, incoming: tls.accept(client, tls::Port::Client) };
+            let http = axum::serve(listener, app).with_graceful_shutdown(http_stopped);
+            tokio::spawn(async move { http.await })
+        }
+        None => {
+            // Without TCP_NODELAY, small answers and pushed session events wait for Nagle and delayed ACKs
+            // (~40 ms).
+            let client = axum::serve::ListenerExt::tap_io(client, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(%e, "could not set TCP_NODELAY on a client connection");
+                }
+            });
+            let http = axum::serve(client, app).with_graceful_shutdown(http_stopped);
+            tokio::spawn(async move { http.await })
+        }
+    };
+    let reloader = tls.clone().map(|tls| tokio::spawn(reload_tls(tls, node.peers.clone(), stop_rx.clone())));
     health::notify_systemd("READY=1");
 
     tokio::select! {
@@ -202,12 +232,41 @@ pub async fn run(
     let _ = confirmer.await;
     let _ = pings.await;
     let _ = watcher.await;
+    if let Some(reloader) = reloader {
+        let _ = reloader.await;
+    }
     if let Some(health_server) = health_server {
         let _ = health_server.await;
     }
     let _ = peer_server.await;
     raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
     Ok(())
+}
+
+/// Reloads the TLS files on SIGHUP or when they change, until shutdown; peer channels are then re-made so
+/// that they present the new certificate.
+async fn reload_tls(tls: Arc<tls::Tls>, peers: Arc<Peers>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(signal) => Some(signal),
+        Err(e) => {
+            tracing::warn!(%e, "no SIGHUP handler; TLS files are reloaded when they change");
+            None
+        }
+    };
+    let mut check = tokio::time::interval(tls::RELOAD_CHECK);
+    loop {
+        let asked = tokio::select! {
+            _ = stop.changed() => return,
+            _ = async { hangup.as_mut().expect("checked").recv().await }, if hangup.is_some() => true,
+            _ = check.tick() => false,
+        };
+        if asked || tls.changed() {
+            match tls.reload() {
+                Ok(()) => peers.reset(),
+                Err(e) => tracing::error!(%e, "TLS reload failed; keeping the certificates in use"),
+            }
+        }
+    }
 }
 
 /// Accepted peer connections with TCP_NODELAY set: Raft messages are small and latency-bound.

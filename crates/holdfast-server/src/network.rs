@@ -24,6 +24,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::node::{ForwardRequest, Node, NodeError};
+use crate::tls::Tls;
 
 /// Largest peer message: a snapshot chunk ([`SNAPSHOT_CHUNK_BYTES`]) plus its envelope, with room to spare.
 pub const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -32,12 +33,22 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Cached gRPC channels to peers, by node id and address.
-#[derive(Default)]
 pub struct Peers {
     channels: Mutex<HashMap<NodeId, (String, Channel)>>,
+    /// Mutual TLS to peers, if the cluster uses it.
+    tls: Option<Arc<Tls>>,
 }
 
 impl Peers {
+    pub fn new(tls: Option<Arc<Tls>>) -> Self {
+        Peers { channels: Mutex::default(), tls }
+    }
+
+    /// Forgets every channel, so that the next calls connect anew (with reloaded certificates).
+    pub fn reset(&self) {
+        self.channels.lock().expect("peer channel cache poisoned").clear();
+    }
+
     /// The channel to `id` at `addr`: cached, and re-made if the address changed. Channels connect lazily
     /// and reconnect by themselves.
     pub fn channel(&self, id: NodeId, addr: &str) -> Result<Channel, tonic::Status> {
@@ -47,8 +58,16 @@ impl Peers {
                 return Ok(channel.clone());
             }
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| tonic::Status::invalid_argument(format!("peer address {addr:?}: {e}")))?
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| tonic::Status::invalid_argument(format!("peer address {addr:?}: {e}")))?;
+        if let Some(tls) = &self.tls {
+            let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_matches(['[', ']']);
+            endpoint = endpoint
+                .tls_config(tls.peer_client(host))
+                .map_err(|e| tonic::Status::invalid_argument(format!("TLS for peer {addr:?}: {e}")))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))

@@ -41,6 +41,7 @@ impl Node {
             snapshot_every_entries: 1000,
             join: false,
             admin_key: None,
+            tls: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(holdfast_server::run(

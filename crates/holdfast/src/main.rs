@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Commands {
     /// Run a node. With no flags: a working single-node cluster on 127.0.0.1:7070, data in ./holdfast-data.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Run a command while holding a lock (flock for a cluster). Exit codes: see docs/cli.md.
     Run(RunCli),
     /// One-shot lock calls.
@@ -69,6 +69,41 @@ struct Target {
     /// Print JSON for scripts instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// TLS to a cluster whose client port uses it.
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// The CA (PEM) that signed the nodes' certificates: talk TLS to the cluster.
+    #[arg(long, env = "HOLDFAST_CA", global = true)]
+    ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for a cluster that requires one (--tls-client-auth). Needs --key.
+    #[arg(long, env = "HOLDFAST_CERT", global = true, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The private key of --cert (PEM).
+    #[arg(long, env = "HOLDFAST_KEY", global = true, requires = "cert")]
+    key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// A client for `endpoints` with these TLS settings, connected (the leader found).
+    async fn connect(&self, endpoints: Vec<String>) -> Result<holdfast_client::Client, holdfast_client::Error> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| holdfast_client::Error::InvalidArgument(format!("reading {}: {e}", path.display())))
+        };
+        let mut builder = holdfast_client::Client::builder(endpoints);
+        if let Some(ca) = &self.ca {
+            let identity = match (&self.cert, &self.key) {
+                (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                _ => None,
+            };
+            builder = builder.tls(read(ca)?, identity);
+        }
+        builder.connect().await
+    }
 }
 
 #[derive(clap::Args)]
@@ -204,6 +239,19 @@ struct ServerArgs {
     /// Read the admin key from this file (its first line).
     #[arg(long, env = "HOLDFAST_ADMIN_KEY_FILE")]
     admin_key_file: Option<PathBuf>,
+    /// This node's certificate (PEM): turns on TLS on the client port and mutual TLS between peers.
+    /// Needs --tls-key and --tls-ca. Reloaded on SIGHUP or when the file changes.
+    #[arg(long, env = "HOLDFAST_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "HOLDFAST_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signs every node's certificate; peers must present one it signed.
+    #[arg(long, env = "HOLDFAST_TLS_CA", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+    /// Clients on the client port must also present a certificate signed by --tls-ca.
+    #[arg(long, env = "HOLDFAST_TLS_CLIENT_AUTH", requires = "tls_cert")]
+    tls_client_auth: bool,
     /// Where to listen for clients (HTTP).
     #[arg(long, env = "HOLDFAST_CLIENT_ADDR", default_value = "127.0.0.1:7070")]
     client_addr: SocketAddr,
@@ -250,7 +298,7 @@ enum LogFormat {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Commands::Server(args) => server(args),
+        Commands::Server(args) => server(*args),
         Commands::Run(args) => {
             let wait = match (args.no_wait, args.wait) {
                 (true, _) => run::Wait::No,
@@ -277,7 +325,7 @@ fn main() -> anyhow::Result<()> {
                 LockCli::List { prefix, after, limit } => cli::LockCommand::List { prefix, after, limit },
             };
             exit(client_runtime()?.block_on(async {
-                match holdfast_client::Client::connect(target.endpoints).await {
+                match target.tls.connect(target.endpoints).await {
                     Ok(client) => cli::lock(&client, command, target.json).await,
                     Err(e) => unreachable_cluster(&e),
                 }
@@ -293,7 +341,7 @@ fn main() -> anyhow::Result<()> {
             exit(runtime.block_on(bench::run(args)))
         }
         Commands::Cluster { target, command } => exit(client_runtime()?.block_on(async {
-            let client = match holdfast_client::Client::connect(target.endpoints).await {
+            let client = match target.tls.connect(target.endpoints).await {
                 Ok(client) => client,
                 Err(e) => return unreachable_cluster(&e),
             };
@@ -408,6 +456,15 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         snapshot_every_entries: args.snapshot_every.max(1),
         join: args.join,
         admin_key,
+        tls: match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(holdfast_server::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+                client_auth: args.tls_client_auth,
+            }),
+            _ => None,
+        },
     })
 }
 
