@@ -70,7 +70,7 @@ pub struct Config {
     /// node that joins a running cluster, or replaces one whose disk was lost (under a new id).
     pub join: bool,
     /// The key admin calls must present; `None` leaves them open.
-    pub admin_key: Option<String>,
+    pub admin_key: Option<Secret>,
     /// TLS on the client port and mutual TLS between peers; `None`: plain TCP.
     pub tls: Option<tls::TlsFiles>,
 }
@@ -83,6 +83,16 @@ pub struct Listeners {
     pub peer: TcpListener,
     /// Optional plain port for `/livez`, `/readyz` and `/metrics` only.
     pub health: Option<TcpListener>,
+}
+
+/// A secret (a key) that never shows in debug output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// Runs a node on its listeners until `shutdown` resolves.

@@ -188,7 +188,7 @@ pub struct Node {
     confirmer: Confirmer,
     pub metrics: Arc<Metrics>,
     /// The key admin calls (membership changes) must present; `None`: admin calls are open.
-    pub admin_key: Option<String>,
+    pub admin_key: Option<crate::Secret>,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
@@ -221,7 +221,7 @@ impl Node {
     }
 
     /// Requires `key` of admin calls.
-    pub fn with_admin_key(self, key: Option<String>) -> Self {
+    pub fn with_admin_key(self, key: Option<crate::Secret>) -> Self {
         Node { admin_key: key, ..self }
     }
 

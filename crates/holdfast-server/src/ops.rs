@@ -232,7 +232,7 @@ pub async fn list(
 /// Checks an admin call's `Authorization` value (`Bearer KEY`) against the node's admin key, in constant
 /// time. With no admin key configured, admin calls are open (a local node, auth off).
 pub fn check_admin(node: &Node, authorization: Option<&str>) -> Result<(), ApiError> {
-    let Some(key) = node.admin_key.as_deref() else {
+    let Some(crate::Secret(key)) = &node.admin_key else {
         return Ok(());
     };
     let given = authorization.and_then(|value| value.strip_prefix("Bearer ")).map(str::trim);

@@ -455,7 +455,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         election_timeout_ms: ms(args.election_timeout),
         snapshot_every_entries: args.snapshot_every.max(1),
         join: args.join,
-        admin_key,
+        admin_key: admin_key.map(holdfast_server::Secret),
         tls: match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
             (Some(cert), Some(key), Some(ca)) => Some(holdfast_server::tls::TlsFiles {
                 cert: cert.clone(),
