@@ -142,6 +142,13 @@ async fn mutual_tls_cluster_serves_clients_with_certificates_and_refuses_the_res
     let view: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(view["locks"][0]["holder"]["fence"].as_u64(), Some(first.fence), "{view}");
     assert!(!cli(false).status.success(), "without its certificate the CLI is refused");
+    let run = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["run", "tls-run", "--endpoints", &addr.to_string(), "--ca", ca_path.to_str().unwrap()])
+        .args(["--cert", client_cert_path.to_str().unwrap(), "--key", client_key_path.to_str().unwrap()])
+        .args(["--", "sh", "-c", "test \"$HOLDFAST_FENCE\" -gt 0"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "holdfast run over TLS: {}", String::from_utf8_lossy(&run.stderr));
 
     // Reload: the nodes' certificate file now holds one for `localhost` only (the last check: the cluster's
     // peers, which dial 127.0.0.1, would refuse it from here on). After SIGHUP, new connections to it by

@@ -90,6 +90,11 @@ struct TlsArgs {
 impl TlsArgs {
     /// A client for `endpoints` with these TLS settings, connected (the leader found).
     async fn connect(&self, endpoints: Vec<String>) -> Result<holdfast_client::Client, holdfast_client::Error> {
+        self.builder(endpoints)?.connect().await
+    }
+
+    /// A client builder for `endpoints` with these TLS settings.
+    fn builder(&self, endpoints: Vec<String>) -> Result<holdfast_client::ClientBuilder, holdfast_client::Error> {
         let read = |path: &PathBuf| {
             std::fs::read(path)
                 .map_err(|e| holdfast_client::Error::InvalidArgument(format!("reading {}: {e}", path.display())))
@@ -102,7 +107,7 @@ impl TlsArgs {
             };
             builder = builder.tls(read(ca)?, identity);
         }
-        builder.connect().await
+        Ok(builder)
     }
 }
 
@@ -128,6 +133,8 @@ struct RunCli {
     /// Any nodes of the cluster, comma-separated (HOST:PORT of their client port).
     #[arg(long, env = "HOLDFAST_ENDPOINTS", default_value = "127.0.0.1:7070", value_delimiter = ',')]
     endpoints: Vec<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -305,8 +312,15 @@ fn main() -> anyhow::Result<()> {
                 (false, Some(wait)) => run::Wait::For(wait),
                 (false, None) => run::Wait::Forever,
             };
+            let client = match args.tls.builder(args.endpoints) {
+                Ok(client) => client,
+                Err(e) => {
+                    eprintln!("holdfast: {e}");
+                    exit(run::EXIT_USAGE)
+                }
+            };
             let run_args = run::RunArgs {
-                endpoints: args.endpoints,
+                client,
                 name: args.name,
                 ttl: args.ttl,
                 wait,

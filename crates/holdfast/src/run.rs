@@ -8,7 +8,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use holdfast_client::{Client, Error as ClientError};
+use holdfast_client::Error as ClientError;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// The lock is held by someone else (with `--no-wait`) or the wait ran out; `-E` changes it, as flock's.
@@ -35,7 +35,8 @@ pub enum Wait {
 }
 
 pub struct RunArgs {
-    pub endpoints: Vec<String>,
+    /// The cluster, with any TLS settings.
+    pub client: holdfast_client::ClientBuilder,
     pub name: String,
     pub ttl: Duration,
     pub wait: Wait,
@@ -81,7 +82,7 @@ pub async fn run(args: RunArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let client = match Client::connect(args.endpoints.clone()).await {
+    let client = match args.client.clone().connect().await {
         Ok(client) => client,
         Err(e) => return report(&e),
     };
