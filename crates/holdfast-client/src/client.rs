@@ -74,6 +74,7 @@ impl ClientBuilder {
                 retry_timeout: Duration::from_secs(10),
                 max_attempts: 10,
                 tls: None,
+                api_key: None,
             },
         }
     }
@@ -83,6 +84,16 @@ impl ClientBuilder {
     /// (`--tls-client-auth`). Endpoints then default to `https://`.
     pub fn tls(mut self, ca_pem: impl Into<Vec<u8>>, identity: Option<(Vec<u8>, Vec<u8>)>) -> Self {
         self.config.tls = Some(crate::pool::Tls { ca_pem: ca_pem.into(), identity });
+        self
+    }
+
+    /// Sends `key` (from `POST /v1/signup`) with every call, for a cluster with `--auth`. Each key is its
+    /// own namespace of locks.
+    pub fn api_key(mut self, key: &str) -> Self {
+        // A key that is not valid metadata cannot be valid at the server either; it is then sent as an
+        // empty bearer, which the server refuses clearly.
+        self.config.api_key =
+            Some(format!("Bearer {key}").parse().unwrap_or_else(|_| "Bearer ".parse().expect("ASCII")));
         self
     }
 

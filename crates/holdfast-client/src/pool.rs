@@ -14,6 +14,7 @@ use std::time::Duration;
 use holdfast_proto::v1::LocksClient;
 use rand::Rng;
 use tokio::time::Instant;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::Error;
@@ -40,6 +41,26 @@ pub(crate) struct Config {
     pub(crate) max_attempts: u32,
     /// TLS to the nodes, if the cluster's client port uses it.
     pub(crate) tls: Option<Tls>,
+    /// `Bearer KEY`, sent with every call, for a cluster with `--auth`.
+    pub(crate) api_key: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+/// A gRPC client of one node that sends the API key, if there is one.
+pub(crate) type NodeClient = LocksClient<InterceptedService<Channel, ApiKey>>;
+
+/// Adds `authorization: Bearer KEY` to every call.
+#[derive(Clone)]
+pub(crate) struct ApiKey(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for ApiKey {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            if !request.metadata().contains_key("authorization") {
+                request.metadata_mut().insert("authorization", value.clone());
+            }
+        }
+        Ok(request)
+    }
 }
 
 /// TLS settings: the CA that signed the nodes' certificates, and this client's own certificate and key
@@ -180,7 +201,7 @@ impl Pool {
     }
 
     /// A client on endpoint `i`'s channel, making the channel on first use (without connecting yet).
-    pub(crate) fn client(&self, i: usize) -> LocksClient<Channel> {
+    pub(crate) fn client(&self, i: usize) -> NodeClient {
         let mut channels = self.channels.lock().expect("channel cache poisoned");
         let channel = channels[i].get_or_insert_with(|| {
             let mut endpoint = Endpoint::from_shared(self.endpoints[i].clone())
@@ -202,7 +223,7 @@ impl Pool {
                 .keep_alive_timeout(Duration::from_secs(5))
                 .connect_lazy()
         });
-        LocksClient::new(channel.clone())
+        LocksClient::with_interceptor(channel.clone(), ApiKey(self.config.api_key.clone()))
     }
 
     /// The retry plan of an ordinary call: start at the preferred endpoint, give each attempt the request
@@ -226,7 +247,7 @@ impl Pool {
     /// [`Client`](crate::Client).
     pub(crate) async fn call<T, F, Fut>(&self, what: &str, plan: Retry, mut attempt: F) -> Result<T, Error>
     where
-        F: FnMut(usize, LocksClient<Channel>) -> Fut,
+        F: FnMut(usize, NodeClient) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
         let n = self.endpoints.len();
@@ -303,7 +324,7 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(normalize(input, false).as_deref(), Ok(want), "{input}");
             let tls = want.replacen("http://", "https://", 1);
-            let input = input.replacen("http://", "https://", 1);
+            let input = input.replacen("http://", "https://", 1).replacen("HTTP://", "HTTPS://", 1);
             assert_eq!(normalize(&input, true).as_deref(), Ok(tls.as_str()), "{input} with TLS");
         }
     }
@@ -354,6 +375,7 @@ mod tests {
             retry_timeout: Duration::from_secs(60),
             max_attempts: 7,
             tls: None,
+            api_key: None,
         }
     }
 

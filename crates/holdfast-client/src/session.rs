@@ -24,14 +24,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast_proto::v1::{
-    self, Close, EventKind, Heartbeat, LocksClient, Open, RequestKind, Resume, SessionAcquire, SessionEvent,
-    SessionRelease, SessionRequest,
+    self, Close, EventKind, Heartbeat, Open, RequestKind, Resume, SessionAcquire, SessionEvent, SessionRelease,
+    SessionRequest,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep_until, Instant, MissedTickBehavior};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::error::Error;
 use crate::lease::{heartbeat_interval, LeaseClock};
@@ -394,7 +393,7 @@ fn request(kind: RequestKind) -> SessionRequest {
 /// Opens a session stream with `first` (Open or Resume) and waits for its `Opened`. Returns the stream, the
 /// answer and the instant the first request was sent.
 async fn open_stream(
-    mut client: LocksClient<Channel>,
+    mut client: crate::pool::NodeClient,
     first: RequestKind,
 ) -> Result<(Conn, v1::Opened, Instant), Error> {
     let (tx, rx) = mpsc::unbounded_channel();

@@ -72,6 +72,11 @@ pub enum Command {
     CloseSession { id: SessionId },
     /// Leases the leader found run out.
     Expire(Expire),
+    /// An API key for tenant `tenant`, stored as the SHA-256 `hash` of the key (the key itself is never in
+    /// the log).
+    CreateKey { tenant: u64, hash: [u8; 32] },
+    /// Tenant `tenant`'s key stops working; its names and owners remain until their holds end.
+    RevokeKey { tenant: u64 },
 }
 
 /// Take a lock named `name`, or queue for it.

@@ -25,17 +25,45 @@ pub const CLAIMS_PER_SESSION_MAX: usize = 1024;
 /// Items one `Expire` entry may carry.
 pub const EXPIRE_BATCH_MAX: usize = 4096;
 
-/// Whether `name` is a valid lock name: 1 to [`NAME_LEN_MAX`] bytes of `A-Z a-z 0-9 . _ - :`.
+/// Length of a tenant prefix: 16 lowercase hex digits of the tenant id, then `/`.
+pub const TENANT_PREFIX_LEN: usize = 17;
+/// API keys that exist at once.
+pub const KEYS_MAX: usize = 100_000;
+
+/// The tenant prefix of names and owners in the namespace of tenant `id`.
+pub fn tenant_prefix(id: u64) -> String {
+    format!("{id:016x}/")
+}
+
+/// Splits a stored name or owner into its tenant (when auth is on, the front doors put every name and
+/// owner of a tenant under [`tenant_prefix`]) and what the tenant sees.
+pub fn split_tenant(text: &str) -> (Option<u64>, &str) {
+    let bytes = text.as_bytes();
+    if bytes.len() >= TENANT_PREFIX_LEN
+        && bytes[TENANT_PREFIX_LEN - 1] == b'/'
+        && bytes[..TENANT_PREFIX_LEN - 1].iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        let id = u64::from_str_radix(&text[..TENANT_PREFIX_LEN - 1], 16).expect("16 hex digits");
+        return (Some(id), &text[TENANT_PREFIX_LEN..]);
+    }
+    (None, text)
+}
+
+/// Whether `name` is a valid lock name: 1 to [`NAME_LEN_MAX`] bytes of `A-Z a-z 0-9 . _ - :`, possibly
+/// under a tenant prefix.
 ///
-/// `/` is excluded so that a name is always one path segment of the HTTP API.
+/// `/` is excluded (but for the prefix) so that a name is always one path segment of the HTTP API.
 pub fn valid_name(name: &str) -> bool {
+    let (_, name) = split_tenant(name);
     !name.is_empty()
         && name.len() <= NAME_LEN_MAX
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
 }
 
-/// Whether `owner` is a valid owner description: up to [`OWNER_LEN_MAX`] bytes with no control characters.
+/// Whether `owner` is a valid owner description: up to [`OWNER_LEN_MAX`] bytes with no control characters,
+/// possibly under a tenant prefix.
 pub fn valid_owner(owner: &str) -> bool {
+    let (_, owner) = split_tenant(owner);
     owner.len() <= OWNER_LEN_MAX && !owner.chars().any(char::is_control)
 }
 
@@ -53,6 +81,12 @@ mod tests {
         assert!(!valid_name("a/b"));
         assert!(!valid_name("a b"));
         assert!(!valid_name("é"));
+        let prefixed = format!("{}job", tenant_prefix(0xab));
+        assert!(valid_name(&prefixed));
+        assert_eq!(split_tenant(&prefixed), (Some(0xab), "job"));
+        assert!(!valid_name(&tenant_prefix(7)), "a prefix alone is no name");
+        assert!(!valid_name("00000000000000AB/job"), "prefixes are lowercase");
+        assert_eq!(split_tenant("plain"), (None, "plain"));
     }
 
     #[test]

@@ -100,6 +100,14 @@ pub enum Outcome {
         waiters: usize,
         sessions: usize,
     },
+    /// An API key was stored for this tenant.
+    KeyCreated {
+        tenant: u64,
+    },
+    /// This tenant's API key was revoked.
+    KeyRevoked {
+        tenant: u64,
+    },
     /// Nothing changed, for this reason.
     Rejected(Reject),
 }
@@ -147,6 +155,15 @@ pub enum Reject {
     /// A session with this id is already open.
     #[error("session {0} is already open")]
     SessionExists(SessionId),
+    /// Tenant `0` has no API key (never had, or it was revoked).
+    #[error("no API key for tenant {0:016x}")]
+    NoKey(u64),
+    /// A key with this tenant id or hash exists already.
+    #[error("the API key exists already")]
+    KeyExists,
+    /// The cluster has as many API keys as it may.
+    #[error("too many API keys ({})", limits::KEYS_MAX)]
+    TooManyKeys,
     /// A claim with this token already exists on the lock.
     #[error("duplicate token")]
     DuplicateToken,
@@ -235,6 +252,9 @@ struct Session {
 pub struct LockState {
     locks: BTreeMap<String, Lock>,
     sessions: BTreeMap<SessionId, Session>,
+    /// API keys: tenant id to the key's hash and creation time; and the reverse.
+    keys: BTreeMap<u64, ([u8; 32], u64)>,
+    key_tenants: BTreeMap<[u8; 32], u64>,
     /// Time of the last applied entry.
     now_ms: u64,
     /// Index of the last applied entry.
@@ -252,7 +272,7 @@ pub enum SnapshotError {
     Decode(#[from] bincode::Error),
 }
 
-const SNAPSHOT_FORMAT: u32 = 1;
+const SNAPSHOT_FORMAT: u32 = 2;
 
 impl LockState {
     /// An empty state.
@@ -277,7 +297,40 @@ impl LockState {
             ended: Vec::new(),
             dropped: Vec::new(),
         };
+        let named = match &entry.cmd {
+            Command::Acquire(Acquire { name, .. })
+            | Command::Release { name, .. }
+            | Command::Renew { name, .. }
+            | Command::Cancel { name, .. } => Some(name),
+            _ => None,
+        };
+        // A name in a tenant's namespace is acted on only while the tenant's key exists: a write ordered
+        // after the key's revocation changes nothing, on every replica.
+        if let Some((Some(tenant), _)) = named.map(|name| limits::split_tenant(name)) {
+            if !self.keys.contains_key(&tenant) {
+                applied.outcome = Outcome::Rejected(Reject::NoKey(tenant));
+                return applied;
+            }
+        }
         let outcome = match &entry.cmd {
+            Command::CreateKey { tenant, hash } => {
+                if self.keys.contains_key(tenant) || self.key_tenants.contains_key(hash) {
+                    Outcome::Rejected(Reject::KeyExists)
+                } else if self.keys.len() >= limits::KEYS_MAX {
+                    Outcome::Rejected(Reject::TooManyKeys)
+                } else {
+                    self.keys.insert(*tenant, (*hash, self.now_ms));
+                    self.key_tenants.insert(*hash, *tenant);
+                    Outcome::KeyCreated { tenant: *tenant }
+                }
+            }
+            Command::RevokeKey { tenant } => match self.keys.remove(tenant) {
+                Some((hash, _)) => {
+                    self.key_tenants.remove(&hash);
+                    Outcome::KeyRevoked { tenant: *tenant }
+                }
+                None => Outcome::Rejected(Reject::NoKey(*tenant)),
+            },
             Command::Acquire(acquire) => self.acquire(acquire, &mut applied),
             Command::Release { name, token } => {
                 match self.locks.get(name.as_str()).map(|l| (l.holder.token, l.holder.lease)) {
@@ -687,6 +740,32 @@ impl LockState {
         bincode::serialize(&(SNAPSHOT_FORMAT, self)).expect("the lock state always serializes")
     }
 
+    /// The tenant whose API key has SHA-256 `hash`.
+    pub fn key_tenant(&self, hash: &[u8; 32]) -> Option<u64> {
+        self.key_tenants.get(hash).copied()
+    }
+
+    /// Whether tenant `tenant` has an API key.
+    pub fn has_key(&self, tenant: u64) -> bool {
+        self.keys.contains_key(&tenant)
+    }
+
+    /// Every tenant with an API key, and when the key was made (leader time, ms).
+    pub fn keys(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.keys.iter().map(|(tenant, (_, created_at_ms))| (*tenant, *created_at_ms))
+    }
+
+    /// Locks that exist (held or waited for) whose names start with `prefix`, counted up to `stop`.
+    pub fn count_locks_with_prefix(&self, prefix: &str, stop: usize) -> usize {
+        let from = (std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded);
+        self.locks.range::<str, _>(from).take_while(|(name, _)| name.starts_with(prefix)).take(stop).count()
+    }
+
+    /// Open sessions whose owners start with `prefix`, counted up to `stop`.
+    pub fn count_sessions_with_owner_prefix(&self, prefix: &str, stop: usize) -> usize {
+        self.sessions.values().filter(|s| s.owner.starts_with(prefix)).take(stop).count()
+    }
+
     /// The state [`LockState::snapshot`] wrote.
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let format: u32 = bincode::deserialize(bytes)?;
@@ -699,6 +778,11 @@ impl LockState {
 
     /// Asserts every structural invariant. O(state): for tests and after restoring a snapshot.
     pub fn check_invariants(&self) {
+        assert_eq!(self.keys.len(), self.key_tenants.len(), "every key has one hash and every hash one key");
+        for (tenant, (hash, created_at_ms)) in &self.keys {
+            assert_eq!(self.key_tenants.get(hash), Some(tenant), "the hash of tenant {tenant:016x} maps back to it");
+            assert!(*created_at_ms <= self.now_ms, "keys were made in the past");
+        }
         let mut claims: BTreeMap<SessionId, BTreeSet<String>> = BTreeMap::new();
         for (name, lock) in &self.locks {
             assert!(limits::valid_name(name), "stored name {name:?} is valid");

@@ -161,6 +161,8 @@ impl Model {
                 }
             }
             Command::Expire(e) => self.expire(e, &mut fx),
+            // The generator below makes no key commands (and no tenant names); outcomes.rs covers keys.
+            Command::CreateKey { .. } | Command::RevokeKey { .. } => unreachable!("the model makes no key commands"),
         };
         Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
     }

@@ -1202,14 +1202,14 @@ fn restore_of_garbage_or_another_format_is_an_error() {
     assert!(matches!(LockState::restore(&[]), Err(SnapshotError::Decode(_))));
     assert!(matches!(LockState::restore(&bytes[..bytes.len() / 2]), Err(SnapshotError::Decode(_))));
     assert!(matches!(
-        LockState::restore(&[1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+        LockState::restore(&[bytes[0], 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
         Err(SnapshotError::Decode(_))
     ));
     let mut other = bytes.clone();
-    other[..4].copy_from_slice(&2u32.to_le_bytes());
-    assert!(matches!(LockState::restore(&other), Err(SnapshotError::Format(2))));
+    other[..4].copy_from_slice(&99u32.to_le_bytes());
+    assert!(matches!(LockState::restore(&other), Err(SnapshotError::Format(99))));
     let err = LockState::restore(&other).unwrap_err();
-    assert_eq!(err.to_string(), "snapshot format 2 is not supported (expected 1)");
+    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 2)");
 }
 
 // --- the log only goes forward ---
@@ -1307,4 +1307,55 @@ fn bug_expire_waiter_items_never_remove_a_sessions_waiter() {
         at(u64::MAX, expire(&[], &[("job", tok(11))], &[])),
         Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
     );
+}
+
+// --- API keys and tenants ---
+
+#[test]
+fn keys_are_created_once_revoked_once_and_guard_their_tenants_names() {
+    let mut state = LockState::new();
+    let (a, b) = (0xa, 0xb);
+    let named = |tenant: u64, name: &str| format!("{}{name}", holdfast_core::limits::tenant_prefix(tenant));
+    let create = |tenant: u64, byte: u8| Command::CreateKey { tenant, hash: [byte; 32] };
+    assert_eq!(state.apply(1, &at(100, create(a, 1))), only(100, Outcome::KeyCreated { tenant: a }));
+    assert_eq!(state.apply(2, &at(100, create(a, 2))), only(100, Outcome::Rejected(Reject::KeyExists)));
+    assert_eq!(state.apply(3, &at(100, create(b, 1))), only(100, Outcome::Rejected(Reject::KeyExists)));
+    assert_eq!(state.apply(4, &at(100, create(b, 2))), only(100, Outcome::KeyCreated { tenant: b }));
+    assert_eq!(
+        (state.key_tenant(&[1; 32]), state.key_tenant(&[2; 32]), state.key_tenant(&[3; 32])),
+        (Some(a), Some(b), None)
+    );
+    assert_eq!(state.keys().collect::<Vec<_>>(), vec![(a, 100), (b, 100)]);
+
+    // Each tenant's "job" is its own lock.
+    let job_a = named(a, "job");
+    let granted = state.apply(5, &at(110, acquire(&job_a, &named(a, "w"), tok(1), 1000, 0)));
+    assert_eq!(granted.outcome, Outcome::Granted(ttl_grant(&job_a, &named(a, "w"), tok(1), 5, 110, 1000)));
+    let job_b = named(b, "job");
+    let granted = state.apply(6, &at(110, acquire(&job_b, &named(b, "w"), tok(2), 1000, 0)));
+    assert!(matches!(granted.outcome, Outcome::Granted(_)), "{granted:?}");
+    assert_eq!(state.count_locks_with_prefix(&holdfast_core::limits::tenant_prefix(a), 10), 1);
+
+    // Revoked: b's names change no more, neither its hold nor new ones; a is untouched.
+    assert_eq!(
+        state.apply(7, &at(120, Command::RevokeKey { tenant: b })),
+        only(120, Outcome::KeyRevoked { tenant: b })
+    );
+    assert_eq!(
+        state.apply(8, &at(120, Command::RevokeKey { tenant: b })),
+        only(120, Outcome::Rejected(Reject::NoKey(b)))
+    );
+    assert!(!state.has_key(b) && state.key_tenant(&[2; 32]).is_none());
+    let before = state.clone();
+    assert_eq!(state.apply(9, &at(130, release(&job_b, tok(2)))), only(130, Outcome::Rejected(Reject::NoKey(b))));
+    let other = named(b, "other");
+    assert_eq!(
+        state.apply(10, &at(130, acquire(&other, "w", tok(3), 1000, 0))),
+        only(130, Outcome::Rejected(Reject::NoKey(b)))
+    );
+    assert_eq!(seen(&state), seen(&before), "a write under a revoked key changes nothing");
+    assert!(matches!(state.apply(11, &at(140, release(&job_a, tok(1)))).outcome, Outcome::Released { .. }));
+    let restored = LockState::restore(&state.snapshot()).unwrap();
+    assert_eq!(restored, state, "keys survive a snapshot");
+    state.check_invariants();
 }

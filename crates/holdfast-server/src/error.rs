@@ -33,6 +33,8 @@ pub enum ApiError {
     Conflict { slug: String, detail: String },
     /// An admin call without the admin key (or with a wrong one).
     Unauthenticated { detail: String },
+    /// A call this caller may not make here (signup that is off, admin calls with no admin key set).
+    Forbidden { slug: &'static str, detail: String },
     /// No such endpoint.
     NoRoute,
     /// The endpoint does not take this method.
@@ -46,6 +48,26 @@ impl ApiError {
         ApiError::Invalid { slug, detail }
     }
 
+    /// The same error with `f` applied to every text in it (names, owners, details).
+    pub fn map_text(self, f: impl Fn(&str) -> String) -> Self {
+        match self {
+            ApiError::Invalid { slug, detail } => ApiError::Invalid { slug, detail: f(&detail) },
+            ApiError::Busy { name, holder } => {
+                ApiError::Busy { name: f(&name), holder: holder.map(|h| HolderView { owner: f(&h.owner), ..h }) }
+            }
+            ApiError::NotHolder { name } => ApiError::NotHolder { name: f(&name) },
+            ApiError::Expired { name } => ApiError::Expired { name: f(&name) },
+            ApiError::NotFound { name } => ApiError::NotFound { name: f(&name) },
+            ApiError::Limit { slug, detail } => ApiError::Limit { slug, detail: f(&detail) },
+            ApiError::Unavailable { detail } => ApiError::Unavailable { detail: f(&detail) },
+            ApiError::Conflict { slug, detail } => ApiError::Conflict { slug, detail: f(&detail) },
+            ApiError::Unauthenticated { detail } => ApiError::Unauthenticated { detail: f(&detail) },
+            ApiError::Forbidden { slug, detail } => ApiError::Forbidden { slug, detail: f(&detail) },
+            ApiError::Internal { detail } => ApiError::Internal { detail: f(&detail) },
+            e @ (ApiError::SessionGone { .. } | ApiError::NoRoute | ApiError::NoMethod) => e,
+        }
+    }
+
     pub fn unexpected(what: impl std::fmt::Debug) -> Self {
         ApiError::Internal { detail: format!("unexpected answer from the state machine: {what:?}") }
     }
@@ -55,6 +77,10 @@ impl From<NodeError> for ApiError {
     fn from(e: NodeError) -> Self {
         match e {
             NodeError::Refused { slug, detail } => ApiError::Conflict { slug, detail },
+            NodeError::Limit { slug, detail } => {
+                let slug = if slug == "too-many-sessions" { "too-many-sessions" } else { "too-many-locks" };
+                ApiError::Limit { slug, detail }
+            }
             e => ApiError::Unavailable { detail: e.to_string() },
         }
     }
@@ -75,9 +101,13 @@ impl From<Reject> for ApiError {
             Reject::TooManyLocks => ApiError::Limit { slug: "too-many-locks", detail },
             Reject::TooManySessions => ApiError::Limit { slug: "too-many-sessions", detail },
             Reject::TooManyClaims => ApiError::Limit { slug: "too-many-claims", detail },
-            Reject::NoSession(_) | Reject::SessionExists(_) | Reject::DuplicateToken | Reject::BatchTooLarge(_) => {
-                ApiError::Internal { detail }
-            }
+            Reject::NoKey(_) => ApiError::Unauthenticated { detail: "the API key was revoked".into() },
+            Reject::TooManyKeys => ApiError::Limit { slug: "too-many-keys", detail },
+            Reject::NoSession(_)
+            | Reject::SessionExists(_)
+            | Reject::DuplicateToken
+            | Reject::BatchTooLarge(_)
+            | Reject::KeyExists => ApiError::Internal { detail },
         }
     }
 }
@@ -90,6 +120,7 @@ impl ApiError {
             ApiError::Unauthenticated { detail } => {
                 (StatusCode::UNAUTHORIZED, "unauthenticated", "Unauthenticated", detail.clone())
             }
+            ApiError::Forbidden { slug, detail } => (StatusCode::FORBIDDEN, slug, "Forbidden", detail.clone()),
             ApiError::Invalid { slug, detail } => (StatusCode::BAD_REQUEST, *slug, "Invalid request", detail.clone()),
             ApiError::Busy { name, holder } => {
                 let detail = match holder {
@@ -152,6 +183,7 @@ impl From<ApiError> for tonic::Status {
             ApiError::NotFound { .. } | ApiError::SessionGone { .. } => tonic::Code::NotFound,
             ApiError::Conflict { .. } => tonic::Code::FailedPrecondition,
             ApiError::Unauthenticated { .. } => tonic::Code::Unauthenticated,
+            ApiError::Forbidden { .. } => tonic::Code::PermissionDenied,
             ApiError::Limit { .. } => tonic::Code::ResourceExhausted,
             ApiError::Unavailable { .. } => tonic::Code::Unavailable,
             ApiError::NoRoute | ApiError::NoMethod => tonic::Code::Unimplemented,

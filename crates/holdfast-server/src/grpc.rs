@@ -21,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status, Streaming};
 
+use crate::auth;
 use crate::error::ApiError;
 use crate::keeper::SessionNote;
 use crate::node::{Node, NodeError, Request};
@@ -52,11 +53,12 @@ impl Locks for LocksService {
         &self,
         request: GrpcRequest<Streaming<SessionRequest>>,
     ) -> Result<GrpcResponse<Self::SessionStream>, Status> {
+        let scope = auth::authenticate(&self.node, authorization(&request))?;
         let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
         let node = self.node.clone();
         let inbound = request.into_inner();
         tokio::spawn(async move {
-            if let Err(status) = serve_session(node, inbound, &tx).await {
+            if let Err(status) = serve_session(node, scope, inbound, &tx).await {
                 let _ = tx.send(Err(status)).await;
             }
         });
@@ -64,36 +66,41 @@ impl Locks for LocksService {
     }
 
     async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {
+        let scope = auth::authenticate(&self.node, authorization(&request))?;
         let r = request.into_inner();
         let limits = &self.node.limits;
         let ttl_ms = if r.ttl_ms == 0 { TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max) } else { r.ttl_ms };
-        let grant = ops::acquire(&self.node, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
+        let grant = ops::acquire(&self.node, &scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
         Ok(GrpcResponse::new(hold(&grant)))
     }
 
     async fn renew(&self, request: GrpcRequest<RenewRequest>) -> Result<GrpcResponse<Hold>, Status> {
+        let scope = auth::authenticate(&self.node, authorization(&request))?;
         let r = request.into_inner();
         let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
-        let grant = ops::renew(&self.node, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
+        let grant = ops::renew(&self.node, &scope, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
         Ok(GrpcResponse::new(hold(&grant)))
     }
 
     async fn release(&self, request: GrpcRequest<ReleaseRequest>) -> Result<GrpcResponse<ReleaseResponse>, Status> {
+        let scope = auth::authenticate(&self.node, authorization(&request))?;
         let r = request.into_inner();
-        let (name, fence) = ops::release(&self.node, r.name, ops::parse_token(&r.token)?).await?;
+        let (name, fence) = ops::release(&self.node, &scope, r.name, ops::parse_token(&r.token)?).await?;
         Ok(GrpcResponse::new(ReleaseResponse { name, fence }))
     }
 
     async fn get(&self, request: GrpcRequest<GetRequest>) -> Result<GrpcResponse<v1::Lock>, Status> {
-        let view = ops::get(&self.node, request.into_inner().name).await?;
+        let scope = auth::authenticate(&self.node, authorization(&request))?;
+        let view = ops::get(&self.node, &scope, request.into_inner().name).await?;
         Ok(GrpcResponse::new(lock(&view)))
     }
 
     async fn list(&self, request: GrpcRequest<ListRequest>) -> Result<GrpcResponse<ListResponse>, Status> {
+        let scope = auth::authenticate(&self.node, authorization(&request))?;
         let r = request.into_inner();
         let limit = if r.limit == 0 { PAGE_DEFAULT } else { r.limit as usize };
         let after = (!r.after.is_empty()).then_some(r.after);
-        let (views, next) = ops::list(&self.node, r.prefix, after, limit).await?;
+        let (views, next) = ops::list(&self.node, &scope, r.prefix, after, limit).await?;
         Ok(GrpcResponse::new(ListResponse { locks: views.iter().map(lock).collect(), next: next.unwrap_or_default() }))
     }
 
@@ -232,18 +239,26 @@ enum Beat {
 
 struct SessionStream {
     node: Arc<Node>,
+    /// The tenant's namespace: names in `claims` are stored names; events show the client's names.
+    scope: auth::Scope,
     id: SessionId,
     claims: HashMap<String, Claim>,
     tx: Outbox,
 }
 
-async fn serve_session(node: Arc<Node>, mut inbound: Streaming<SessionRequest>, tx: &Outbox) -> Result<(), Status> {
+async fn serve_session(
+    node: Arc<Node>,
+    scope: auth::Scope,
+    mut inbound: Streaming<SessionRequest>,
+    tx: &Outbox,
+) -> Result<(), Status> {
     let first = inbound.message().await?.and_then(|m| m.kind);
     let (stream, mut notes, lease_ms, resumed) = match first {
         Some(RequestKind::Open(open)) => {
             let owner = or_anonymous(open.owner);
             ops::check_owner(&owner)?;
             ops::check_ttl(&node, open.lease_ms)?;
+            let owner = scope.inner(&owner);
             let written =
                 node.write(Request::OpenSession { owner, lease_ms: open.lease_ms }).await.map_err(ApiError::from)?;
             let id = match written.outcome() {
@@ -256,16 +271,21 @@ async fn serve_session(node: Arc<Node>, mut inbound: Streaming<SessionRequest>, 
                 let _state = node.state.read().expect("lock state poisoned");
                 node.events.attach(id)
             };
-            let stream = SessionStream { node: node.clone(), id, claims: HashMap::new(), tx: tx.clone() };
+            let stream = SessionStream { node: node.clone(), scope, id, claims: HashMap::new(), tx: tx.clone() };
             (stream, notes, open.lease_ms, None)
         }
         Some(RequestKind::Resume(resume)) => {
             let id = resume.session_id;
-            let found = node.session_view(id, |_| node.events.attach(id)).await.map_err(ApiError::from)?;
-            let Some((view, notes)) = found else {
+            // Another tenant's session does not exist for this one; checked before attaching, so a stranger
+            // cannot take over the stream of a session that is not its own.
+            let found = node
+                .session_view(id, |view| scope.owns(&view.owner).then(|| node.events.attach(id)))
+                .await
+                .map_err(ApiError::from)?;
+            let Some((view, Some(notes))) = found else {
                 return Err(ApiError::SessionGone { id }.into());
             };
-            let mut stream = SessionStream { node: node.clone(), id, claims: HashMap::new(), tx: tx.clone() };
+            let mut stream = SessionStream { node: node.clone(), scope, id, claims: HashMap::new(), tx: tx.clone() };
             stream.adopt(&view);
             (stream, notes, view.lease_ms, Some(view))
         }
@@ -295,7 +315,9 @@ impl SessionStream {
         }
     }
 
+    /// Sends `event`, with names, owners and details as the client knows them.
     async fn send(&self, event: Result<SessionEvent, Status>) -> Result<(), Status> {
+        let event = event.map(|e| outer_event(&self.scope, e));
         self.tx.send(event).await.map_err(|_| Status::cancelled("the client went away"))
     }
 
@@ -353,6 +375,11 @@ impl SessionStream {
 
     /// Handles one request. True when the stream is done (the session closed).
     async fn handle(&mut self, kind: RequestKind, beats: &mpsc::UnboundedSender<Beat>) -> Result<bool, Status> {
+        if !self.scope.valid(&self.node) {
+            // The key was revoked: the session ends now, handing its locks over, rather than at its lease.
+            let _ = self.node.write(Request::CloseSession { id: self.id }).await;
+            return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() }.into());
+        }
         match kind {
             RequestKind::Heartbeat(beat) => {
                 let (node, id, beats, seq, tx) = (self.node.clone(), self.id, beats.clone(), beat.seq, self.tx.clone());
@@ -373,8 +400,14 @@ impl SessionStream {
                     }
                 });
             }
-            RequestKind::Acquire(acquire) => self.acquire(acquire.name, acquire.wait).await?,
-            RequestKind::Release(release) => self.release(release.name).await?,
+            RequestKind::Acquire(acquire) => match ops::check_name(&acquire.name) {
+                Err(e) => self.send(session_error(&acquire.name, &e)).await?,
+                Ok(()) => self.acquire(self.scope.inner(&acquire.name), acquire.wait).await?,
+            },
+            RequestKind::Release(release) => match ops::check_name(&release.name) {
+                Err(e) => self.send(session_error(&release.name, &e)).await?,
+                Ok(()) => self.release(self.scope.inner(&release.name)).await?,
+            },
             RequestKind::Close(_) => {
                 let written = self.node.write(Request::CloseSession { id: self.id }).await.map_err(ApiError::from)?;
                 tracing::debug!(session = self.id, outcome = ?written.outcome(), "session closed");
@@ -492,4 +525,32 @@ impl SessionStream {
         }
         Err(ApiError::SessionGone { id: self.id }.into())
     }
+}
+
+/// `event` as a tenant sees it: its names and owners without the tenant's prefix.
+fn outer_event(scope: &auth::Scope, mut event: SessionEvent) -> SessionEvent {
+    let holder = |h: &mut Option<v1::Holder>| {
+        if let Some(h) = h {
+            h.owner = scope.outer(&h.owner);
+        }
+    };
+    match &mut event.kind {
+        Some(EventKind::Acquired(e)) => e.name = scope.outer(&e.name),
+        Some(EventKind::Waiting(e)) => {
+            e.name = scope.outer(&e.name);
+            holder(&mut e.holder);
+        }
+        Some(EventKind::Busy(e)) => {
+            e.name = scope.outer(&e.name);
+            holder(&mut e.holder);
+        }
+        Some(EventKind::Released(e)) => e.name = scope.outer(&e.name),
+        Some(EventKind::Lost(e)) => e.name = scope.outer(&e.name),
+        Some(EventKind::Error(e)) => {
+            e.name = scope.outer(&e.name);
+            e.detail = scope.strip(&e.detail);
+        }
+        Some(EventKind::Opened(_) | EventKind::HeartbeatAck(_)) | None => {}
+    }
+    event
 }

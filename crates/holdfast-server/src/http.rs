@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::{Path, Query as QueryParams, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use holdfast_core::{Grant, HolderView, Lease, LockView, Token};
 use serde_json::{json, Value};
 
+use crate::auth;
 use crate::error::ApiError;
 use crate::node::{wall_ms, Node};
 use crate::ops::{self, PAGE_DEFAULT, PAGE_MAX, TTL_MS_DEFAULT};
@@ -24,6 +26,9 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/locks/{name}", post(acquire).delete(release).get(get_lock))
         .route("/v1/locks/{name}/renew", post(renew))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/signup", post(signup))
+        .route("/v1/keys", get(list_keys))
+        .route("/v1/keys/{tenant}", axum::routing::delete(revoke_key))
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .merge(crate::health::routes())
@@ -34,48 +39,61 @@ pub fn router(node: Arc<Node>) -> Router {
 
 async fn acquire(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
     Path(name): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {
+    let scope = auth::authenticate(&node, authorization(&headers))?;
     let p = Parsed::new(&params, &["ttl", "owner", "wait"])?;
     let default_ttl_ms = TTL_MS_DEFAULT.clamp(node.limits.ttl_ms_min, node.limits.ttl_ms_max);
     let ttl_ms = p.duration_ms("ttl", "invalid-ttl")?.unwrap_or(default_ttl_ms);
     let wait_ms = p.duration_ms("wait", "invalid-wait")?.unwrap_or(0);
     let owner = p.get("owner").unwrap_or("anonymous").to_owned();
-    let grant = ops::acquire(&node, name, owner, ttl_ms, wait_ms).await?;
+    let grant = ops::acquire(&node, &scope, name, owner, ttl_ms, wait_ms).await?;
     Ok(Json(grant_json(&grant)).into_response())
 }
 
 async fn release(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
     Path(name): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {
+    let scope = auth::authenticate(&node, authorization(&headers))?;
     let p = Parsed::new(&params, &["token"])?;
-    let (name, fence) = ops::release(&node, name, p.token()?).await?;
+    let (name, fence) = ops::release(&node, &scope, name, p.token()?).await?;
     Ok(Json(json!({"name": name, "fence": fence, "released": true})).into_response())
 }
 
-async fn renew(State(node): State<Arc<Node>>, Path(name): Path<String>, params: Params) -> Result<Response, ApiError> {
+async fn renew(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    params: Params,
+) -> Result<Response, ApiError> {
+    let scope = auth::authenticate(&node, authorization(&headers))?;
     let p = Parsed::new(&params, &["token", "ttl"])?;
     let token = p.token()?;
     // Without a ttl, the leader renews for the TTL the hold already has.
     let ttl_ms = p.duration_ms("ttl", "invalid-ttl")?;
-    let grant = ops::renew(&node, name, token, ttl_ms).await?;
+    let grant = ops::renew(&node, &scope, name, token, ttl_ms).await?;
     Ok(Json(grant_json(&grant)).into_response())
 }
 
 async fn get_lock(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
     Path(name): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {
+    let scope = auth::authenticate(&node, authorization(&headers))?;
     Parsed::new(&params, &[])?;
-    let view = ops::get(&node, name).await?;
+    let view = ops::get(&node, &scope, name).await?;
     Ok(Json(lock_json(&view)).into_response())
 }
 
-async fn list(State(node): State<Arc<Node>>, params: Params) -> Result<Response, ApiError> {
+async fn list(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
+    let scope = auth::authenticate(&node, authorization(&headers))?;
     let p = Parsed::new(&params, &["prefix", "after", "limit"])?;
     let prefix = p.get("prefix").unwrap_or("").to_owned();
     let after = p.get("after").map(str::to_owned);
@@ -83,7 +101,7 @@ async fn list(State(node): State<Arc<Node>>, params: Params) -> Result<Response,
         None => PAGE_DEFAULT,
         Some(text) => text.parse::<usize>().ok().filter(|n| *n <= PAGE_MAX).unwrap_or(0),
     };
-    let (views, next) = ops::list(&node, prefix, after, limit).await?;
+    let (views, next) = ops::list(&node, &scope, prefix, after, limit).await?;
     let locks: Vec<Value> = views.iter().map(lock_json).collect();
     Ok(Json(json!({"locks": locks, "next": next})).into_response())
 }
@@ -92,15 +110,46 @@ async fn cluster(State(node): State<Arc<Node>>) -> Response {
     Json(crate::cluster_status(&node)).into_response()
 }
 
-fn authorization(headers: &axum::http::HeaderMap) -> Option<&str> {
+fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
 }
 
-async fn add_member(
+async fn signup(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
+    Parsed::new(&params, &[])?;
+    let (key, tenant) = ops::signup(&node, authorization(&headers)).await?;
+    Ok(Json(json!({"api_key": key, "tenant": format!("{tenant:016x}")})).into_response())
+}
+
+async fn list_keys(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
+    ops::check_admin(&node, authorization(&headers))?;
+    Parsed::new(&params, &[])?;
+    let keys: Vec<Value> = ops::list_keys(&node)
+        .await?
+        .into_iter()
+        .map(
+            |(tenant, created_at_ms)| json!({"tenant": format!("{tenant:016x}"), "created_at": rfc3339(created_at_ms)}),
+        )
+        .collect();
+    Ok(Json(json!({ "keys": keys })).into_response())
+}
+
+async fn revoke_key(
     State(node): State<Arc<Node>>,
-    headers: axum::http::HeaderMap,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {
+    ops::check_admin(&node, authorization(&headers))?;
+    Parsed::new(&params, &[])?;
+    let id = u64::from_str_radix(&tenant, 16)
+        .ok()
+        .filter(|_| tenant.len() == 16)
+        .ok_or_else(|| ApiError::invalid("invalid-tenant", format!("{tenant:?}: a tenant is 16 hex digits")))?;
+    ops::revoke_key(&node, id).await?;
+    Ok(Json(json!({"tenant": tenant, "revoked": true})).into_response())
+}
+
+async fn add_member(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
     ops::check_admin(&node, authorization(&headers))?;
     let p = Parsed::new(&params, &["id", "addr"])?;
     let id = p.get("id").and_then(|id| id.parse::<u64>().ok()).unwrap_or(0);
@@ -111,7 +160,7 @@ async fn add_member(
 
 async fn remove_member(
     State(node): State<Arc<Node>>,
-    headers: axum::http::HeaderMap,
+    headers: HeaderMap,
     Path(id): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {

@@ -16,6 +16,7 @@
 //! [`run`] takes its listeners and a shutdown future, so the same node runs on real sockets and in tests.
 //! This crate must not depend on the client library or the binary.
 
+pub mod auth;
 pub mod error;
 pub mod grpc;
 pub mod health;
@@ -73,6 +74,8 @@ pub struct Config {
     pub admin_key: Option<Secret>,
     /// TLS on the client port and mutual TLS between peers; `None`: plain TCP.
     pub tls: Option<tls::TlsFiles>,
+    /// API keys and tenants.
+    pub auth: auth::AuthConfig,
 }
 
 /// Where a node listens.
@@ -152,7 +155,8 @@ pub async fn run(
     let limits = config.limits.clone();
     let node = Arc::new(
         Node::new(config.id, raft.clone(), state, events, peers, limits, committed_index)
-            .with_admin_key(config.admin_key.clone()),
+            .with_admin_key(config.admin_key.clone())
+            .with_auth(auth::Auth::new(config.auth.clone())),
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 

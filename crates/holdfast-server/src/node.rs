@@ -64,6 +64,15 @@ pub enum Request {
         name: String,
         wait: bool,
     },
+    /// Store an API key's hash for a new tenant (the node that made the key keeps the key to itself).
+    CreateKey {
+        tenant: u64,
+        hash: [u8; 32],
+    },
+    /// Revoke a tenant's API key.
+    RevokeKey {
+        tenant: u64,
+    },
 }
 
 /// A read a client asks for, answered by the leader after it confirmed its leadership.
@@ -71,6 +80,7 @@ pub enum Request {
 pub enum Query {
     Lock { name: String },
     List { prefix: String, after: Option<String>, limit: usize },
+    Keys,
 }
 
 /// The answer to a [`Query`].
@@ -78,6 +88,8 @@ pub enum Query {
 pub enum QueryReply {
     Lock(Option<LockView>),
     List(Vec<LockView>),
+    /// Every tenant with an API key and when it was made.
+    Keys(Vec<(u64, u64)>),
 }
 
 /// A committed and applied write.
@@ -152,6 +164,9 @@ pub enum NodeError {
     /// The leader refused a membership change that cannot be made; nothing changed. `slug` names why.
     #[error("{detail}")]
     Refused { slug: String, detail: String },
+    /// A tenant's limit (locks, sessions) is reached; nothing was proposed. `slug` names which.
+    #[error("{detail}")]
+    Limit { slug: String, detail: String },
 }
 
 /// What [`Node::watch`] found for a queued claim.
@@ -189,6 +204,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// The key admin calls (membership changes) must present; `None`: admin calls are open.
     pub admin_key: Option<crate::Secret>,
+    /// API keys, tenants and their budgets.
+    pub auth: crate::auth::Auth,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
@@ -216,8 +233,26 @@ impl Node {
         let metrics = events.metrics().clone();
         let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
         let last_stamp_ms = AtomicU64::new(0);
-        let admin_key = None;
-        Node { id, raft, state, events, peers, limits, committed_index, last_stamp_ms, confirmer, metrics, admin_key }
+        let (admin_key, auth) = (None, crate::auth::Auth::default());
+        Node {
+            id,
+            raft,
+            state,
+            events,
+            peers,
+            limits,
+            committed_index,
+            last_stamp_ms,
+            confirmer,
+            metrics,
+            admin_key,
+            auth,
+        }
+    }
+
+    /// Checks API keys as `auth` says.
+    pub fn with_auth(self, auth: crate::auth::Auth) -> Self {
+        Node { auth, ..self }
     }
 
     /// Requires `key` of admin calls.
@@ -558,6 +593,19 @@ impl Node {
     }
 
     async fn propose(&self, request: Request) -> Result<Written, NodeError> {
+        {
+            let state = self.state.read().expect("lock state poisoned");
+            let checked = match &request {
+                Request::Acquire { name, .. } | Request::SessionAcquire { name, .. } => {
+                    self.auth.check_new_lock(&state, name)
+                }
+                Request::OpenSession { owner, .. } => self.auth.check_new_session(&state, owner),
+                _ => Ok(()),
+            };
+            if let Err((slug, detail)) = checked {
+                return Err(NodeError::Limit { slug: slug.to_owned(), detail });
+            }
+        }
         if let Request::Acquire { name, wait_ms: 0, .. } = &request {
             if let Some(busy) = self.busy_without_a_log_entry(name).await? {
                 return Ok(busy);
@@ -588,6 +636,8 @@ impl Node {
                 (Command::OpenSession { id, owner, lease_ms }, None)
             }
             Request::CloseSession { id } => (Command::CloseSession { id }, None),
+            Request::CreateKey { tenant, hash } => (Command::CreateKey { tenant, hash }, None),
+            Request::RevokeKey { tenant } => (Command::RevokeKey { tenant }, None),
             Request::SessionAcquire { id, name, wait } => {
                 let state = self.state.read().expect("lock state poisoned");
                 let owner = state.session_summary(id).map(|(owner, ..)| owner.to_owned());
@@ -665,6 +715,7 @@ impl Node {
         Ok(match query {
             Query::Lock { name } => QueryReply::Lock(state.get(&name)),
             Query::List { prefix, after, limit } => QueryReply::List(state.list(&prefix, after.as_deref(), limit)),
+            Query::Keys => QueryReply::Keys(state.keys().collect()),
         })
     }
 

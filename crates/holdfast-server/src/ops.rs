@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use holdfast_core::{limits, Grant, LockView, Outcome, Token};
 
+use crate::auth::Scope;
 use crate::error::ApiError;
 use crate::node::{Node, Query, QueryReply, Request, Watch, Written};
 
@@ -75,16 +76,29 @@ pub fn show_ms(ms: u64) -> String {
 /// Takes `name` for `ttl_ms`, waiting in its queue up to `wait_ms` if it is held.
 pub async fn acquire(
     node: &Arc<Node>,
+    scope: &Scope,
+    name: String,
+    owner: String,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> Result<Grant, ApiError> {
+    check_name(&name)?;
+    check_owner(&owner)?;
+    check_ttl(node, ttl_ms)?;
+    check_wait(node, wait_ms)?;
+    let name = scope.inner(&name);
+    let granted = acquire_stored(node, name, scope.inner(&owner), ttl_ms, wait_ms).await;
+    granted.map(|grant| scope.grant(grant)).map_err(|e| scope.error(e))
+}
+
+async fn acquire_stored(
+    node: &Arc<Node>,
     name: String,
     owner: String,
     ttl_ms: u64,
     wait_ms: u64,
 ) -> Result<Grant, ApiError> {
     let started = Instant::now();
-    check_name(&name)?;
-    check_owner(&owner)?;
-    check_ttl(node, ttl_ms)?;
-    check_wait(node, wait_ms)?;
     let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms };
     let written = acquire_or_undo(node, name.clone(), request).await?;
     match written.outcome().clone() {
@@ -174,33 +188,45 @@ impl Drop for WithdrawOnDrop {
 }
 
 /// Lets go of `name`; answers the fence of the hold that ended.
-pub async fn release(node: &Node, name: String, token: Token) -> Result<(String, u64), ApiError> {
+pub async fn release(node: &Node, scope: &Scope, name: String, token: Token) -> Result<(String, u64), ApiError> {
     check_name(&name)?;
-    match node.write(Request::Release { name, token }).await?.outcome().clone() {
-        Outcome::Released { name, fence } => Ok((name, fence)),
-        Outcome::Rejected(reject) => Err(reject.into()),
-        other => Err(ApiError::unexpected(other)),
-    }
+    let released = async {
+        match node.write(Request::Release { name: scope.inner(&name), token }).await?.outcome().clone() {
+            Outcome::Released { name, fence } => Ok((scope.outer(&name), fence)),
+            Outcome::Rejected(reject) => Err(reject.into()),
+            other => Err(ApiError::unexpected(other)),
+        }
+    };
+    released.await.map_err(|e| scope.error(e))
 }
 
 /// Extends the TTL hold of `token` on `name` (for its current TTL when `ttl_ms` is `None`).
-pub async fn renew(node: &Node, name: String, token: Token, ttl_ms: Option<u64>) -> Result<Grant, ApiError> {
+pub async fn renew(
+    node: &Node,
+    scope: &Scope,
+    name: String,
+    token: Token,
+    ttl_ms: Option<u64>,
+) -> Result<Grant, ApiError> {
     check_name(&name)?;
     if let Some(ttl_ms) = ttl_ms {
         check_ttl(node, ttl_ms)?;
     }
-    match node.write(Request::Renew { name, token, ttl_ms }).await?.outcome().clone() {
-        Outcome::Renewed(grant) => Ok(grant),
-        Outcome::Rejected(reject) => Err(reject.into()),
-        other => Err(ApiError::unexpected(other)),
-    }
+    let renewed = async {
+        match node.write(Request::Renew { name: scope.inner(&name), token, ttl_ms }).await?.outcome().clone() {
+            Outcome::Renewed(grant) => Ok(scope.grant(grant)),
+            Outcome::Rejected(reject) => Err(reject.into()),
+            other => Err(ApiError::unexpected(other)),
+        }
+    };
+    renewed.await.map_err(|e| scope.error(e))
 }
 
 /// Who holds `name` and who waits for it.
-pub async fn get(node: &Node, name: String) -> Result<LockView, ApiError> {
+pub async fn get(node: &Node, scope: &Scope, name: String) -> Result<LockView, ApiError> {
     check_name(&name)?;
-    match node.read(Query::Lock { name: name.clone() }).await? {
-        QueryReply::Lock(Some(view)) => Ok(view),
+    match node.read(Query::Lock { name: scope.inner(&name) }).await? {
+        QueryReply::Lock(Some(view)) => Ok(scope.view(view)),
         QueryReply::Lock(None) => Err(ApiError::NotFound { name }),
         other => Err(ApiError::unexpected(other)),
     }
@@ -209,6 +235,7 @@ pub async fn get(node: &Node, name: String) -> Result<LockView, ApiError> {
 /// Up to `limit` locks whose names start with `prefix`, after `after`; and the `after` of the next page.
 pub async fn list(
     node: &Node,
+    scope: &Scope,
     prefix: String,
     after: Option<String>,
     limit: usize,
@@ -220,8 +247,10 @@ pub async fn list(
         ));
     }
     let limit = check_page(limit)?;
+    let (prefix, after) = (scope.inner(&prefix), after.map(|after| scope.inner(&after)));
     match node.read(Query::List { prefix, after, limit }).await? {
         QueryReply::List(views) => {
+            let views: Vec<LockView> = views.into_iter().map(|view| scope.view(view)).collect();
             let next = if views.len() == limit { views.last().map(|v| v.name.clone()) } else { None };
             Ok((views, next))
         }
@@ -233,6 +262,10 @@ pub async fn list(
 /// time. With no admin key configured, admin calls are open (a local node, auth off).
 pub fn check_admin(node: &Node, authorization: Option<&str>) -> Result<(), ApiError> {
     let Some(crate::Secret(key)) = &node.admin_key else {
+        if node.auth.config.enabled {
+            let detail = "this cluster has --auth but no --admin-key: admin calls are off".into();
+            return Err(ApiError::Forbidden { slug: "no-admin-key", detail });
+        }
         return Ok(());
     };
     let given = authorization.and_then(|value| value.strip_prefix("Bearer ")).map(str::trim);
@@ -269,3 +302,51 @@ pub async fn remove_member(node: &Node, id: u64) -> Result<(), ApiError> {
 
 /// The longest peer address a member may have.
 const ADDR_LEN_MAX: usize = 255;
+
+/// `POST /v1/signup`: makes an API key (its own tenant) for anyone when signup is open, else for the
+/// admin. Answers the key, which exists nowhere else (the cluster keeps its hash), and the tenant id.
+pub async fn signup(node: &Node, authorization: Option<&str>) -> Result<(String, u64), ApiError> {
+    if !node.auth.config.enabled {
+        let detail = "this cluster runs without --auth: requests need no key".into();
+        return Err(ApiError::Forbidden { slug: "auth-off", detail });
+    }
+    if !node.auth.config.open_signup {
+        check_admin(node, authorization).map_err(|_| ApiError::Forbidden {
+            slug: "signup-off",
+            detail: "signup is off (--open-signup): the admin makes keys".into(),
+        })?;
+    }
+    // Tenant ids and keys are random; a collision (never seen in practice) is refused by the state machine
+    // and tried again.
+    for _ in 0..3 {
+        let (key, hash) = crate::auth::new_key();
+        let tenant = rand::random::<u64>();
+        match node.write(Request::CreateKey { tenant, hash }).await?.outcome().clone() {
+            Outcome::KeyCreated { tenant } => return Ok((key, tenant)),
+            Outcome::Rejected(holdfast_core::Reject::KeyExists) => continue,
+            Outcome::Rejected(reject) => return Err(reject.into()),
+            other => return Err(ApiError::unexpected(other)),
+        }
+    }
+    Err(ApiError::Internal { detail: "three random tenant ids in a row were taken".into() })
+}
+
+/// Every tenant with a key, and when it was made (admin).
+pub async fn list_keys(node: &Node) -> Result<Vec<(u64, u64)>, ApiError> {
+    match node.read(Query::Keys).await? {
+        QueryReply::Keys(keys) => Ok(keys),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Revokes tenant `tenant`'s key (admin): it stops working on every node as each applies this.
+pub async fn revoke_key(node: &Node, tenant: u64) -> Result<(), ApiError> {
+    match node.write(Request::RevokeKey { tenant }).await?.outcome().clone() {
+        Outcome::KeyRevoked { .. } => Ok(()),
+        Outcome::Rejected(holdfast_core::Reject::NoKey(_)) => {
+            Err(ApiError::NotFound { name: format!("API key of tenant {tenant:016x}") })
+        }
+        Outcome::Rejected(reject) => Err(reject.into()),
+        other => Err(ApiError::unexpected(other)),
+    }
+}

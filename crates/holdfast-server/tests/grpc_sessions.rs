@@ -42,6 +42,7 @@ impl Node {
             join: false,
             admin_key: None,
             tls: None,
+            auth: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(holdfast_server::run(

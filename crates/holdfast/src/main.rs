@@ -85,6 +85,9 @@ struct TlsArgs {
     /// The private key of --cert (PEM).
     #[arg(long, env = "HOLDFAST_KEY", global = true, requires = "cert")]
     key: Option<PathBuf>,
+    /// The API key (from POST /v1/signup) for a cluster with --auth.
+    #[arg(long, env = "HOLDFAST_API_KEY", global = true, hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 impl TlsArgs {
@@ -106,6 +109,9 @@ impl TlsArgs {
                 _ => None,
             };
             builder = builder.tls(read(ca)?, identity);
+        }
+        if let Some(key) = &self.api_key {
+            builder = builder.api_key(key);
         }
         Ok(builder)
     }
@@ -246,6 +252,21 @@ struct ServerArgs {
     /// Read the admin key from this file (its first line).
     #[arg(long, env = "HOLDFAST_ADMIN_KEY_FILE")]
     admin_key_file: Option<PathBuf>,
+    /// Require an API key (`Authorization: Bearer KEY`) on every lock call; each key is its own namespace.
+    #[arg(long, env = "HOLDFAST_AUTH")]
+    auth: bool,
+    /// With --auth: anyone may make a key with POST /v1/signup (otherwise only the admin).
+    #[arg(long, env = "HOLDFAST_OPEN_SIGNUP", requires = "auth")]
+    open_signup: bool,
+    /// With --auth: locks (held or waited for) one key may have at once.
+    #[arg(long, env = "HOLDFAST_KEY_LOCKS_MAX", default_value_t = 10_000)]
+    key_locks_max: usize,
+    /// With --auth: sessions one key may have open at once.
+    #[arg(long, env = "HOLDFAST_KEY_SESSIONS_MAX", default_value_t = 1_000)]
+    key_sessions_max: usize,
+    /// With --auth: requests per second one key may make on one node (429 beyond).
+    #[arg(long, env = "HOLDFAST_KEY_RATE", default_value_t = 1_000)]
+    key_rate: u32,
     /// This node's certificate (PEM): turns on TLS on the client port and mutual TLS between peers.
     /// Needs --tls-key and --tls-ca. Reloaded on SIGHUP or when the file changes.
     #[arg(long, env = "HOLDFAST_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
@@ -470,6 +491,13 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         snapshot_every_entries: args.snapshot_every.max(1),
         join: args.join,
         admin_key: admin_key.map(holdfast_server::Secret),
+        auth: holdfast_server::auth::AuthConfig {
+            enabled: args.auth,
+            open_signup: args.open_signup,
+            locks_per_key_max: args.key_locks_max.max(1),
+            sessions_per_key_max: args.key_sessions_max.max(1),
+            requests_per_s_per_key: args.key_rate.max(1),
+        },
         tls: match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
             (Some(cert), Some(key), Some(ca)) => Some(holdfast_server::tls::TlsFiles {
                 cert: cert.clone(),
