@@ -164,7 +164,9 @@ pub async fn run(
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     let peer_addr = peer.local_addr()?;
-    let mut peer_stop = stop_rx.clone();
+    // The peer port stops last, after Raft: while client requests drain, this node keeps answering its
+    // peers, so a stopping follower does not start an election and a stopping leader keeps its followers.
+    let (peer_stop_tx, mut peer_stop) = tokio::sync::watch::channel(false);
     let peer_stopped = async move {
         let _ = peer_stop.changed().await;
     };
@@ -252,8 +254,10 @@ pub async fn run(
     if let Some(health_server) = health_server {
         let _ = health_server.await;
     }
+    let stopped = raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"));
+    let _ = peer_stop_tx.send(true);
     let _ = peer_server.await;
-    raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"))?;
+    stopped?;
     Ok(())
 }
 
