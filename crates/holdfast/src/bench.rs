@@ -1,35 +1,134 @@
-//! `holdfast bench …`: load against a running cluster, with progress while it runs and a table (or JSON)
-//! at the end. Every run is bounded by `--duration` and stops by itself.
+//! `holdfast bench …`: load against a running cluster, with progress on stderr while it runs and a table
+//! (or one JSON object, `--json`) on stdout at the end. Every run is bounded and stops by itself.
+//!
+//! - `loops.rs`: `uncontended` and `contended`, cycles and hand-overs for a duration;
+//! - `failover.rs`: a prober while the leader is killed by a command;
+//! - `sessions.rs`: many sessions heartbeating, each holding a lock;
+//! - `scale.rs`: filling the cluster with held locks;
+//! - here: what they share (latency samples, the report, progress, plain HTTP GETs of `/metrics`, and
+//!   reading a process's CPU time and memory from `/proc`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+mod failover;
+mod loops;
+mod scale;
+mod sessions;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use holdfast_client::Client;
-use serde_json::json;
+use holdfast_client::{Client, ClientBuilder};
+use serde_json::{Map, Value};
 
-/// Which workload.
+pub use failover::FailoverArgs;
+pub use scale::ScaleArgs;
+pub use sessions::SessionsArgs;
+
+/// Which workload, with its settings.
 pub enum Workload {
     /// Each client acquires and releases its own lock (one-shot calls): cycles/s and latency.
-    Uncontended,
+    Uncontended { clients: usize, duration: Duration },
     /// Every client's session wants the same lock and releases it as soon as it holds it: hand-overs/s and
     /// the hand-over latency (release sent → next holder told).
-    Contended,
+    Contended { clients: usize, duration: Duration },
+    /// A prober acquires and releases while a command kills the leader.
+    Failover(FailoverArgs),
+    /// Many sessions heartbeat, each holding a lock.
+    Sessions(SessionsArgs),
+    /// Fill the cluster with held locks.
+    Scale(ScaleArgs),
 }
 
 pub struct BenchArgs {
-    pub endpoints: Vec<String>,
+    /// Endpoints, TLS and credentials; every client the workload makes starts from a clone of it.
+    pub builder: ClientBuilder,
     pub workload: Workload,
-    pub clients: usize,
-    pub duration: Duration,
     pub json: bool,
 }
 
+/// Runs the benchmark; answers the exit code.
+pub async fn run(args: BenchArgs) -> u8 {
+    let client = match args.builder.clone().connect().await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("holdfast: {e}");
+            return crate::run::EXIT_UNREACHABLE;
+        }
+    };
+    let run_id = rand_id();
+    let report = match args.workload {
+        Workload::Uncontended { clients, duration } => Ok(loops::uncontended(&client, run_id, clients, duration).await),
+        Workload::Contended { clients, duration } => Ok(loops::contended(&client, run_id, clients, duration).await),
+        Workload::Failover(a) => failover::run(&client, &args.builder, run_id, a).await,
+        Workload::Sessions(a) => sessions::run(&client, &args.builder, run_id, a).await,
+        Workload::Scale(a) => scale::run(&client, run_id, a).await,
+    };
+    match report {
+        Ok(report) => {
+            report.print(args.json);
+            0
+        }
+        Err(e) => {
+            eprintln!("holdfast bench: {e:#}");
+            1
+        }
+    }
+}
+
+/// What a workload found: one JSON object, and the same as rows of a table for people.
+pub struct Report {
+    title: String,
+    json: Map<String, Value>,
+    rows: Vec<(String, String)>,
+}
+
+impl Report {
+    fn new(workload: &str, title: impl Into<String>) -> Self {
+        let mut json = Map::new();
+        json.insert("workload".into(), workload.into());
+        Report { title: title.into(), json, rows: Vec::new() }
+    }
+
+    /// A field of the JSON object only.
+    fn field(&mut self, key: &str, value: impl Into<Value>) {
+        self.json.insert(key.into(), value.into());
+    }
+
+    /// A row of the table only.
+    fn row(&mut self, what: impl Into<String>, value: impl Into<String>) {
+        self.rows.push((what.into(), value.into()));
+    }
+
+    fn print(&self, json: bool) {
+        if json {
+            println!("{}", Value::Object(self.json.clone()));
+            return;
+        }
+        println!("{}", self.title);
+        let width = self.rows.iter().map(|(what, _)| what.chars().count()).max().unwrap_or(0);
+        for (what, value) in &self.rows {
+            println!("  {what:<width$}  {value}");
+        }
+    }
+}
+
 /// Latency samples in microseconds.
-#[derive(Default)]
-struct Samples(Vec<u64>);
+#[derive(Default, Clone)]
+pub struct Samples(Vec<u64>);
 
 impl Samples {
+    fn push(&mut self, d: Duration) {
+        self.0.push(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn extend(&mut self, other: Samples) {
+        self.0.extend(other.0);
+    }
+
+    /// The `p` quantile (0..=1) in milliseconds; 0 without samples.
     fn percentile(&self, p: f64) -> f64 {
         if self.0.is_empty() {
             return 0.0;
@@ -39,123 +138,281 @@ impl Samples {
         let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
         sorted[i] as f64 / 1000.0
     }
+
+    /// `p50 1.23 ms, p99 4.56 ms, max 7.89 ms`.
+    fn describe(&self) -> String {
+        if self.0.is_empty() {
+            return "no samples".into();
+        }
+        format!(
+            "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples)",
+            self.percentile(0.5),
+            self.percentile(0.99),
+            self.percentile(1.0),
+            self.len()
+        )
+    }
+
+    /// Puts `{prefix}p50_ms`, `{prefix}p99_ms` and `{prefix}max_ms` into `report`.
+    fn fields(&self, report: &mut Report, prefix: &str) {
+        report.field(&format!("{prefix}p50_ms"), round3(self.percentile(0.5)));
+        report.field(&format!("{prefix}p99_ms"), round3(self.percentile(0.99)));
+        report.field(&format!("{prefix}max_ms"), round3(self.percentile(1.0)));
+    }
 }
 
-/// Runs the benchmark; answers the exit code.
-pub async fn run(args: BenchArgs) -> u8 {
-    let client = match Client::connect(args.endpoints.clone()).await {
-        Ok(client) => client,
-        Err(e) => {
-            eprintln!("holdfast: {e}");
-            return crate::run::EXIT_UNREACHABLE;
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn ms(d: Duration) -> f64 {
+    round3(d.as_secs_f64() * 1000.0)
+}
+
+/// Prints `  12.0s  <line()>` on stderr every second until aborted.
+fn progress(started: Instant, line: impl Fn() -> String + Send + 'static) -> ProgressGuard {
+    ProgressGuard(tokio::spawn(async move {
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(1), Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            eprintln!("  {:>6.1}s  {}", started.elapsed().as_secs_f64(), line());
         }
-    };
-    let done = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let samples = Arc::new(Mutex::new(Samples::default()));
-    let started = Instant::now();
-    let deadline = started + args.duration;
-    let run_id: u32 = rand_id();
-    let mut tasks = Vec::new();
-    let handoff = Arc::new(Mutex::new(None::<Instant>));
-    for i in 0..args.clients {
-        let (client, done, errors, samples, handoff) =
-            (client.clone(), done.clone(), errors.clone(), samples.clone(), handoff.clone());
-        let kind = match args.workload {
-            Workload::Uncontended => 0,
-            Workload::Contended => 1,
-        };
-        tasks.push(tokio::spawn(async move {
-            if kind == 0 {
-                let name = format!("bench-{run_id:08x}-{i}");
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    let cycle = async {
-                        let hold = client.acquire(&name, Duration::from_secs(30), Duration::ZERO).await?;
-                        client.release(&name, &hold.token).await
-                    };
-                    match cycle.await {
-                        Ok(_) => {
-                            samples.lock().unwrap().0.push(t.elapsed().as_micros() as u64);
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            } else {
-                let name = format!("bench-{run_id:08x}-contended");
-                let Ok(session) = client.session(Duration::from_secs(5)).await else {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                    return;
-                };
-                while Instant::now() < deadline {
-                    let wait = deadline.saturating_duration_since(Instant::now());
-                    let Ok(held) = session.lock(name.clone(), Some(wait)).await else { break };
-                    if let Some(released_at) = handoff.lock().unwrap().take() {
-                        samples.lock().unwrap().0.push(released_at.elapsed().as_micros() as u64);
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    *handoff.lock().unwrap() = Some(Instant::now());
-                    if held.release().await.is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                let _ = session.close().await;
-            }
-        }));
+    }))
+}
+
+/// Stops its progress printer when dropped, whichever way the workload ends.
+struct ProgressGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for ProgressGuard {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-    let progress = {
-        let done = done.clone();
-        let quiet = args.json;
-        tokio::spawn(async move {
-            let mut last = 0;
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let now = done.load(Ordering::Relaxed);
-                if !quiet {
-                    eprintln!("  {:>5.1}s  {:>8} ops  {:>8}/s", started.elapsed().as_secs_f64(), now, now - last);
-                }
-                last = now;
-            }
-        })
-    };
-    for task in tasks {
-        let _ = task.await;
-    }
-    progress.abort();
-    let elapsed = started.elapsed().as_secs_f64();
-    let samples = samples.lock().unwrap();
-    let ops = done.load(Ordering::Relaxed);
-    let (what, unit) = match args.workload {
-        Workload::Uncontended => ("uncontended acquire+release", "cycles/s"),
-        Workload::Contended => ("contended hand-over", "handovers/s"),
-    };
-    let result = json!({
-        "workload": what, "clients": args.clients, "seconds": elapsed, "ops": ops,
-        "rate_per_s": ops as f64 / elapsed, "errors": errors.load(Ordering::Relaxed),
-        "p50_ms": samples.percentile(0.5), "p99_ms": samples.percentile(0.99), "max_ms": samples.percentile(1.0),
-    });
-    if args.json {
-        println!("{result}");
-    } else {
-        println!(
-            "{what}: {} clients, {:.1}s\n  {:.0} {unit}, errors {}\n  latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            args.clients,
-            elapsed,
-            ops as f64 / elapsed,
-            errors.load(Ordering::Relaxed),
-            samples.percentile(0.5),
-            samples.percentile(0.99),
-            samples.percentile(1.0)
-        );
-    }
-    0
+}
+
+/// A note on stderr, between progress lines.
+fn note(text: impl AsRef<str>) {
+    eprintln!("  {}", text.as_ref());
 }
 
 /// A random id so that runs do not collide on lock names.
 fn rand_id() -> u32 {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos());
     nanos.unwrap_or(0) ^ std::process::id()
+}
+
+/// `host:port` of a client endpoint as the client spells it (`http://host:port`).
+fn authority(endpoint: &str) -> &str {
+    let rest = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+    rest.strip_suffix('/').unwrap_or(rest)
+}
+
+/// A plain HTTP/1.0 GET of `path` on `endpoint`'s client port: the status and the body. Bounded by
+/// `timeout` as a whole.
+async fn http_get(endpoint: &str, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let host = authority(endpoint);
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(host).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = Vec::new();
+        stream.take(64 << 20).read_to_end(&mut answer).await?;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+        let status = status.ok_or_else(|| anyhow::anyhow!("GET {path} on {host}: not an HTTP answer"))?;
+        anyhow::Ok((status, body.to_owned()))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("GET {path}: no answer in {timeout:?}"))?
+}
+
+/// The value of the series `series` (name and labels exactly as the node writes them, e.g.
+/// `holdfast_expirations_total{kind="session"}`) in a `/metrics` answer.
+fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.split_whitespace().next()?.parse().ok())
+}
+
+/// One series from every endpoint's `/metrics`, in endpoint order (`None` where a node did not answer). A
+/// series a node does not show counts as 0: a labelled counter appears only once it was first counted.
+async fn metric_everywhere(client: &Client, series: &str) -> Vec<Option<f64>> {
+    let mut values = Vec::new();
+    for endpoint in client.endpoints() {
+        let value = match http_get(endpoint, "/metrics", Duration::from_secs(3)).await {
+            Ok((200, body)) => Some(metric(&body, series).unwrap_or(0.0)),
+            _ => None,
+        };
+        values.push(value);
+    }
+    values
+}
+
+/// A process's CPU time so far (user + system), from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields 14 and 15 (utime, stime) count from after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) / ticks as f64)
+}
+
+/// A process's resident memory in bytes, from `/proc/PID/status`.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// CPU use of some processes over a window: started with [`CpuWindow::start`], read with
+/// [`CpuWindow::finish`].
+struct CpuWindow {
+    started: Instant,
+    before: Vec<(u32, Option<f64>)>,
+}
+
+impl CpuWindow {
+    fn start(pids: &[u32]) -> Self {
+        let mut all = pids.to_vec();
+        all.push(std::process::id());
+        CpuWindow { started: Instant::now(), before: all.into_iter().map(|pid| (pid, cpu_seconds(pid))).collect() }
+    }
+
+    /// Per process (the given pids, then this process): its CPU use over the window. Answers the window's
+    /// length in seconds too.
+    fn finish(&self) -> (f64, Vec<CpuUse>) {
+        let wall = self.started.elapsed().as_secs_f64();
+        let used = self
+            .before
+            .iter()
+            .map(|&(pid, before)| {
+                let seconds = match (before, cpu_seconds(pid)) {
+                    (Some(b), Some(a)) => Some(a - b),
+                    _ => None,
+                };
+                CpuUse { pid, seconds, cores: seconds.map(|s| s / wall) }
+            })
+            .collect();
+        (wall, used)
+    }
+}
+
+/// One process's CPU use over a window: seconds, and seconds per wall second (cores).
+struct CpuUse {
+    pid: u32,
+    seconds: Option<f64>,
+    cores: Option<f64>,
+}
+
+/// Runs `command` with `sh -c`, `{id}` replaced by `id`, bounded by `timeout`; its output goes to stderr.
+async fn shell(command: &str, id: u64, timeout: Duration) -> anyhow::Result<()> {
+    let command = command.replace("{id}", &id.to_string());
+    note(format!("$ {command}"));
+    let child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&command)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(timeout, child)
+        .await
+        .map_err(|_| anyhow::anyhow!("`{command}` did not finish within {timeout:?}"))??;
+    for line in String::from_utf8_lossy(&output.stdout).lines().chain(String::from_utf8_lossy(&output.stderr).lines()) {
+        note(format!("| {line}"));
+    }
+    if !output.status.success() {
+        anyhow::bail!("`{command}` failed ({})", output.status);
+    }
+    Ok(())
+}
+
+/// Shared counters for progress lines.
+#[derive(Default)]
+struct Counters {
+    done: std::sync::atomic::AtomicU64,
+    errors: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    fn shared() -> Arc<Counters> {
+        Arc::new(Counters::default())
+    }
+
+    fn done(&self) -> u64 {
+        self.done.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn errors(&self) -> u64 {
+        self.errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add_done(&self) {
+        self.done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn add_error(&self) {
+        self.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `ops  N/s` for a progress line, remembering the last count.
+fn rate_line(counters: Arc<Counters>, unit: &'static str) -> impl Fn() -> String + Send + 'static {
+    let last = std::sync::atomic::AtomicU64::new(0);
+    move || {
+        let now = counters.done();
+        let delta = now - last.swap(now, std::sync::atomic::Ordering::Relaxed);
+        format!("{now:>9} {unit}  {delta:>7}/s  errors {}", counters.errors())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_read_by_exact_series() {
+        let body = "# TYPE holdfast_expirations_total counter\n\
+                    holdfast_expirations_total{kind=\"lock\"} 3\n\
+                    holdfast_expirations_total{kind=\"session\"} 17\n\
+                    holdfast_locks_held 42\n";
+        assert_eq!(metric(body, "holdfast_expirations_total{kind=\"session\"}"), Some(17.0));
+        assert_eq!(metric(body, "holdfast_locks_held"), Some(42.0));
+        assert_eq!(metric(body, "holdfast_locks"), None);
+        assert_eq!(metric(body, "holdfast_sessions"), None);
+    }
+
+    #[test]
+    fn percentiles_are_in_milliseconds() {
+        let mut s = Samples::default();
+        for us in [1000, 2000, 3000, 4000] {
+            s.push(Duration::from_micros(us));
+        }
+        assert_eq!(s.percentile(0.0), 1.0);
+        assert_eq!(s.percentile(1.0), 4.0);
+        assert_eq!(Samples::default().percentile(0.5), 0.0);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let pid = std::process::id();
+        assert!(cpu_seconds(pid).is_some());
+        assert!(rss_bytes(pid).is_some_and(|b| b > 0));
+        assert_eq!(cpu_seconds(u32::MAX), None);
+    }
+
+    #[test]
+    fn endpoints_become_authorities() {
+        assert_eq!(authority("http://127.0.0.1:7070"), "127.0.0.1:7070");
+        assert_eq!(authority("127.0.0.1:7170/"), "127.0.0.1:7170");
+    }
 }

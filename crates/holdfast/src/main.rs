@@ -200,6 +200,75 @@ enum BenchCli {
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         duration: Duration,
     },
+    /// A prober acquires and releases while a command kills the leader: the longest gap, the time to the
+    /// first grant after the kill, and whether locks held before the kill are still held.
+    Failover {
+        /// The command that kills a node, run with `sh -c`; `{id}` becomes the leader's id
+        /// (e.g. 'cluster/cluster.sh kill {id}').
+        #[arg(long)]
+        kill: String,
+        /// A command run at the end to bring the killed node back; `{id}` as for --kill.
+        #[arg(long)]
+        restart: Option<String>,
+        /// Locks taken before the kill, which must still be held after it.
+        #[arg(long, default_value_t = 3)]
+        held: usize,
+        /// Their TTL: longer than the whole run.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        held_ttl: Duration,
+        /// Probing before the kill.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        warmup: Duration,
+        /// Probing after the kill.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        after: Duration,
+        /// The nodes' --election-timeout, for the report and its target (a grant within it + 0.5 s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        election_timeout: Option<Duration>,
+    },
+    /// Many sessions, each holding its own lock and heartbeating every lease/4: locks lost, session
+    /// expirations, CPU per node.
+    Sessions {
+        #[arg(long, default_value_t = 1000)]
+        sessions: usize,
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        lease: Duration,
+        /// How long the sessions are kept once all are open.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Sessions per client connection (the server allows 200 streams per connection).
+        #[arg(long, default_value_t = 100)]
+        per_connection: usize,
+        /// Sessions opened at once.
+        #[arg(long, default_value_t = 64)]
+        open_concurrency: usize,
+        /// Give up opening more sessions after this long.
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        open_timeout: Duration,
+        /// The nodes' process ids (comma-separated, on this machine): CPU per node from /proc.
+        #[arg(long, value_delimiter = ',')]
+        pids: Vec<u32>,
+        /// How often a leader-confirmed read is timed during the window.
+        #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+        probe_interval: Duration,
+    },
+    /// Fill the cluster with held locks (one-shot acquires, long TTL, many at once): the fill rate, and
+    /// memory per node given their pids.
+    Scale {
+        #[arg(long, default_value_t = 100_000)]
+        locks: usize,
+        /// Acquires in flight at once.
+        #[arg(long, default_value_t = 128)]
+        clients: usize,
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// No acquire starts after this long.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        max_duration: Duration,
+        /// The nodes' process ids (comma-separated, on this machine): memory per node from /proc.
+        #[arg(long, value_delimiter = ',')]
+        pids: Vec<u32>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -367,11 +436,51 @@ fn main() -> anyhow::Result<()> {
             }))
         }
         Commands::Bench { target, workload } => {
-            let (workload, clients, duration) = match workload {
-                BenchCli::Uncontended { clients, duration } => (bench::Workload::Uncontended, clients, duration),
-                BenchCli::Contended { clients, duration } => (bench::Workload::Contended, clients, duration),
+            let workload = match workload {
+                BenchCli::Uncontended { clients, duration } => bench::Workload::Uncontended { clients, duration },
+                BenchCli::Contended { clients, duration } => bench::Workload::Contended { clients, duration },
+                BenchCli::Failover { kill, restart, held, held_ttl, warmup, after, election_timeout } => {
+                    bench::Workload::Failover(bench::FailoverArgs {
+                        kill,
+                        restart,
+                        held,
+                        held_ttl,
+                        warmup,
+                        after,
+                        election_timeout,
+                    })
+                }
+                BenchCli::Sessions {
+                    sessions,
+                    lease,
+                    duration,
+                    per_connection,
+                    open_concurrency,
+                    open_timeout,
+                    pids,
+                    probe_interval,
+                } => bench::Workload::Sessions(bench::SessionsArgs {
+                    sessions,
+                    lease,
+                    duration,
+                    per_connection,
+                    open_concurrency,
+                    open_timeout,
+                    pids,
+                    probe_interval,
+                }),
+                BenchCli::Scale { locks, clients, ttl, max_duration, pids } => {
+                    bench::Workload::Scale(bench::ScaleArgs { locks, clients, ttl, max_duration, pids })
+                }
             };
-            let args = bench::BenchArgs { endpoints: target.endpoints, workload, clients, duration, json: target.json };
+            let builder = match target.tls.builder(target.endpoints) {
+                Ok(builder) => builder,
+                Err(e) => {
+                    eprintln!("holdfast: {e}");
+                    exit(run::EXIT_USAGE)
+                }
+            };
+            let args = bench::BenchArgs { builder, workload, json: target.json };
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             exit(runtime.block_on(bench::run(args)))
         }
@@ -560,7 +669,9 @@ fn parse_members(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a person at a terminal: not in files, journald or `docker logs`, nor with NO_COLOR.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

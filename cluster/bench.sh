@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# Runs every `holdfast bench` workload against a fresh local 3-node cluster (separate release processes on
+# 127.0.0.1, fsync on) and rewrites the generated section of docs/benchmarks.md with the results, the
+# issue's targets and the machine it ran on.
+#
+#   cluster/bench.sh                                      # the default run, about 5 minutes
+#   DURATION=2s SESSIONS=500 LOCKS=5000 cluster/bench.sh  # a smoke run, under a minute (plus the build)
+#   SESSIONS=10000 LOCKS=1000000 cluster/bench.sh         # the issue's sizes (the fill alone takes minutes)
+#   cluster/bench.sh --report target/bench/results-…      # only rewrite the page from an earlier run
+#
+# Settings (environment):
+#   DURATION=10s            each of uncontended 1, uncontended 64 and contended 8
+#   SESSIONS=10000 LEASE=2s SESSIONS_DURATION=20s   the sessions workload
+#   LOCKS=100000 SCALE_CLIENTS=128                  the scale workload
+#   ELECTION_TIMEOUT=250ms  the nodes' --election-timeout (and the base of the failover target)
+#   FAILOVER_WARMUP=2s FAILOVER_AFTER=5s            the failover workload
+#   SERVER_ARGS=            more flags for every node
+#   BENCH_BASE_PORT=27070   node i's client port is this + 100*(i-1), its peer port one more
+#   BENCH_DIR=target/bench  the cluster's data and logs (BENCH_DIR/run), results (BENCH_DIR/results-TIME)
+#   DOC=docs/benchmarks.md  whose section between the bench markers is rewritten; WRITE_DOC=0: leave it
+#   KEEP=1                  keep the nodes' data directories afterwards (deleted by default)
+#   SKIP_BUILD=1            use target/release/holdfast as it is
+#
+# Every node it starts is stopped when it ends, also on failure or Ctrl-C.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BENCH_DIR=${BENCH_DIR:-$TARGET_DIR/bench}
+BASE_PORT=${BENCH_BASE_PORT:-27070}
+DURATION=${DURATION:-10s}
+SESSIONS=${SESSIONS:-10000}
+LEASE=${LEASE:-2s}
+SESSIONS_DURATION=${SESSIONS_DURATION:-20s}
+LOCKS=${LOCKS:-100000}
+SCALE_CLIENTS=${SCALE_CLIENTS:-128}
+ELECTION_TIMEOUT=${ELECTION_TIMEOUT:-250ms}
+FAILOVER_WARMUP=${FAILOVER_WARMUP:-2s}
+FAILOVER_AFTER=${FAILOVER_AFTER:-5s}
+DOC=${DOC:-$ROOT/docs/benchmarks.md}
+WRITE_DOC=${WRITE_DOC:-1}
+KEEP=${KEEP:-0}
+# A bound on each workload's process, on top of the bounds each workload keeps by itself.
+WORKLOAD_TIMEOUT_S=${WORKLOAD_TIMEOUT_S:-1800}
+# How long a stopped node may take to exit, and a restarted one to catch up once it is ready.
+STOP_TIMEOUT_S=30
+CATCH_UP_TIMEOUT_S=60
+
+CLUSTER=$ROOT/cluster/cluster.sh
+RUN_DIR=$BENCH_DIR/run
+RESULTS=$BENCH_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
+LOG=/dev/null
+WORKLOADS=(uncontended-1 uncontended-64 contended-8 failover sessions scale)
+
+die() {
+    echo "bench.sh: $*" >&2
+    exit 1
+}
+
+say() { echo "== $*" | tee -a "$LOG" >&2; }
+
+http() { curl --noproxy '*' -s --max-time 3 "$@"; }
+client_port() { echo $((BASE_PORT + 100 * ($1 - 1))); }
+node_url() { echo "http://127.0.0.1:$(client_port "$1")"; }
+node_pid() { cat "$RUN_DIR/node$1/pid"; }
+node_alive() {
+    local pid
+    pid=$(cat "$RUN_DIR/node$1/pid" 2>/dev/null) || return 1
+    kill -0 "$pid" 2>/dev/null
+}
+pids() { echo "$(node_pid 1),$(node_pid 2),$(node_pid 3)"; }
+rss_bytes() { awk '/^VmRSS:/ { print $2 * 1024 }' "/proc/$1/status"; }
+# The value of a series in node $1's /metrics (0 if it has none yet).
+metric() { http "$(node_url "$1")/metrics" | awk -v s="$2" '$1 == s { print $2; found = 1 } END { if (!found) print 0 }'; }
+now() { date +%s.%N; }
+# Seconds between two `now`s, to the millisecond.
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+
+# Writes $RESULTS/run.json: the settings and the machine.
+record_run() {
+    local cpu mem_gib os fs commit smoke=false
+    cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+    mem_gib=$(awk '/^MemTotal:/ { printf "%.0f", $2 / 1048576 }' /proc/meminfo)
+    os=$(awk -F= '$1 == "PRETTY_NAME" { gsub(/"/, "", $2); print $2 }' /etc/os-release 2>/dev/null)
+    fs=$(df -T "$BENCH_DIR" | awk 'NR == 2 { print $2 }')
+    commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git -C "$ROOT" diff --quiet HEAD 2>/dev/null || commit="$commit with uncommitted changes"
+    if [[ $DURATION =~ ^[0-4]s$ || $DURATION =~ ms$ ]] || ((SESSIONS < 1000 || LOCKS < 10000)); then
+        smoke=true
+    fi
+    jq -n --arg date "$(date -u '+%Y-%m-%d %H:%M UTC')" --arg cpu "${cpu:-unknown CPU}" --arg cores "$(nproc)" \
+        --arg mem_gib "$mem_gib" --arg kernel "$(uname -r)" --arg os "${os:-Linux}" --arg fs "$fs" \
+        --arg commit "$commit" --argjson smoke "$smoke" \
+        --arg settings "DURATION=$DURATION SESSIONS=$SESSIONS LEASE=$LEASE SESSIONS_DURATION=$SESSIONS_DURATION LOCKS=$LOCKS ELECTION_TIMEOUT=$ELECTION_TIMEOUT" \
+        '$ARGS.named' >"$RESULTS/run.json"
+}
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    if [[ -f $RUN_DIR/size ]]; then
+        echo "== stopping the benchmark cluster" >&2
+        "$CLUSTER" stop >&2 || true
+        if [[ $KEEP != 1 ]]; then
+            rm -rf "$RUN_DIR"
+        else
+            echo "== kept $RUN_DIR" >&2
+        fi
+    fi
+    echo "== results and log in $RESULTS" >&2
+    exit "$status"
+}
+
+# Runs one workload: bench NAME ARGS... writes $RESULTS/NAME.json (or {"failed": …}); progress goes to the
+# terminal and the log.
+bench() {
+    local name=$1 code=0
+    shift
+    say "$name: holdfast bench $*"
+    timeout -k 10 "$WORKLOAD_TIMEOUT_S" "$BIN" bench --endpoints "$ENDPOINTS" --json "$@" \
+        >"$RESULTS/$name.json" 2> >(tee -a "$LOG" >&2) || code=$?
+    if ((code == 0)); then
+        jq -c . "$RESULTS/$name.json" | tee -a "$LOG" >&2
+    else
+        echo "{\"failed\": true, \"exit\": $code}" >"$RESULTS/$name.json"
+        say "$name FAILED (exit $code)"
+    fi
+}
+
+# After the fill: memory and data size per node, then a follower stopped (SIGTERM, as for an upgrade) and
+# restarted: until it answers /readyz 200, and until it applied the leader's whole log. Writes nodes.json.
+measure_nodes() {
+    say "scale: memory, data size, a follower's restart and catch-up"
+    local leader follower i pid last_index t0 t_ready caught_up=null applied deadline nodes=() fsync=()
+    leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
+    [[ -n $leader ]] || leader=1
+    follower=$((leader % 3 + 1))
+    for i in 1 2 3; do
+        nodes+=("{\"id\": $i, \"rss_bytes\": $(rss_bytes "$(node_pid "$i")"), \"data_bytes\": $(du -sb "$RUN_DIR/node$i/data" | awk '{ print $1 }')}")
+        fsync+=("{\"id\": $i, \"sum\": $(metric "$i" holdfast_storage_fsync_duration_seconds_sum), \"count\": $(metric "$i" holdfast_storage_fsync_duration_seconds_count)}")
+    done
+    last_index=$(metric "$leader" holdfast_raft_last_log_index)
+    pid=$(node_pid "$follower")
+    kill -TERM "$pid"
+    # Until the process is gone (reaped), so that what follows times only the start.
+    deadline=$((SECONDS + STOP_TIMEOUT_S))
+    while kill -0 "$pid" 2>/dev/null; do
+        ((SECONDS < deadline)) || die "node $follower did not stop within ${STOP_TIMEOUT_S}s"
+        sleep 0.05
+    done
+    t0=$(now)
+    "$CLUSTER" restart "$follower" | tee -a "$LOG" >&2
+    t_ready=$(now)
+    deadline=$((SECONDS + CATCH_UP_TIMEOUT_S))
+    while ((SECONDS < deadline)); do
+        applied=$(metric "$follower" holdfast_raft_applied_index)
+        if awk -v a="$applied" -v b="$last_index" 'BEGIN { exit !(a >= b) }'; then
+            caught_up=$(since "$t0" "$(now)")
+            break
+        fi
+        sleep 0.05
+    done
+    local IFS=,
+    cat <<EOF >"$RESULTS/nodes.json"
+{"nodes": [${nodes[*]}], "fsync": [${fsync[*]}], "restarted": $follower,
+ "restart_ready_s": $(since "$t0" "$t_ready"), "caught_up_s": $caught_up, "caught_up_to": $last_index,
+ "restarted_rss_bytes": $(rss_bytes "$(node_pid "$follower")")}
+EOF
+    jq -c . "$RESULTS/nodes.json" | tee -a "$LOG" >&2
+}
+
+run_all() {
+    mkdir -p "$RESULTS"
+    LOG=$RESULTS/bench.log
+    : >"$LOG"
+    record_run
+
+    # The release binary, and a copy of it that no other build can replace while the cluster runs.
+    if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+        say "building the release binary"
+        (cd "$ROOT" && cargo build --release --bin holdfast) 2>&1 | tail -n 3 >&2
+    fi
+    [[ -x $TARGET_DIR/release/holdfast ]] || die "no release binary at $TARGET_DIR/release/holdfast"
+    BIN=$BENCH_DIR/holdfast
+    cp "$TARGET_DIR/release/holdfast" "$BIN.tmp"
+    mv "$BIN.tmp" "$BIN"
+
+    # cluster.sh, and the kill and restart commands the failover workload runs, find this cluster so.
+    export HOLDFAST_BIN=$BIN
+    export HOLDFAST_BASE_PORT=$BASE_PORT
+    export HOLDFAST_RUN_DIR=$RUN_DIR
+    export HOLDFAST_SERVER_ARGS="--election-timeout $ELECTION_TIMEOUT ${SERVER_ARGS:-}"
+
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    "$CLUSTER" clean >/dev/null
+    say "starting 3 nodes on ports $BASE_PORT, $((BASE_PORT + 100)), $((BASE_PORT + 200)) ($HOLDFAST_SERVER_ARGS)"
+    "$CLUSTER" start 3 | tee -a "$LOG" >&2
+    ENDPOINTS=127.0.0.1:$(client_port 1),127.0.0.1:$(client_port 2),127.0.0.1:$(client_port 3)
+
+    bench uncontended-1 uncontended --clients 1 --duration "$DURATION"
+    bench uncontended-64 uncontended --clients 64 --duration "$DURATION"
+    bench contended-8 contended --clients 8 --duration "$DURATION"
+    bench failover failover --kill "$CLUSTER kill {id}" --restart "$CLUSTER restart {id}" \
+        --election-timeout "$ELECTION_TIMEOUT" --warmup "$FAILOVER_WARMUP" --after "$FAILOVER_AFTER"
+    # The failover restarted the node it killed; if that failed, bring back whatever is down.
+    local i
+    for i in 1 2 3; do
+        node_alive "$i" || "$CLUSTER" restart "$i" >&2
+    done
+    bench sessions sessions --sessions "$SESSIONS" --lease "$LEASE" --duration "$SESSIONS_DURATION" --pids "$(pids)"
+    bench scale scale --locks "$LOCKS" --clients "$SCALE_CLIENTS" --pids "$(pids)"
+    measure_nodes
+}
+
+# Writes $RESULTS/section.md from the results in $RESULTS, prints it, and splices it into $DOC.
+report() {
+    local name
+    [[ -s $RESULTS/run.json ]] || die "$RESULTS/run.json is missing: not a results directory of this script"
+    for name in "${WORKLOADS[@]}"; do
+        [[ -s $RESULTS/$name.json ]] || echo '{"failed": true, "exit": "none"}' >"$RESULTS/$name.json"
+    done
+    [[ -s $RESULTS/nodes.json ]] || echo '{"nodes": [], "fsync": []}' >"$RESULTS/nodes.json"
+    jq -n -r --slurpfile run "$RESULTS/run.json" \
+        --slurpfile u1 "$RESULTS/uncontended-1.json" --slurpfile u64 "$RESULTS/uncontended-64.json" \
+        --slurpfile c8 "$RESULTS/contended-8.json" --slurpfile fo "$RESULTS/failover.json" \
+        --slurpfile se "$RESULTS/sessions.json" --slurpfile sc "$RESULTS/scale.json" \
+        --slurpfile nd "$RESULTS/nodes.json" -f /dev/stdin >"$RESULTS/section.md" <<'JQ'
+def r($x): if $x == null then "?" else ($x * 10 | round / 10 | tostring) end;
+def i($x): if $x == null then "?"
+  else ($x | round | tostring | [match("\\d{1,3}(?=(\\d{3})*$)"; "g").string] | join(",")) end;
+def mib($b): if $b == null then "?" else ($b / 1048576 | round | tostring) + " MiB" end;
+def pct($x): if $x == null then "?" else ($x * 100 | round | tostring) + " %" end;
+def le($a; $b): $a != null and $b != null and $a <= $b;
+def ge($a; $b): $a != null and $b != null and $a >= $b;
+def verdict($ok): if $ok then "met" else "**missed**" end;
+def row($what; $x; $result; $target; $ok):
+  if $x.failed == true then "| \($what) | the workload failed (exit \($x.exit)) | \($target) | **failed** |"
+  else "| \($what) | \($result) | \($target) | \($ok) |" end;
+$run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se |
+$sc[0] as $sc | $nd[0] as $nd |
+($nd.nodes | map(.rss_bytes) | max) as $rss_max |
+($nd.nodes | map(.data_bytes) | max) as $data_max |
+($nd.fsync | map(select(.count > 0) | .sum / .count * 1000) | if length > 0 then add / length else null end)
+  as $fsync_ms |
+[
+  "<!-- bench:begin -->",
+  "<!-- Generated by cluster/bench.sh: the next run rewrites everything between the bench markers. -->",
+  "",
+  "## Latest `cluster/bench.sh` run",
+  "",
+  (if $run.smoke then
+    "**A short smoke run, not a measurement**: it shows that the suite works end to end; its runs are too short and its sizes too small to judge the targets by. Settings: `\($run.settings)`."
+  else
+    "Settings: `\($run.settings)`."
+  end),
+  "",
+  "Machine: \($run.cpu), \($run.cores) cores, \($run.mem_gib) GiB, \($run.os), Linux \($run.kernel); data on \($run.fs) (mean fsync \(r($fsync_ms)) ms). 3 nodes as separate release processes on 127.0.0.1, fsync on, the load generator on the same machine. Run \($run.date) at commit \($run.commit).",
+  "",
+  "| workload | result | target | verdict |",
+  "|---|---|---|---|",
+  row("1 client, uncontended"; $u1;
+      "p50 \(r($u1.p50_ms)) ms, p99 \(r($u1.p99_ms)) ms; \(i($u1.rate_per_s)) cycles/s";
+      "p50 acquire+release ≤ 1 ms"; verdict(le($u1.p50_ms; 1))),
+  row("64 clients, uncontended"; $u64;
+      "\(i($u64.rate_per_s)) cycles/s, p50 \(r($u64.p50_ms)) ms, p99 \(r($u64.p99_ms)) ms, \($u64.errors) errors";
+      "≥ 10,000 cycles/s, p99 ≤ 20 ms"; verdict(ge($u64.rate_per_s; 10000) and le($u64.p99_ms; 20))),
+  row("8 clients on one lock"; $c8;
+      "\(i($c8.rate_per_s)) hand-overs/s, p50 \(r($c8.p50_ms)) ms, p99 \(r($c8.p99_ms)) ms";
+      "≥ 2,000 hand-overs/s, p99 ≤ 5 ms"; verdict(ge($c8.rate_per_s; 2000) and le($c8.p99_ms; 5))),
+  row("leader killed"; $fo;
+      "first grant \(i($fo.first_grant_after_kill_ms)) ms after the kill (new leader seen at \(i($fo.new_leader_after_kill_ms)) ms), longest gap \(i($fo.longest_gap_ms)) ms; \($fo.held_kept) of \($fo.held) locks held before the kill still held, same fence";
+      "a grant within the election timeout (\(i($fo.election_timeout_ms)) ms) + 0.5 s; held locks stay held";
+      verdict(le($fo.first_grant_after_kill_ms; $fo.target_ms) and $fo.held_all_kept == true)),
+  row("\(i($se.sessions)) sessions, \(r($se.lease_ms / 1000)) s leases"; $se;
+      "\($se.spurious_lost) locks lost, \(i($se.expirations)) session expirations; the nodes used \(pct($se.cpu_cores_total)) of a core in total (the load generator \(pct($se.bench_cpu_cores))); a leader-confirmed read p99 \(r($se.read_p99_ms)) ms (heartbeat latency itself is not exposed); all open in \(r($se.open_seconds)) s";
+      "10,000 sessions: zero spurious expirations, ≤ 1 core in total";
+      (verdict($se.opened == $se.sessions and $se.spurious_lost == 0 and $se.expirations == 0
+               and le($se.cpu_cores_total; 1))
+        + (if $se.sessions < 10000 then " (at \(i($se.sessions)), not 10,000)" else "" end))),
+  row("\(i($sc.locks)) held locks"; $sc;
+      "filled at \(i($sc.rate_per_s)) locks/s (1,000,000 would take \(i($sc.projected_1m_seconds)) s); the largest node \(mib($rss_max)) resident, data dir \(mib($data_max)); a restarted follower ready in \(r($nd.restart_ready_s)) s, caught up in \(r($nd.caught_up_s)) s";
+      "1,000,000 locks: ≤ 1 GiB per node, restart with catch-up ≤ 10 s";
+      (verdict(le($rss_max; 1073741824) and le($nd.caught_up_s; 10))
+        + (if $sc.locks < 1000000 then " (at \(i($sc.locks)), not 1,000,000)" else "" end))),
+  "",
+  "Every workload's JSON is kept in `target/bench/results-*/` on the machine that ran it.",
+  "<!-- bench:end -->"
+] | join("\n")
+JQ
+    echo >&2
+    cat "$RESULTS/section.md"
+    [[ $WRITE_DOC == 1 ]] || return 0
+    if grep -q '^<!-- bench:begin -->$' "$DOC" && grep -q '^<!-- bench:end -->$' "$DOC"; then
+        awk -v section="$RESULTS/section.md" '
+            /^<!-- bench:begin -->$/ { while ((getline line < section) > 0) print line; skipping = 1; next }
+            /^<!-- bench:end -->$/ { skipping = 0; next }
+            !skipping { print }
+        ' "$DOC" >"$DOC.tmp"
+    else
+        { cat "$DOC"; echo; cat "$RESULTS/section.md"; } >"$DOC.tmp"
+    fi
+    mv "$DOC.tmp" "$DOC"
+    say "rewrote the generated section of $DOC"
+}
+
+for tool in curl jq awk du timeout; do
+    command -v "$tool" >/dev/null || die "needs $tool"
+done
+case ${1:-} in
+--report)
+    RESULTS=${2:?usage: bench.sh --report RESULTS_DIR}
+    report
+    ;;
+"")
+    run_all
+    report
+    ;;
+*)
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,112 @@
+//! `uncontended` and `contended`: cycles (or hand-overs) in a loop for a duration.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use holdfast_client::Client;
+
+use super::{progress, rate_line, Counters, Report, Samples};
+
+/// Each client acquires and releases its own lock with one-shot calls until `duration` is over.
+pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
+    let counters = Counters::shared();
+    let started = Instant::now();
+    let deadline = started + duration;
+    let _progress = progress(started, rate_line(counters.clone(), "cycles"));
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let (client, counters) = (client.clone(), counters.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Samples::default();
+            let name = format!("bench-{run_id:08x}-{i}");
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let cycle = async {
+                    let hold = client.acquire(&name, Duration::from_secs(30), Duration::ZERO).await?;
+                    client.release(&name, &hold.token).await
+                };
+                match cycle.await {
+                    Ok(_) => {
+                        samples.push(t.elapsed());
+                        counters.add_done();
+                    }
+                    Err(_) => counters.add_error(),
+                }
+            }
+            samples
+        }));
+    }
+    let mut samples = Samples::default();
+    for task in tasks {
+        if let Ok(s) = task.await {
+            samples.extend(s);
+        }
+    }
+    finish("uncontended", "uncontended acquire+release", "cycles/s", clients, started, &counters, &samples)
+}
+
+/// Every client's session wants one lock and lets go as soon as it holds it, until `duration` is over.
+pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
+    let counters = Counters::shared();
+    let samples = Arc::new(Mutex::new(Samples::default()));
+    let started = Instant::now();
+    let deadline = started + duration;
+    let handoff = Arc::new(Mutex::new(None::<Instant>));
+    let _progress = progress(started, rate_line(counters.clone(), "hand-overs"));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (client, counters, samples, handoff) = (client.clone(), counters.clone(), samples.clone(), handoff.clone());
+        tasks.push(tokio::spawn(async move {
+            let name = format!("bench-{run_id:08x}-contended");
+            let Ok(session) = client.session(Duration::from_secs(5)).await else {
+                counters.add_error();
+                return;
+            };
+            while Instant::now() < deadline {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                let Ok(held) = session.lock(name.clone(), Some(wait)).await else { break };
+                if let Some(released_at) = handoff.lock().unwrap().take() {
+                    samples.lock().unwrap().push(released_at.elapsed());
+                    counters.add_done();
+                }
+                *handoff.lock().unwrap() = Some(Instant::now());
+                if held.release().await.is_err() {
+                    counters.add_error();
+                }
+            }
+            let _ = session.close().await;
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    let samples = samples.lock().unwrap().clone();
+    finish("contended", "contended hand-over", "handovers/s", clients, started, &counters, &samples)
+}
+
+fn finish(
+    kind: &str,
+    what: &str,
+    unit: &str,
+    clients: usize,
+    started: Instant,
+    counters: &Counters,
+    samples: &Samples,
+) -> Report {
+    let elapsed = started.elapsed().as_secs_f64();
+    let ops = counters.done();
+    let rate = ops as f64 / elapsed;
+    let mut report = Report::new(what, format!("{what}: {clients} clients, {elapsed:.1}s"));
+    report.field("kind", kind);
+    report.field("clients", clients);
+    report.field("seconds", elapsed);
+    report.field("ops", ops);
+    report.field("rate_per_s", rate);
+    report.field("errors", counters.errors());
+    samples.fields(&mut report, "");
+    report.row("rate", format!("{rate:.0} {unit}"));
+    report.row("done", format!("{ops}"));
+    report.row("errors", format!("{}", counters.errors()));
+    report.row("latency", samples.describe());
+    report
+}
