@@ -570,8 +570,11 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
     if admin_key.as_ref().is_some_and(|key| key.len() < ADMIN_KEY_LEN_MIN) {
         bail!("the admin key must be at least {ADMIN_KEY_LEN_MIN} characters");
     }
-    if !members.contains_key(&id) {
-        bail!("--members must include this node's id {id} (got {list:?})", list = args.members);
+    // A node that is not in the initial member list joins: it waits until a member adds it. That lets a
+    // StatefulSet grow past its initial list (pods 3 and 4 of a list of 3) with one pod template.
+    let join = args.join || !members.contains_key(&id);
+    if join && !args.join {
+        eprintln!("holdfast: node {id} is not in --members, so it joins: it waits until `holdfast cluster add {id} …`");
     }
     let ms = |d: Duration| d.as_millis() as u64;
     if args.ttl_min > args.ttl_max {
@@ -598,7 +601,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         heartbeat_ms: ms(args.heartbeat_interval),
         election_timeout_ms: ms(args.election_timeout),
         snapshot_every_entries: args.snapshot_every.max(1),
-        join: args.join,
+        join,
         admin_key: admin_key.map(holdfast_server::Secret),
         auth: holdfast_server::auth::AuthConfig {
             enabled: args.auth,
@@ -712,6 +715,20 @@ mod tests {
         let cli = Cli::try_parse_from(["holdfast", "server", "--id", "0"]).unwrap();
         let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
         assert!(server_config(&args).is_err(), "id 0 is refused");
+    }
+
+    #[test]
+    fn a_node_missing_from_the_member_list_joins() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
+            server_config(&args)
+        };
+        let listed = parse(&["holdfast", "server", "--id", "2", "--members", "1=h1:7071,2=h2:7071"]).unwrap();
+        assert!(!listed.join);
+        let extra = parse(&["holdfast", "server", "--id", "4", "--members", "1=h1:7071,2=h2:7071"]).unwrap();
+        assert!(extra.join, "node 4 is not in the list: it waits to be added");
+        assert!(parse(&["holdfast", "server", "--join", "--members", "1=h1:7071"]).is_err());
     }
 
     #[test]
