@@ -10,8 +10,22 @@ pub type SessionId = u64;
 
 /// The secret that proves a claim (a holder or a waiter). Made by the leader from a random source before
 /// it proposes, so every replica stores the same value.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+///
+/// Equality takes the same time whatever the values: whether a presented token matches a holder's must
+/// not leak through timing how many of its bits do.
+// Hash is derived: it hashes the one field, which agrees with this equality (equal exactly when the
+// values are).
+#[allow(clippy::derived_hash_with_manual_eq)]
+#[derive(Clone, Copy, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Token(pub u128);
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Self) -> bool {
+        // No early exit: fold every bit of the difference, then compare once. `black_box` keeps the
+        // compiler from turning this back into a comparison that may stop early.
+        std::hint::black_box(self.0 ^ other.0) == 0
+    }
+}
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
