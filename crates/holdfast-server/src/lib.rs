@@ -76,6 +76,8 @@ pub struct Config {
     pub tls: Option<tls::TlsFiles>,
     /// API keys and tenants.
     pub auth: auth::AuthConfig,
+    /// The storage's page cache, in bytes.
+    pub cache_bytes: u64,
 }
 
 /// Where a node listens.
@@ -114,7 +116,7 @@ pub async fn run(
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
     let events = Arc::new(Events::new(Arc::new(metrics::Metrics::new())));
-    let (log_store, sm_store) = holdfast_store::open(&config.data_dir, events.clone())
+    let (log_store, sm_store) = holdfast_store::open_with_cache(&config.data_dir, events.clone(), config.cache_bytes)
         .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
     let state = sm_store.state();
     let committed_index = log_store.committed_index();

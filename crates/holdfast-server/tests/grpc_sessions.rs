@@ -43,6 +43,7 @@ impl Node {
             admin_key: None,
             tls: None,
             auth: Default::default(),
+            cache_bytes: holdfast_store::CACHE_BYTES_DEFAULT,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(holdfast_server::run(

@@ -126,8 +126,22 @@ mod keys {
 /// If a snapshot is stored, the lock state, last applied log id and membership are restored from it
 /// (and `observer` is told), so that openraft re-applies only the log after it.
 pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, StateMachineStore), StoreError> {
+    open_with_cache(dir, observer, CACHE_BYTES_DEFAULT)
+}
+
+/// sled's page cache when nobody says otherwise: sled's own default, 1 GiB. The cache grows only as the
+/// data does (100,000 held locks left nodes at about 200 MiB resident with 1 GiB or 64 MiB alike); a
+/// smaller bound is for nodes with little memory.
+pub const CACHE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
+
+/// [`open`], with sled's page cache bounded to `cache_bytes`.
+pub fn open_with_cache(
+    dir: &Path,
+    observer: Arc<dyn ApplyObserver>,
+    cache_bytes: u64,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
     std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
-    let db = sled::Config::new().path(dir).open()?;
+    let db = sled::Config::new().path(dir).cache_capacity(cache_bytes).open()?;
     let meta = db.open_tree(keys::META_TREE)?;
     match meta.get(keys::FORMAT)? {
         Some(bytes) => {

@@ -378,6 +378,10 @@ struct ServerArgs {
     /// leader for its lease (the longest timeout) plus a timeout stands for election.
     #[arg(long, env = "HOLDFAST_ELECTION_TIMEOUT", default_value = "250ms", value_parser = humantime::parse_duration)]
     election_timeout: Duration,
+    /// The most the storage's page cache (sled) may hold, e.g. 64MiB; the lock state itself is in memory
+    /// besides.
+    #[arg(long, env = "HOLDFAST_STORAGE_CACHE", default_value = "1GiB", value_parser = parse_bytes)]
+    storage_cache: u64,
     /// Take a snapshot after this many log entries.
     #[arg(long, env = "HOLDFAST_SNAPSHOT_EVERY", default_value_t = 20_000)]
     snapshot_every: u64,
@@ -602,6 +606,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         election_timeout_ms: ms(args.election_timeout),
         snapshot_every_entries: args.snapshot_every.max(1),
         join,
+        cache_bytes: args.storage_cache,
         admin_key: admin_key.map(holdfast_server::Secret),
         auth: holdfast_server::auth::AuthConfig {
             enabled: args.auth,
@@ -620,6 +625,22 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
             _ => None,
         },
     })
+}
+
+/// `64MiB`, `1GiB`, `500KiB` or a number of bytes.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?}: expected a size like 64MiB"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(format!("{text:?}: unknown unit {other:?} (B, KiB, MiB, GiB)")),
+    };
+    number.checked_mul(scale).ok_or_else(|| format!("{text:?}: too large"))
 }
 
 /// The shortest admin key accepted: a guessable key is no key.
@@ -715,6 +736,16 @@ mod tests {
         let cli = Cli::try_parse_from(["holdfast", "server", "--id", "0"]).unwrap();
         let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
         assert!(server_config(&args).is_err(), "id 0 is refused");
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        for bad in ["", "MiB", "64MB", "-1", "99999999999999999999GiB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?} must be refused");
+        }
     }
 
     #[test]
