@@ -110,8 +110,7 @@ impl Tls {
     }
 
     /// Accepts connections on `listener` and completes their handshakes in their own tasks; the receiver
-    /// yields the connections that finished one. Ends when `listener` fails for good or the receiver is
-    /// dropped.
+    /// yields the connections that finished one. Ends when the receiver is dropped.
     pub fn accept(
         self: &Arc<Self>,
         listener: TcpListener,
@@ -121,7 +120,12 @@ impl Tls {
         let tls = self.clone();
         tokio::spawn(async move {
             loop {
-                let (tcp, addr) = match listener.accept().await {
+                // Ends (closing the listener) when the server that takes the connections is gone.
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    _ = tx.closed() => return,
+                };
+                let (tcp, addr) = match accepted {
                     Ok(conn) => conn,
                     Err(e) => {
                         // Out of file descriptors and the like: wait a little rather than spin.
@@ -130,9 +134,6 @@ impl Tls {
                         continue;
                     }
                 };
-                if tx.is_closed() {
-                    return;
-                }
                 let _ = tcp.set_nodelay(true);
                 let acceptor = TlsAcceptor::from(tls.server_config(port));
                 let tx = tx.clone();
