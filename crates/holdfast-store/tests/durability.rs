@@ -60,8 +60,20 @@ impl ApplyObserver for Counting {
     }
 }
 
+/// Opens the store in `dir`. A reopen right after the previous handles were dropped may find sled's file
+/// lock still held for a moment: a write sled handed to its own IO thread pool keeps the database open until
+/// it finishes (seen once in CI as `could not acquire lock … WouldBlock`). So a lock conflict is retried,
+/// within a bound; any other error is not.
 fn open_quiet(dir: &Path) -> Result<(LogStore, StateMachineStore)> {
-    Ok(open(dir, Arc::new(NoObserver))?)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match open(dir, Arc::new(NoObserver)) {
+            Err(e) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            opened => return Ok(opened?),
+        }
+    }
 }
 
 fn state_bytes(sm: &StateMachineStore) -> Vec<u8> {
