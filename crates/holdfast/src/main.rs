@@ -202,73 +202,13 @@ enum BenchCli {
     },
     /// A prober acquires and releases while a command kills the leader: the longest gap, the time to the
     /// first grant after the kill, and whether locks held before the kill are still held.
-    Failover {
-        /// The command that kills a node, run with `sh -c`; `{id}` becomes the leader's id
-        /// (e.g. 'cluster/cluster.sh kill {id}').
-        #[arg(long)]
-        kill: String,
-        /// A command run at the end to bring the killed node back; `{id}` as for --kill.
-        #[arg(long)]
-        restart: Option<String>,
-        /// Locks taken before the kill, which must still be held after it.
-        #[arg(long, default_value_t = 3)]
-        held: usize,
-        /// Their TTL: longer than the whole run.
-        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-        held_ttl: Duration,
-        /// Probing before the kill.
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-        warmup: Duration,
-        /// Probing after the kill.
-        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-        after: Duration,
-        /// The nodes' --election-timeout, for the report and its target (a grant within it + 0.5 s).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        election_timeout: Option<Duration>,
-    },
+    Failover(bench::FailoverArgs),
     /// Many sessions, each holding its own lock and heartbeating every lease/4: locks lost, session
     /// expirations, CPU per node.
-    Sessions {
-        #[arg(long, default_value_t = 1000)]
-        sessions: usize,
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-        lease: Duration,
-        /// How long the sessions are kept once all are open.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        duration: Duration,
-        /// Sessions per client connection (the server allows 200 streams per connection).
-        #[arg(long, default_value_t = 100)]
-        per_connection: usize,
-        /// Sessions opened at once.
-        #[arg(long, default_value_t = 64)]
-        open_concurrency: usize,
-        /// Give up opening more sessions after this long.
-        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
-        open_timeout: Duration,
-        /// The nodes' process ids (comma-separated, on this machine): CPU per node from /proc.
-        #[arg(long, value_delimiter = ',')]
-        pids: Vec<u32>,
-        /// How often a leader-confirmed read is timed during the window.
-        #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-        probe_interval: Duration,
-    },
+    Sessions(bench::SessionsArgs),
     /// Fill the cluster with held locks (one-shot acquires, long TTL, many at once): the fill rate, and
     /// memory per node given their pids.
-    Scale {
-        #[arg(long, default_value_t = 100_000)]
-        locks: usize,
-        /// Acquires in flight at once.
-        #[arg(long, default_value_t = 128)]
-        clients: usize,
-        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
-        ttl: Duration,
-        /// No acquire starts after this long.
-        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-        max_duration: Duration,
-        /// The nodes' process ids (comma-separated, on this machine): memory per node from /proc.
-        #[arg(long, value_delimiter = ',')]
-        pids: Vec<u32>,
-    },
+    Scale(bench::ScaleArgs),
 }
 
 #[derive(Subcommand)]
@@ -443,39 +383,9 @@ fn main() -> anyhow::Result<()> {
             let workload = match workload {
                 BenchCli::Uncontended { clients, duration } => bench::Workload::Uncontended { clients, duration },
                 BenchCli::Contended { clients, duration } => bench::Workload::Contended { clients, duration },
-                BenchCli::Failover { kill, restart, held, held_ttl, warmup, after, election_timeout } => {
-                    bench::Workload::Failover(bench::FailoverArgs {
-                        kill,
-                        restart,
-                        held,
-                        held_ttl,
-                        warmup,
-                        after,
-                        election_timeout,
-                    })
-                }
-                BenchCli::Sessions {
-                    sessions,
-                    lease,
-                    duration,
-                    per_connection,
-                    open_concurrency,
-                    open_timeout,
-                    pids,
-                    probe_interval,
-                } => bench::Workload::Sessions(bench::SessionsArgs {
-                    sessions,
-                    lease,
-                    duration,
-                    per_connection,
-                    open_concurrency,
-                    open_timeout,
-                    pids,
-                    probe_interval,
-                }),
-                BenchCli::Scale { locks, clients, ttl, max_duration, pids } => {
-                    bench::Workload::Scale(bench::ScaleArgs { locks, clients, ttl, max_duration, pids })
-                }
+                BenchCli::Failover(args) => bench::Workload::Failover(args),
+                BenchCli::Sessions(args) => bench::Workload::Sessions(args),
+                BenchCli::Scale(args) => bench::Workload::Scale(args),
             };
             let builder = match target.tls.builder(target.endpoints) {
                 Ok(builder) => builder,

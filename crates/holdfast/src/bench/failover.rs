@@ -20,19 +20,29 @@ const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 /// The TTL of each prober lock: a cycle whose release got lost leaves nothing behind for long.
 const PROBE_TTL: Duration = Duration::from_secs(5);
 
+#[derive(clap::Args)]
 pub struct FailoverArgs {
-    /// Run with `sh -c`, `{id}` replaced by the leader's id.
+    /// The command that kills a node, run with `sh -c`; `{id}` becomes the leader's id
+    /// (e.g. 'cluster/cluster.sh kill {id}').
+    #[arg(long)]
     pub kill: String,
-    /// Run at the end with `sh -c`, `{id}` replaced by the killed node's id.
+    /// A command run at the end to bring the killed node back; `{id}` as for --kill.
+    #[arg(long)]
     pub restart: Option<String>,
-    /// Locks taken before the fault.
+    /// Locks taken before the kill, which must still be held after it.
+    #[arg(long, default_value_t = 3)]
     pub held: usize,
+    /// Their TTL: longer than the whole run.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub held_ttl: Duration,
     /// Probing before the kill.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub warmup: Duration,
     /// Probing after the kill.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub after: Duration,
-    /// The nodes' `--election-timeout`, when the caller knows it.
+    /// The nodes' --election-timeout, for the report and its target (a grant within it + 0.5 s).
+    #[arg(long, value_parser = humantime::parse_duration)]
     pub election_timeout: Option<Duration>,
 }
 

@@ -13,14 +13,20 @@ use serde_json::json;
 
 use super::{metric_everywhere, note, progress, rate_line, rss_bytes, Counters, Report, Samples};
 
+#[derive(clap::Args)]
 pub struct ScaleArgs {
+    #[arg(long, default_value_t = 100_000)]
     pub locks: usize,
     /// Acquires in flight at once.
+    #[arg(long, default_value_t = 128)]
     pub clients: usize,
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
     /// No acquire starts after this long.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub max_duration: Duration,
-    /// The nodes' process ids, for their memory.
+    /// The nodes' process ids (comma-separated, on this machine): memory per node from /proc.
+    #[arg(long, value_delimiter = ',')]
     pub pids: Vec<u32>,
 }
 

@@ -23,20 +23,29 @@ use super::{metric_everywhere, note, progress, CpuWindow, Report, Samples};
 /// The series of session expirations in `/metrics`.
 const EXPIRATIONS: &str = "holdfast_expirations_total{kind=\"session\"}";
 
+#[derive(clap::Args)]
 pub struct SessionsArgs {
+    #[arg(long, default_value_t = 1000)]
     pub sessions: usize,
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
-    /// How long every session is kept open once all are open.
+    /// How long the sessions are kept once all are open.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
-    /// Sessions per client (one HTTP/2 connection per node each).
+    /// Sessions per client connection (the server allows 200 streams per connection).
+    #[arg(long, default_value_t = 100)]
     pub per_connection: usize,
-    /// Sessions being opened at once.
+    /// Sessions opened at once.
+    #[arg(long, default_value_t = 64)]
     pub open_concurrency: usize,
-    /// How long opening all sessions may take; the rest are not opened.
+    /// Give up opening more sessions after this long.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub open_timeout: Duration,
-    /// The nodes' process ids, for their CPU use.
+    /// The nodes' process ids (comma-separated, on this machine): CPU per node from /proc.
+    #[arg(long, value_delimiter = ',')]
     pub pids: Vec<u32>,
-    /// How often the leader-confirmed read is sampled.
+    /// How often a leader-confirmed read is timed during the window.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub probe_interval: Duration,
 }
 
