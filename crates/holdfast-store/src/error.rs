@@ -30,6 +30,10 @@ pub enum StoreError {
     /// The lock state's lock is poisoned: an earlier apply panicked while holding it.
     #[error("the lock state is poisoned: an earlier apply panicked")]
     Poisoned,
+    /// A memory store's disk crashed, or was opened again, after this store opened it: the store
+    /// belongs to a node that is gone (see [`crate::MemDisk::crash`]).
+    #[error("the memory disk crashed or was opened again since this store opened it")]
+    Stale,
     /// A flush did not run to its end (the runtime is shutting down, or the flush panicked).
     #[error("flush task: {0}")]
     FlushTask(#[from] tokio::task::JoinError),

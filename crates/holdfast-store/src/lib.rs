@@ -1,10 +1,24 @@
-//! holdfast's openraft storage on sled: the Raft log, the vote, and the lock state machine.
+//! holdfast's openraft storage: the Raft log, the vote, and the lock state machine, on sled for nodes
+//! and in memory for simulations; and the async runtime holdfast runs openraft on.
 //!
-//! CONTRACT (used by holdfast-server; keep these names and signatures):
+//! CONTRACT (used by holdfast-server and holdfast-sim; keep these names and signatures):
 //! - [`TypeConfig`], [`NodeId`], [`Response`], [`ApplyObserver`], [`open`], [`LogStore`],
-//!   [`StateMachineStore`] and [`StateMachineStore::state`].
+//!   [`StateMachineStore`] and [`StateMachineStore::state`];
+//! - [`open_memory`], [`MemDisk`], [`MemLogStore`], [`MemStateMachine`] and [`MemStateMachine::state`];
+//! - [`Runtime`] (`TypeConfig`'s async runtime) and [`seed_thread_rng`].
 //!
 //! This crate must not depend on the server, the network or any front end.
+//!
+//! # Modules
+//!
+//! - `log_store` and `state_machine`: the sled store ([`open`]).
+//! - `memory`: the memory store ([`open_memory`]), the same behaviour and contract on a [`MemDisk`].
+//! - `log` and `machine`: what the two stores share, so that they cannot drift apart: reading a
+//!   range of the log and its state, when an append is acknowledged; applying an entry to the lock
+//!   state (and telling the observer), tracking the last applied log id and membership, snapshot
+//!   bytes to state and back, and the order of a snapshot build and install. A store adds only where
+//!   its records are kept and when they are flushed.
+//! - `runtime`: [`Runtime`], openraft's tokio runtime with a random source a simulation can seed.
 //!
 //! # Layout
 //!
@@ -39,9 +53,30 @@
 //!
 //! Flushes run sled's blocking flush on tokio's blocking pool rather than sled's `flush_async`,
 //! which hangs with eight or more flushes in flight in one process (see `flush`).
+//!
+//! # The memory store
+//!
+//! [`open_memory`] opens a node's storage on a [`MemDisk`], which models what a crash keeps: every
+//! call makes durable exactly what the sled store flushes, and [`MemDisk::crash`] forgets the rest
+//! (only the latest `committed`, with no background flush to save it). Reopening the disk is a
+//! restart, and restores as [`open`] does. It never blocks, spawns or reads a clock, so whole
+//! clusters run on it in one thread in simulated time; flushes are reported as taking no time.
+//! [`MemDisk::acking_before_flush`] is a deliberately broken disk that loses acknowledged appends in
+//! a crash, to show a simulation's checkers catch it.
+//!
+//! # The runtime
+//!
+//! openraft draws election timeouts from its runtime's random source. [`Runtime`] is
+//! `openraft::TokioRuntime` but for that source, which draws from a generator seeded by
+//! [`seed_thread_rng`] on threads that call it (a simulation's), so a seed replays the same
+//! elections; other threads draw from `rand::thread_rng()`.
 
 mod error;
+mod log;
 mod log_store;
+mod machine;
+pub mod memory;
+mod runtime;
 mod state_machine;
 
 use std::path::Path;
@@ -52,6 +87,8 @@ use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
 pub use log_store::LogStore;
+pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
+pub use runtime::{seed_thread_rng, Runtime};
 pub use state_machine::{SnapshotBuilder, StateMachineStore};
 
 /// A node's id in the cluster.
@@ -66,7 +103,7 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = std::io::Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = Runtime,
 );
 
 /// What applying one log entry answers its proposer.

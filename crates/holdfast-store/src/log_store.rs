@@ -1,15 +1,14 @@
 //! [`LogStore`]: the Raft log, the vote and the committed log id, in the `log` and `meta` trees.
 
 use std::fmt::Debug;
-use std::io;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{flush, keys, ApplyObserver, NodeId, StoreError, TypeConfig};
+use crate::{flush, keys, log, ApplyObserver, NodeId, StoreError, TypeConfig};
 
 /// The Raft log, the vote and the committed log id of one node; clones share the same trees.
 #[derive(Clone)]
@@ -57,35 +56,21 @@ impl LogStore {
     }
 
     fn entries(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
-        let start = match range.start_bound() {
-            Bound::Included(&i) => i,
-            Bound::Excluded(&i) => match i.checked_add(1) {
-                Some(i) => i,
-                None => return Ok(Vec::new()),
-            },
-            Bound::Unbounded => 0,
-        };
-        // Exclusive end; `None` for no end.
-        let end = match range.end_bound() {
-            Bound::Included(&i) => i.checked_add(1),
-            Bound::Excluded(&i) => Some(i),
-            Bound::Unbounded => None,
-        };
-        let keys = match end {
-            Some(end) if end <= start => return Ok(Vec::new()),
-            Some(end) => self.log.range(key(start)..key(end)),
-            None => self.log.range(key(start)..),
+        let keys = match log::index_range(&range) {
+            None => return Ok(Vec::new()),
+            Some((start, Some(end))) => self.log.range(key(start)..key(end)),
+            Some((start, None)) => self.log.range(key(start)..),
         };
         keys.values().map(|value| Ok(bincode::deserialize(&value?)?)).collect()
     }
 
     fn log_state(&self) -> Result<LogState<TypeConfig>, StoreError> {
-        let last_purged_log_id: Option<LogId<NodeId>> = self.read_meta(keys::LAST_PURGED)?;
-        let last_log_id = match self.log.last()? {
+        let last_purged: Option<LogId<NodeId>> = self.read_meta(keys::LAST_PURGED)?;
+        let last_entry = match self.log.last()? {
             Some((_, value)) => Some(bincode::deserialize::<Entry<TypeConfig>>(&value)?.log_id),
-            None => last_purged_log_id,
+            None => None,
         };
-        Ok(LogState { last_purged_log_id, last_log_id })
+        Ok(log::log_state(last_purged, last_entry))
     }
 
     fn write_entries(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>) -> Result<(), StoreError> {
@@ -177,18 +162,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        // The callback tells openraft the entries are on disk (it then counts them towards a
-        // quorum), so it fires only after the flush.
-        match self.append_flushed(entries).await {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(io::Error::other(e.to_string())));
-                Err(StorageIOError::write_logs(&e).into())
-            }
-        }
+        log::complete_append(self.append_flushed(entries).await, callback)
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {

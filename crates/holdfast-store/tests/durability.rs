@@ -1,64 +1,20 @@
 //! What the sled store keeps across a restart (drop every handle, open the same directory again),
 //! and what a snapshot carries from one node to another.
 
+mod common;
+
 use std::io::Cursor;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_core::{Acquire, Applied, Command, LockState, Token};
-use holdfast_store::{open, ApplyObserver, LogStore, NoObserver, NodeId, StateMachineStore, TypeConfig};
+use common::{acquire, blank, log_id, membership, model, Counting};
+use holdfast_store::{open, LogStore, NoObserver, NodeId, StateMachineStore};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, RaftSnapshotBuilder, StorageHelper, Vote,
-};
+use openraft::{RaftLogReader, RaftSnapshotBuilder, StorageHelper, Vote};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-fn log_id(term: u64, index: u64) -> LogId<NodeId> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
-}
-
-fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
-    Entry { log_id: log_id(term, index), payload: EntryPayload::Blank }
-}
-
-fn membership(term: u64, index: u64) -> Entry<TypeConfig> {
-    let voters = [1, 2, 3].into_iter().collect();
-    Entry { log_id: log_id(term, index), payload: EntryPayload::Membership(Membership::new(vec![voters], None)) }
-}
-
-/// Lock `name` asked for by `owner` with `token`: granted if free, else queued.
-fn acquire(term: u64, index: u64, name: &str, owner: &str, token: u128) -> Entry<TypeConfig> {
-    let cmd = Command::Acquire(Acquire {
-        name: name.to_owned(),
-        owner: owner.to_owned(),
-        token: Token(token),
-        ttl_ms: 30_000,
-        wait_ms: 10_000,
-        session: None,
-    });
-    let entry = holdfast_core::Entry { at_ms: 1_700_000_000_000 + index, cmd };
-    Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(entry) }
-}
-
-/// Counts what the state machine tells its observer.
-#[derive(Default)]
-struct Counting {
-    applied: AtomicUsize,
-    restored: AtomicUsize,
-}
-
-impl ApplyObserver for Counting {
-    fn applied(&self, _state: &LockState, _index: u64, _entry: &holdfast_core::Entry, _applied: &Applied) {
-        self.applied.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn restored(&self, _state: &LockState) {
-        self.restored.fetch_add(1, Ordering::SeqCst);
-    }
-}
 
 /// Opens the store in `dir`. A reopen right after the previous handles were dropped may find sled's file
 /// lock still held for a moment: a write sled handed to its own IO thread pool keeps the database open until
@@ -77,7 +33,7 @@ fn open_quiet(dir: &Path) -> Result<(LogStore, StateMachineStore)> {
 }
 
 fn state_bytes(sm: &StateMachineStore) -> Vec<u8> {
-    sm.state().read().expect("no apply panicked").snapshot()
+    common::state_bytes(&sm.state())
 }
 
 #[tokio::test]
@@ -247,12 +203,7 @@ async fn restart_reapplies_committed_log_after_snapshot() -> Result {
         membership(1, 5),
         acquire(1, 6, "alpha", "d", 4),
     ];
-    let mut model = LockState::new();
-    for entry in &entries {
-        if let EntryPayload::Normal(e) = &entry.payload {
-            model.apply(entry.log_id.index, e);
-        }
-    }
+    let model = model(&entries);
     {
         let (mut log, mut sm) = open_quiet(dir.path())?;
         log.blocking_append(entries.clone()).await?;

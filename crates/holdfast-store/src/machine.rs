@@ -1,0 +1,252 @@
+//! The state machine's backend-independent half, shared by the sled store ([`crate::StateMachineStore`])
+//! and the memory store ([`crate::MemStateMachine`]): applying entries to the lock state (and telling the
+//! observer), tracking how far the state has got (last applied log id, membership), turning the state into
+//! snapshot bytes and back, and the order of a snapshot build and install. A backend adds only where the
+//! current snapshot is kept, as a [`SnapshotStore`].
+
+use std::io::Cursor;
+use std::sync::{Arc, Mutex, RwLock};
+
+use holdfast_core::LockState;
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, OptionalSend, Snapshot, SnapshotMeta, StorageError, StorageIOError,
+    StoredMembership,
+};
+
+use crate::{ApplyObserver, NodeId, Response, SharedState, StoreError, TypeConfig};
+
+/// A snapshot's metadata.
+pub(crate) type Meta = SnapshotMeta<NodeId, BasicNode>;
+
+/// The last applied log id and the membership as of it, as `RaftStateMachine::applied_state` answers.
+pub(crate) type AppliedState = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
+
+/// Where a backend keeps the current snapshot (its metadata and the bytes of
+/// [`LockState::snapshot`]).
+pub(crate) trait SnapshotStore: Send + Sync + 'static {
+    /// A number this node's storage never returned before, not even before a restart: it makes
+    /// snapshot ids unique.
+    fn next_seq(&self) -> Result<u64, StoreError>;
+
+    /// The current snapshot, if one was stored.
+    async fn load(&self) -> Result<Option<(Meta, Vec<u8>)>, StoreError>;
+
+    /// Makes `meta` and `data` the current snapshot, durable before this returns, unless `replace`
+    /// keeps the stored one. Saves and loads are serialised: each sees the whole of the one before.
+    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<(), StoreError>;
+}
+
+/// Whether a snapshot save replaces a stored snapshot that covers more of the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replace {
+    /// Yes: openraft installs what the leader sent, and has checked it is not stale.
+    Always,
+    /// No: snapshots are built in a task of their own, so a build can finish after a newer
+    /// snapshot was installed; it must not replace it.
+    IfNotOlder,
+}
+
+impl Replace {
+    /// Whether a save of `new` goes ahead over `stored`.
+    pub(crate) fn replaces(self, stored: Option<&Meta>, new: &Meta) -> bool {
+        match (self, stored) {
+            (Replace::Always, _) | (Replace::IfNotOlder, None) => true,
+            (Replace::IfNotOlder, Some(stored)) => stored.last_log_id <= new.last_log_id,
+        }
+    }
+}
+
+/// How far the lock state has got: the Raft side of it.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    last_applied: Option<LogId<NodeId>>,
+    last_membership: StoredMembership<NodeId, BasicNode>,
+}
+
+impl Progress {
+    /// Where a state restored from the snapshot `meta` describes has got.
+    fn of(meta: &Meta) -> Self {
+        Self { last_applied: meta.last_log_id, last_membership: meta.last_membership.clone() }
+    }
+}
+
+/// The lock state of one node, how far it has got, and where its snapshot is kept.
+pub(crate) struct Machine<S> {
+    state: SharedState,
+    /// Changed only while `state`'s write lock is held, so that whoever holds `state` (read or
+    /// write) sees the progress that produced it. Lock order: `state`, then `progress`.
+    progress: Mutex<Progress>,
+    observer: Arc<dyn ApplyObserver>,
+    snapshots: S,
+}
+
+impl<S: SnapshotStore> Machine<S> {
+    /// A machine at `stored`, the snapshot `snapshots` holds (the state restored from it and the
+    /// observer told), or empty without one: openraft then re-applies only the log after it.
+    pub(crate) fn open(
+        snapshots: S,
+        stored: Option<(Meta, Vec<u8>)>,
+        observer: Arc<dyn ApplyObserver>,
+    ) -> Result<Self, StoreError> {
+        let (state, progress) = match stored {
+            Some((meta, data)) => (restore(&data)?, Progress::of(&meta)),
+            None => (LockState::new(), Progress::default()),
+        };
+        let restored = progress.last_applied.is_some();
+        let machine = Self { state: Arc::new(RwLock::new(state)), progress: Mutex::new(progress), observer, snapshots };
+        if restored {
+            let state = machine.state.read().map_err(|_| StoreError::Poisoned)?;
+            machine.observer.restored(&state);
+        }
+        Ok(machine)
+    }
+
+    /// The lock state, for readers; the machine writes it on apply.
+    pub(crate) fn state(&self) -> SharedState {
+        self.state.clone()
+    }
+
+    fn progress(&self) -> Result<Progress, StoreError> {
+        Ok(self.progress.lock().map_err(|_| StoreError::Poisoned)?.clone())
+    }
+
+    /// The last applied log id and the membership it carries (`RaftStateMachine::applied_state`).
+    #[allow(
+        clippy::result_large_err,
+        reason = "the body of an openraft trait method, whose error is openraft's `StorageError`"
+    )]
+    pub(crate) fn applied_state(&self) -> Result<AppliedState, StorageError<NodeId>> {
+        let progress = self.progress().map_err(|e| StorageIOError::read_state_machine(&e))?;
+        Ok((progress.last_applied, progress.last_membership))
+    }
+
+    /// Applies `entries` in order (`RaftStateMachine::apply`): one answer per entry.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the body of an openraft trait method, whose error is openraft's `StorageError`"
+    )]
+    pub(crate) fn apply<I>(&self, entries: I) -> Result<Vec<Response>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+    {
+        // One entry at a time under the write lock, so readers get in between the entries of a long
+        // re-apply.
+        let mut responses = Vec::new();
+        for entry in entries {
+            let log_id = entry.log_id;
+            responses.push(self.apply_one(entry).map_err(|e| StorageIOError::apply(log_id, &e))?);
+        }
+        Ok(responses)
+    }
+
+    fn apply_one(&self, entry: Entry<TypeConfig>) -> Result<Response, StoreError> {
+        let mut state = self.state.write().map_err(|_| StoreError::Poisoned)?;
+        let mut progress = self.progress.lock().map_err(|_| StoreError::Poisoned)?;
+        let log_id = entry.log_id;
+        let response = match entry.payload {
+            EntryPayload::Normal(entry) => {
+                let applied = state.apply(log_id.index, &entry);
+                self.observer.applied(&state, log_id.index, &entry, &applied);
+                Response { at_ms: applied.at_ms, outcome: Some(applied.outcome) }
+            }
+            EntryPayload::Blank => Response { at_ms: state.now_ms(), outcome: None },
+            EntryPayload::Membership(membership) => {
+                progress.last_membership = StoredMembership::new(Some(log_id), membership);
+                Response { at_ms: state.now_ms(), outcome: None }
+            }
+        };
+        progress.last_applied = Some(log_id);
+        Ok(response)
+    }
+
+    /// Snapshots the state as it is now, stores the snapshot (unless a newer one was stored
+    /// meanwhile) and returns it (`RaftSnapshotBuilder::build_snapshot`).
+    pub(crate) async fn build_snapshot(&self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let (meta, data) = self.build().map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        self.snapshots
+            .save(&meta, &data, Replace::IfNotOlder)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+
+    /// The state's bytes and the metadata of a snapshot of them, read together.
+    fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
+        let (data, progress) = {
+            let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
+            (state.snapshot(), self.progress()?)
+        };
+        let seq = self.snapshots.next_seq()?;
+        let snapshot_id = match &progress.last_applied {
+            Some(id) => format!("{}-{}-{}", id.leader_id.term, id.index, seq),
+            None => format!("none-{seq}"),
+        };
+        let meta = Meta { last_log_id: progress.last_applied, last_membership: progress.last_membership, snapshot_id };
+        Ok((meta, data))
+    }
+
+    /// Replaces the state with the snapshot `meta` and `snapshot` (`RaftStateMachine::install_snapshot`):
+    /// checked, then stored, then installed.
+    pub(crate) async fn install_snapshot(
+        &self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let signature = || Some(meta.signature());
+        let data = snapshot.into_inner();
+        let new_state = restore(&data).map_err(|e| StorageIOError::read_snapshot(signature(), &e))?;
+        // Stored first: once the state is replaced, openraft may purge the log the snapshot covers.
+        self.snapshots
+            .save(meta, &data, Replace::Always)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
+        self.replace(meta, new_state).map_err(|e| StorageIOError::write_state_machine(&e))?;
+        Ok(())
+    }
+
+    /// Replaces the lock state and progress with a snapshot's.
+    fn replace(&self, meta: &Meta, new_state: LockState) -> Result<(), StoreError> {
+        let mut state = self.state.write().map_err(|_| StoreError::Poisoned)?;
+        let mut progress = self.progress.lock().map_err(|_| StoreError::Poisoned)?;
+        *state = new_state;
+        *progress = Progress::of(meta);
+        self.observer.restored(&state);
+        Ok(())
+    }
+
+    /// The stored snapshot (`RaftStateMachine::get_current_snapshot`).
+    pub(crate) async fn current_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let stored = self.snapshots.load().await.map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(stored.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+    }
+}
+
+/// The lock state in `data`, checked: a snapshot that breaks an invariant is a bug, not an input to
+/// run with.
+fn restore(data: &[u8]) -> Result<LockState, StoreError> {
+    let state = LockState::restore(data)?;
+    state.check_invariants();
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    fn meta(index: Option<u64>) -> Meta {
+        let last_log_id = index.map(|i| LogId::new(CommittedLeaderId::new(1, 1), i));
+        Meta { last_log_id, last_membership: Default::default(), snapshot_id: String::new() }
+    }
+
+    #[test]
+    fn late_build_keeps_newer_snapshot_but_install_replaces_it() {
+        let (older, newer) = (meta(Some(3)), meta(Some(5)));
+        assert!(!Replace::IfNotOlder.replaces(Some(&newer), &older));
+        assert!(Replace::IfNotOlder.replaces(Some(&older), &newer));
+        assert!(Replace::IfNotOlder.replaces(Some(&newer), &newer));
+        assert!(Replace::IfNotOlder.replaces(None, &meta(None)));
+        assert!(Replace::Always.replaces(Some(&newer), &older));
+    }
+}
