@@ -75,6 +75,8 @@ impl ClientBuilder {
                 max_attempts: 10,
                 tls: None,
                 api_key: None,
+                dialer: None,
+                seed: None,
             },
         }
     }
@@ -94,6 +96,18 @@ impl ClientBuilder {
         // empty bearer, which the server refuses clearly.
         self.config.api_key =
             Some(format!("Bearer {key}").parse().unwrap_or_else(|_| "Bearer ".parse().expect("ASCII")));
+        self
+    }
+
+    /// Makes connections through `dialer` instead of TCP: the simulation's network.
+    pub fn dialer(mut self, dialer: holdfast_proto::dial::Dialer) -> Self {
+        self.config.dialer = Some(dialer);
+        self
+    }
+
+    /// Seeds the jitter of retry pauses, so that a simulated run is a function of its seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.config.seed = Some(seed);
         self
     }
 

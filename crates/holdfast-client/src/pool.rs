@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use holdfast_proto::dial::Dialer;
 use holdfast_proto::v1::LocksClient;
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -43,6 +45,10 @@ pub(crate) struct Config {
     pub(crate) tls: Option<Tls>,
     /// `Bearer KEY`, sent with every call, for a cluster with `--auth`.
     pub(crate) api_key: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// Makes connections; `None`: tonic's TCP connector.
+    pub(crate) dialer: Option<Dialer>,
+    /// Seeds the backoff's jitter (simulations); `None`: the operating system's entropy.
+    pub(crate) seed: Option<u64>,
 }
 
 /// A gRPC client of one node that sends the API key, if there is one.
@@ -166,6 +172,8 @@ pub(crate) struct Pool {
     channels: Mutex<Vec<Option<Channel>>>,
     /// The endpoint that answered last; calls start there.
     preferred: AtomicUsize,
+    /// Jitters the backoff between rounds of retries.
+    jitter: Mutex<StdRng>,
     pub(crate) config: Config,
 }
 
@@ -184,7 +192,8 @@ impl Pool {
     pub(crate) fn new(endpoints: Vec<String>, config: Config) -> Arc<Pool> {
         assert!(!endpoints.is_empty(), "a pool needs an endpoint");
         let channels = Mutex::new(vec![None; endpoints.len()]);
-        Arc::new(Pool { endpoints, channels, preferred: AtomicUsize::new(0), config })
+        let jitter = Mutex::new(config.seed.map_or_else(StdRng::from_entropy, StdRng::seed_from_u64));
+        Arc::new(Pool { endpoints, channels, preferred: AtomicUsize::new(0), jitter, config })
     }
 
     pub(crate) fn endpoints(&self) -> &[String] {
@@ -214,14 +223,17 @@ impl Pool {
                 }
                 endpoint = endpoint.tls_config(config).expect("TLS settings are checked when the client is built");
             }
-            endpoint
+            let endpoint = endpoint
                 .connect_timeout(self.config.connect_timeout)
                 .tcp_nodelay(true)
                 // Lets a session stream notice a node that vanished without closing its connections
                 // (power loss, partition) even when the session's own heartbeats are far apart.
                 .http2_keep_alive_interval(Duration::from_secs(5))
-                .keep_alive_timeout(Duration::from_secs(5))
-                .connect_lazy()
+                .keep_alive_timeout(Duration::from_secs(5));
+            match &self.config.dialer {
+                Some(dialer) => dialer.channel(&endpoint),
+                None => endpoint.connect_lazy(),
+            }
         });
         LocksClient::with_interceptor(channel.clone(), ApiKey(self.config.api_key.clone()))
     }
@@ -258,7 +270,7 @@ impl Pool {
             if k > 0 && k as usize % n == 0 {
                 let round = k / n as u32;
                 let ceiling = backoff_ceiling(self.config.backoff_min, self.config.backoff_max, round);
-                let pause = ceiling.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
+                let pause = ceiling.mul_f64(self.jitter.lock().expect("jitter poisoned").gen_range(0.5..=1.0));
                 tokio::time::sleep_until((Instant::now() + pause).min(plan.deadline)).await;
             }
             let now = Instant::now();
@@ -376,6 +388,8 @@ mod tests {
             max_attempts: 7,
             tls: None,
             api_key: None,
+            dialer: None,
+            seed: None,
         }
     }
 

@@ -332,6 +332,12 @@ impl HeldLock {
         self.lost.clone()
     }
 
+    /// Until when ownership is confirmed by this client's clock: the send instant of the last acknowledged
+    /// heartbeat plus the lease (unless [`lost`](Self::lost) says otherwise sooner).
+    pub fn confirmed_until(&self) -> Instant {
+        self.shared.confirmed_until()
+    }
+
     /// Whether ownership is no longer confirmed right now.
     pub fn is_lost(&self) -> bool {
         self.lost.is_cancelled() || !self.shared.is_confirmed_now()

@@ -2,8 +2,11 @@
 //!
 //! - [`v1`]: the public API (`proto/holdfast/v1/locks.proto`): lock sessions and one-shot calls.
 //! - [`peer`]: the internal API between nodes (Raft messages and forwarded client requests).
+//! - [`dial`]: how a channel reaches a node, replaceable so the simulation runs the same code on its network.
 //!
-//! This crate holds generated code only; it must not depend on any other holdfast crate.
+//! This crate holds generated code and the dialer; it must not depend on any other holdfast crate.
+
+pub mod dial;
 
 /// The public API and the peer API share the package `holdfast.v1`.
 mod generated {

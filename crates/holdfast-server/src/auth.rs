@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use holdfast_core::{limits, Grant, HolderView, LockState, LockView};
 use sha2::{Digest, Sha256};

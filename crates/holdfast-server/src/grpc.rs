@@ -317,7 +317,12 @@ impl SessionStream {
 
     /// Sends `event`, with names, owners and details as the client knows them.
     async fn send(&self, event: Result<SessionEvent, Status>) -> Result<(), Status> {
-        let event = event.map(|e| outer_event(&self.scope, e));
+        let event = event.map(|mut e| {
+            if let Some(EventKind::Acquired(acquired)) = &mut e.kind {
+                acquired.fence = self.node.told_fence(acquired.fence);
+            }
+            outer_event(&self.scope, e)
+        });
         self.tx.send(event).await.map_err(|_| Status::cancelled("the client went away"))
     }
 

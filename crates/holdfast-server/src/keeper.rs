@@ -13,14 +13,16 @@
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use holdfast_core::{limits, Applied, Command, Entry, Expire, Grant, Lease, LockState, Outcome, SessionId, Token};
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::{self, Metrics};
-use crate::node::{wall_ms, Node};
+use crate::node::{Bugs, Node};
 
 /// How often the leader looks for run-out leases.
 pub const KEEPER_TICK: Duration = Duration::from_millis(50);
@@ -160,7 +162,8 @@ impl Events {
         let handovers = applied.grants.iter().filter(|g| applied.ended.iter().any(|(name, _)| *name == g.name)).count();
         if handovers > 0 {
             m.handovers.inc_by(handovers as u64);
-            let took_s = wall_ms().saturating_sub(entry.at_ms) as f64 / 1000.0;
+            // A metric only: the system clock, also under simulation.
+            let took_s = crate::node::wall_ms().saturating_sub(entry.at_ms) as f64 / 1000.0;
             for _ in 0..handovers {
                 m.handover_latency.observe(took_s);
             }
@@ -235,12 +238,14 @@ impl Events {
     /// A leader's start in `term`: every hold, session and waiter gets a full lease from now, once per term.
     /// True if this call did it. Whoever first acts as leader in a term calls it (the keeper's tick, a
     /// heartbeat, a waiter ping), so that no deadline a follower kept stale is acted on or refused.
-    pub fn promote(&self, term: u64, state: &LockState) -> bool {
+    pub fn promote(&self, term: u64, state: &LockState, bugs: Bugs) -> bool {
         let mut inner = self.lock();
         if inner.promoted_term == Some(term) {
             return false;
         }
-        inner.reset(state, Instant::now());
+        if !bugs.no_promotion_grace {
+            inner.reset(state, Instant::now());
+        }
         inner.promoted_term = Some(term);
         true
     }
@@ -390,10 +395,10 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
         }
         let mut expire = {
             let state = node.state.read().expect("lock state poisoned");
-            let wall = wall_ms().max(state.now_ms());
+            let wall = node.clock.now_ms().max(state.now_ms());
             node.events.due(&state, Instant::now(), wall)
         };
-        if expire.is_empty() {
+        if expire.is_empty() || node.bugs.never_expire {
             continue;
         }
         // Only a confirmed leader decides expiry.

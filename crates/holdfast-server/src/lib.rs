@@ -29,6 +29,7 @@ pub mod ops;
 pub mod tls;
 
 pub use holdfast_core::limits;
+pub use node::{Bugs, WallClock};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -78,6 +79,12 @@ pub struct Config {
     pub auth: auth::AuthConfig,
     /// The storage's page cache, in bytes.
     pub cache_bytes: u64,
+    /// Where the leader's time stamps come from: the system clock, but in simulations.
+    pub clock: WallClock,
+    /// Seeds tokens and session ids; `None` (always, outside simulations): the operating system's entropy.
+    pub rng_seed: Option<u64>,
+    /// Deliberately broken behaviours, all off: for the simulation's checker tests only.
+    pub bugs: Bugs,
 }
 
 /// Where a node listens.
@@ -100,26 +107,105 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// Runs a node on its listeners until `shutdown` resolves.
+/// Runs a node on its listeners until `shutdown` resolves: storage on sled in `config.data_dir`, and TLS
+/// on both ports if `config.tls` says so.
 pub async fn run(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let Listeners { client, peer, health } = listeners;
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(tls::Tls::load(files.clone()).context("loading TLS certificates")?)),
+        None => None,
+    };
+    let client_addr = client.local_addr()?;
+    tracing::info!(id = config.id, %client_addr, peer_addr = %peer.local_addr()?, data_dir = %config.data_dir.display(), "starting holdfast node");
+    let data_dir = config.data_dir.clone();
+    let cache_bytes = config.cache_bytes;
+    let storage = move |observer| {
+        std::fs::create_dir_all(&data_dir)
+            .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+        let (log, machine) = holdfast_store::open_with_cache(&data_dir, observer, cache_bytes)
+            .with_context(|| format!("opening storage in {}", data_dir.display()))?;
+        Ok(Storage { state: machine.state(), committed_index: log.committed_index(), log, machine })
+    };
+    match tls {
+        Some(tls) => {
+            use tokio_stream::StreamExt;
+            let client = tls::TlsListener { local_addr: client_addr, incoming: tls.accept(client, tls::Port::Client) };
+            let peer = tokio_stream::wrappers::ReceiverStream::new(tls.accept(peer, tls::Port::Peer))
+                .map(|(stream, _)| Ok::<_, std::io::Error>(stream));
+            let transport = Transport { client, peer, health, tls: Some(tls), dialer: None, started: None };
+            serve(config, storage, transport, shutdown).await
+        }
+        None => {
+            // Without TCP_NODELAY, small answers and pushed session events wait for Nagle and delayed ACKs
+            // (~40 ms).
+            let client = axum::serve::ListenerExt::tap_io(client, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(%e, "could not set TCP_NODELAY on a client connection");
+                }
+            });
+            let peer = nodelay(tokio_stream::wrappers::TcpListenerStream::new(peer));
+            let transport = Transport { client, peer, health, tls: None, dialer: None, started: None };
+            serve(config, storage, transport, shutdown).await
+        }
+    }
+}
+
+/// A node's storage, opened with the node's apply observer: sled's, or the simulation's in memory.
+pub struct Storage<LS, SM> {
+    pub log: LS,
+    pub machine: SM,
+    /// The lock state the machine applies to.
+    pub state: holdfast_store::SharedState,
+    /// The last committed index the log store knows of.
+    pub committed_index: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// How a node is reached and reaches its peers: real sockets (with or without TLS), or the simulation's.
+pub struct Transport<C, P> {
+    /// Accepts client connections (HTTP/JSON and gRPC).
+    pub client: C,
+    /// Accepted peer connections.
+    pub peer: P,
+    /// The optional plain health port.
+    pub health: Option<TcpListener>,
+    /// TLS certificates, for peer connections and reloads; the listeners above already speak TLS.
+    pub tls: Option<Arc<tls::Tls>>,
+    /// Makes peer connections; `None`: tonic's TCP connector.
+    pub dialer: Option<holdfast_proto::dial::Dialer>,
+    /// Told the node once it runs: the simulation watches Raft and reads the lock state through it.
+    pub started: Option<tokio::sync::oneshot::Sender<Arc<Node>>>,
+}
+
+/// Runs a node on `transport` until `shutdown` resolves, with the storage `storage` opens. [`run`] calls
+/// it with real sockets and sled; the simulation with its own network and the in-memory store.
+pub async fn serve<LS, SM, C, P, IO, E>(
+    config: Config,
+    storage: impl FnOnce(Arc<dyn holdfast_store::ApplyObserver>) -> anyhow::Result<Storage<LS, SM>>,
+    transport: Transport<C, P>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()>
+where
+    LS: openraft::storage::RaftLogStorage<holdfast_store::TypeConfig>,
+    SM: openraft::storage::RaftStateMachine<holdfast_store::TypeConfig>,
+    C: axum::serve::Listener,
+    C::Addr: std::fmt::Debug,
+    P: tokio_stream::Stream<Item = Result<IO, E>> + Send + 'static,
+    IO: tonic::transport::server::Connected + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    let Transport { client, peer, health, tls, dialer, started } = transport;
     anyhow::ensure!(
         config.members.contains_key(&config.id),
         "node {} is not in the member list {:?}",
         config.id,
         config.members
     );
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
     let events = Arc::new(Events::new(Arc::new(metrics::Metrics::new())));
-    let (log_store, sm_store) = holdfast_store::open_with_cache(&config.data_dir, events.clone(), config.cache_bytes)
-        .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
-    let state = sm_store.state();
-    let committed_index = log_store.committed_index();
+    let Storage { log: log_store, machine: sm_store, state, committed_index } = storage(events.clone())?;
 
     let raft_config = openraft::Config {
         cluster_name: "holdfast".into(),
@@ -134,11 +220,7 @@ pub async fn run(
         ..Default::default()
     };
     let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
-    let tls = match &config.tls {
-        Some(files) => Some(Arc::new(tls::Tls::load(files.clone()).context("loading TLS certificates")?)),
-        None => None,
-    };
-    let peers = Arc::new(Peers::new(tls.clone()));
+    let peers = Arc::new(Peers::new(tls.clone(), dialer));
     let network = Network { peers: peers.clone() };
     let raft = Raft::new(config.id, raft_config, network, log_store, sm_store).await.context("starting raft")?;
 
@@ -158,14 +240,18 @@ pub async fn run(
     let node = Arc::new(
         Node::new(config.id, raft.clone(), state, events, peers, limits, committed_index)
             .with_admin_key(config.admin_key.clone())
-            .with_auth(auth::Auth::new(config.auth.clone())),
+            .with_auth(auth::Auth::new(config.auth.clone()))
+            .with_clock(config.clock.clone(), config.rng_seed)
+            .with_bugs(config.bugs),
     );
+    if let Some(started) = started {
+        let _ = started.send(node.clone());
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
     let peer_service = PeerServer::new(PeerService { node: node.clone() })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
-    let peer_addr = peer.local_addr()?;
     // The peer port stops last, after Raft: while client requests drain, this node keeps answering its
     // peers, so a stopping follower does not start an election and a stopping leader keeps its followers.
     let (peer_stop_tx, mut peer_stop) = tokio::sync::watch::channel(false);
@@ -173,19 +259,7 @@ pub async fn run(
         let _ = peer_stop.changed().await;
     };
     let peer_router = tonic::transport::Server::builder().add_service(peer_service);
-    let peer_server =
-        match &tls {
-            Some(tls) => {
-                use tokio_stream::StreamExt;
-                let incoming = tokio_stream::wrappers::ReceiverStream::new(tls.accept(peer, tls::Port::Peer))
-                    .map(|(stream, _)| Ok::<_, std::io::Error>(stream));
-                tokio::spawn(peer_router.serve_with_incoming_shutdown(incoming, peer_stopped))
-            }
-            None => tokio::spawn(peer_router.serve_with_incoming_shutdown(
-                nodelay(tokio_stream::wrappers::TcpListenerStream::new(peer)),
-                peer_stopped,
-            )),
-        };
+    let peer_server = tokio::spawn(peer_router.serve_with_incoming_shutdown(peer, peer_stopped));
     let keeper = tokio::spawn(keeper::run(node.clone(), stop_rx.clone()));
     let confirmer_node = node.clone();
     let confirmer_stop = stop_rx.clone();
@@ -203,8 +277,7 @@ pub async fn run(
         tokio::spawn(async move { serve.await })
     });
 
-    let client_addr = client.local_addr()?;
-    tracing::info!(id = config.id, %client_addr, %peer_addr, data_dir = %config.data_dir.display(), "holdfast node started");
+    tracing::info!(id = config.id, client_addr = ?client.local_addr()?, "holdfast node started");
     let mut http_stop = stop_rx.clone();
     let locks = holdfast_proto::v1::LocksServer::new(grpc::LocksService { node: node.clone() });
     let app = http::router(node.clone())
@@ -214,25 +287,8 @@ pub async fn run(
     let http_stopped = async move {
         let _ = http_stop.changed().await;
     };
-    let mut http = match &tls {
-        Some(tls) => {
-            let listener =
-                tls::TlsListener { local_addr: client_addr, incoming: tls.accept(client, tls::Port::Client) };
-            let http = axum::serve(listener, app).with_graceful_shutdown(http_stopped);
-            tokio::spawn(async move { http.await })
-        }
-        None => {
-            // Without TCP_NODELAY, small answers and pushed session events wait for Nagle and delayed ACKs
-            // (~40 ms).
-            let client = axum::serve::ListenerExt::tap_io(client, |tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(%e, "could not set TCP_NODELAY on a client connection");
-                }
-            });
-            let http = axum::serve(client, app).with_graceful_shutdown(http_stopped);
-            tokio::spawn(async move { http.await })
-        }
-    };
+    let http = axum::serve(client, app).with_graceful_shutdown(http_stopped);
+    let mut http = tokio::spawn(async move { http.await });
     let reloader = tls.clone().map(|tls| tokio::spawn(reload_tls(tls, node.peers.clone(), stop_rx.clone())));
     health::notify_systemd("READY=1");
 

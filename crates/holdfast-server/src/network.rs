@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use holdfast_proto::dial::Dialer;
 use holdfast_proto::peer::peer_client::PeerClient;
 use holdfast_proto::peer::peer_server::Peer;
 use holdfast_proto::peer::Blob;
@@ -43,11 +44,13 @@ pub struct Peers {
     channels: Mutex<HashMap<NodeId, (String, Channel)>>,
     /// Mutual TLS to peers, if the cluster uses it.
     tls: Option<Arc<Tls>>,
+    /// How connections are made: tonic's TCP connector, or the simulation's network.
+    dialer: Option<Dialer>,
 }
 
 impl Peers {
-    pub fn new(tls: Option<Arc<Tls>>) -> Self {
-        Peers { channels: Mutex::default(), tls }
+    pub fn new(tls: Option<Arc<Tls>>, dialer: Option<Dialer>) -> Self {
+        Peers { channels: Mutex::default(), tls, dialer }
     }
 
     /// Forgets every channel, so that the next calls connect anew (with reloaded certificates).
@@ -79,7 +82,10 @@ impl Peers {
             .http2_keep_alive_interval(PEER_KEEPALIVE)
             .keep_alive_timeout(PEER_KEEPALIVE)
             .keep_alive_while_idle(true);
-        let channel = endpoint.connect_lazy();
+        let channel = match &self.dialer {
+            Some(dialer) => dialer.channel(&endpoint),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(id, (addr.to_owned(), channel.clone()));
         Ok(channel)
     }

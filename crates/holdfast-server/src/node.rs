@@ -1,15 +1,18 @@
 //! A node: proposes on the leader, forwards from followers, reads linearizably, waits for grants.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, SessionId, SessionView, Token};
 use holdfast_store::{NodeId, Response, SharedState, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::keeper::Events;
 use crate::metrics::{Forwarded, Metrics, ProposalResult};
@@ -210,6 +213,60 @@ pub struct Node {
     pub admin_key: Option<crate::Secret>,
     /// API keys, tenants and their budgets.
     pub auth: crate::auth::Auth,
+    /// Where the leader's stamps come from.
+    pub clock: WallClock,
+    /// Makes tokens and session ids (a CSPRNG seeded by the operating system, or by a simulation).
+    rng: Mutex<StdRng>,
+    /// Deliberately broken behaviours; all off outside the simulation's checker tests.
+    pub bugs: Bugs,
+}
+
+/// Where a node reads wall-clock time for the leader's stamps: the system clock, or a simulation's.
+#[derive(Clone, Default)]
+pub struct WallClock(Option<Arc<dyn Fn() -> u64 + Send + Sync>>);
+
+impl WallClock {
+    /// The system clock.
+    pub fn system() -> Self {
+        WallClock(None)
+    }
+
+    /// A clock that reads `now_ms` (milliseconds since the Unix epoch): a simulation's, or a skewed one.
+    pub fn from_fn(now_ms: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        WallClock(Some(Arc::new(now_ms)))
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        match &self.0 {
+            Some(now_ms) => now_ms(),
+            None => wall_ms(),
+        }
+    }
+}
+
+impl std::fmt::Debug for WallClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "WallClock(custom)" } else { "WallClock(system)" })
+    }
+}
+
+/// Deliberately broken behaviours, each the opposite of a rule the design depends on. Every one is off
+/// unless the simulation turns it on, to show that its checkers catch a cluster that breaks that rule (a
+/// checker that never failed proves nothing). No flag of the binary sets them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// A new leader keeps the deadlines it kept as a follower, instead of giving every session and hold a
+    /// full lease from its promotion.
+    pub no_promotion_grace: bool,
+    /// Heartbeats are acknowledged without a quorum round confirming that this node still leads.
+    pub unconfirmed_heartbeats: bool,
+    /// Clients are told the leader's term as a grant's fence, instead of the grant's log index.
+    pub term_as_fence: bool,
+    /// A try-lock of a held lock is answered busy from this node's state without confirming leadership.
+    pub unconfirmed_busy: bool,
+    /// Leases never run out: the keeper never proposes an expiry.
+    pub never_expire: bool,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
@@ -238,6 +295,7 @@ impl Node {
         let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
         let last_stamp_ms = AtomicU64::new(0);
         let (admin_key, auth) = (None, crate::auth::Auth::default());
+        let rng = Mutex::new(StdRng::from_entropy());
         Node {
             id,
             raft,
@@ -251,7 +309,38 @@ impl Node {
             metrics,
             admin_key,
             auth,
+            clock: WallClock::system(),
+            rng,
+            bugs: Bugs::default(),
         }
+    }
+
+    /// Reads wall-clock time from `clock` and, with a `seed`, makes tokens and session ids from it (the
+    /// simulation's determinism); without one they come from the operating system's entropy.
+    pub fn with_clock(self, clock: WallClock, seed: Option<u64>) -> Self {
+        let rng = Mutex::new(seed.map_or_else(StdRng::from_entropy, StdRng::seed_from_u64));
+        Node { clock, rng, ..self }
+    }
+
+    /// Breaks the rules `bugs` names (simulation only).
+    pub fn with_bugs(self, bugs: Bugs) -> Self {
+        Node { bugs, ..self }
+    }
+
+    /// A random value for a token or an id.
+    fn random<T>(&self) -> T
+    where
+        rand::distributions::Standard: rand::distributions::Distribution<T>,
+    {
+        self.rng.lock().expect("rng poisoned").gen()
+    }
+
+    /// The fence a client is told for a grant under `fence`.
+    pub fn told_fence(&self, fence: u64) -> u64 {
+        if self.bugs.term_as_fence {
+            return self.raft.metrics().borrow().current_term;
+        }
+        fence
     }
 
     /// Checks API keys as `auth` says.
@@ -266,7 +355,7 @@ impl Node {
 
     /// The leader's stamp for a new entry: `max(last stamp, last applied time, wall clock)`.
     pub fn stamp(&self) -> u64 {
-        let floor = wall_ms().max(self.state.read().expect("lock state poisoned").now_ms());
+        let floor = self.clock.now_ms().max(self.state.read().expect("lock state poisoned").now_ms());
         let previous = self.last_stamp_ms.fetch_max(floor, Ordering::SeqCst);
         previous.max(floor)
     }
@@ -511,7 +600,7 @@ impl Node {
     /// call did it.
     pub fn promote(&self) -> bool {
         let term = self.raft.metrics().borrow().current_term;
-        let promoted = self.events.promote(term, &self.state.read().expect("lock state poisoned"));
+        let promoted = self.events.promote(term, &self.state.read().expect("lock state poisoned"), self.bugs);
         if promoted {
             tracing::info!(term, "became leader; every hold, session and waiter gets a full lease from now");
         }
@@ -538,7 +627,9 @@ impl Node {
         };
         // Acknowledged only once a quorum round begun after the heartbeat arrived confirms this node still
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
-        self.confirmed_since(received).await?;
+        if !self.bugs.unconfirmed_heartbeats {
+            self.confirmed_since(received).await?;
+        }
         // Belt and braces: the session may have been closed while the round ran.
         if self.state.read().expect("lock state poisoned").session_lease_ms(id).is_none() {
             return Ok(None);
@@ -594,7 +685,7 @@ impl Node {
                 matches!(tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable()).await, Ok(Ok(_)));
             self.confirmer.rounds.send_replace(Some((began, confirmed)));
             // At most one round per CONFIRM_SPACING: heartbeats that arrive meanwhile share the next one.
-            tokio::time::sleep_until((began + CONFIRM_SPACING).into()).await;
+            tokio::time::sleep_until(began + CONFIRM_SPACING).await;
         }
     }
 
@@ -621,7 +712,7 @@ impl Node {
         let (cmd, token) = match request {
             Request::Acquire { name, owner, ttl_ms, wait_ms } => {
                 // The leader makes the token before it proposes, so apply stays deterministic.
-                let token = Token(rand::random());
+                let token = Token(self.random());
                 (Command::Acquire(Acquire { name, owner, token, ttl_ms, wait_ms, session: None }), Some(token))
             }
             Request::Release { name, token } => (Command::Release { name, token }, None),
@@ -639,7 +730,7 @@ impl Node {
             Request::Cancel { name, token } => (Command::Cancel { name, token }, None),
             Request::OpenSession { owner, lease_ms } => {
                 // Ids are made by the leader, like tokens; 0 is never used so it can mean "none" on the wire.
-                let id = rand::random::<u64>().max(1);
+                let id = self.random::<u64>().max(1);
                 (Command::OpenSession { id, owner, lease_ms }, None)
             }
             Request::CloseSession { id } => (Command::CloseSession { id }, None),
@@ -649,7 +740,7 @@ impl Node {
                 let state = self.state.read().expect("lock state poisoned");
                 let owner = state.session_summary(id).map(|(owner, ..)| owner.to_owned());
                 drop(state);
-                let token = Token(rand::random());
+                let token = Token(self.random());
                 let acquire = Acquire {
                     name,
                     owner: owner.unwrap_or_default(),
@@ -677,7 +768,9 @@ impl Node {
         if self.state.read().expect("lock state poisoned").holder(name).is_none() {
             return Ok(None);
         }
-        self.confirm_leader().await?;
+        if !self.bugs.unconfirmed_busy {
+            self.confirm_leader().await?;
+        }
         let state = self.state.read().expect("lock state poisoned");
         Ok(state.holder(name).map(|holder| Written {
             index: state.applied_index(),

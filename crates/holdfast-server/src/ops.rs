@@ -2,7 +2,9 @@
 //! only parse and format; everything else is here, once.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use holdfast_core::{limits, Grant, LockView, Outcome, Token};
 
@@ -88,7 +90,12 @@ pub async fn acquire(
     check_wait(node, wait_ms)?;
     let name = scope.inner(&name);
     let granted = acquire_stored(node, name, scope.inner(&owner), ttl_ms, wait_ms).await;
-    granted.map(|grant| scope.grant(grant)).map_err(|e| scope.error(e))
+    granted
+        .map(|mut grant| {
+            grant.fence = node.told_fence(grant.fence);
+            scope.grant(grant)
+        })
+        .map_err(|e| scope.error(e))
 }
 
 async fn acquire_stored(
@@ -153,7 +160,7 @@ async fn wait_for_grant(
     let granted = match node.watch(&name, token, index).await? {
         Watch::Granted(grant) => Some(grant),
         Watch::Gone => None,
-        Watch::Waiting(rx) => match tokio::time::timeout_at(deadline.into(), rx).await {
+        Watch::Waiting(rx) => match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(grant)) => Some(grant),
             Ok(Err(_)) | Err(_) => None,
         },

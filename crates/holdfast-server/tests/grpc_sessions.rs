@@ -44,6 +44,9 @@ impl Node {
             tls: None,
             auth: Default::default(),
             cache_bytes: holdfast_store::CACHE_BYTES_DEFAULT,
+            clock: holdfast_server::WallClock::system(),
+            rng_seed: None,
+            bugs: holdfast_server::Bugs::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(holdfast_server::run(

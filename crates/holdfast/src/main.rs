@@ -517,6 +517,9 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         snapshot_every_entries: args.snapshot_every.max(1),
         join,
         cache_bytes: args.storage_cache,
+        clock: holdfast_server::WallClock::system(),
+        rng_seed: None,
+        bugs: holdfast_server::Bugs::default(),
         admin_key: admin_key.map(holdfast_server::Secret),
         auth: holdfast_server::auth::AuthConfig {
             enabled: args.auth,

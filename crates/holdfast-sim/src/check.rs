@@ -1,0 +1,1263 @@
+//! The checkers over a simulated run's [`History`]. Each is a pure function of what the run recorded (no IO,
+//! no clock, no simulation) and returns every violation it finds, empty when the run kept its invariant: a
+//! failing seed then reports everything it broke at once, not just the first thing.
+//!
+//! What each one guards:
+//! - [`mutual_exclusion`]: no two clients believed they held the same lock at the same time.
+//! - [`fenced_resource`]: the fenced counter never accepted a stale fence and never lost an update.
+//! - [`fence_order`]: fences are distinct and follow real-time order.
+//! - [`acknowledged`]: a grant or release the cluster acknowledged is still in effect at the end of the run.
+//! - [`liveness`]: once faults heal, every call gets a definite answer within a bound.
+//! - [`linearizable`]: the calls on each lock can be explained by one lock acting on them one at a time.
+//! - [`all`]: all of the above over one [`History`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::time::Duration;
+
+use crate::history::{Access, AccessKind, At, Call, Final, History, Hold, Op, Outcome};
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The checker that found it: the name of its function, e.g. `"mutual_exclusion"`.
+    pub checker: &'static str,
+    /// What broke, naming the lock, clients, fences and times involved.
+    pub detail: String,
+}
+
+impl Violation {
+    fn new(checker: &'static str, detail: String) -> Self {
+        Self { checker, detail }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.checker, self.detail)
+    }
+}
+
+/// Steps the linearizability search may take on one lock before [`linearizable`] gives up and reports the
+/// lock as undecided. The search is exponential in how many calls overlap at once; this keeps a history
+/// that is too large or too concurrent from hanging a test. On a history of a hundred-odd calls a step takes
+/// about a microsecond in an optimised build and tens of microseconds unoptimised, so the budget is seconds
+/// to a minute.
+pub const LINEARIZABLE_STEPS_MAX: u64 = 2_000_000;
+
+/// Every two holds of the same lock that overlap in time under different fences or by different clients.
+///
+/// Spans are half-open, `[from, until)`, so one that ends when the next starts does not overlap it; a span
+/// with `until <= from` is empty and overlaps nothing. Each overlapping pair is reported once.
+pub fn mutual_exclusion(holds: &[Hold]) -> Vec<Violation> {
+    const CHECKER: &str = "mutual_exclusion";
+    let mut by_lock: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
+    for hold in holds.iter().filter(|hold| hold.from < hold.until) {
+        by_lock.entry(&hold.lock).or_default().push(hold);
+    }
+    let mut violations = Vec::new();
+    for (lock, mut spans) in by_lock {
+        spans.sort_by_key(|hold| (hold.from, hold.until, hold.client, hold.fence));
+        for (i, a) in spans.iter().enumerate() {
+            // Sorted by start, so the spans after `a` that overlap it are exactly those that start before it
+            // ends: the first that does not ends the scan, which keeps this linear in the overlaps found.
+            for b in spans[i + 1..].iter().take_while(|b| b.from < a.until) {
+                // A client may record several spans under one fence (each renewal extends its belief); those
+                // overlapping are still one hold.
+                if a.fence != b.fence || a.client != b.client {
+                    violations.push(Violation::new(
+                        CHECKER,
+                        format!(
+                            "lock {lock:?}: client {} held it under fence {} in [{:?}, {:?}) while client {} held \
+                             it under fence {} in [{:?}, {:?})",
+                            a.client, a.fence, a.from, a.until, b.client, b.fence, b.from, b.until
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    violations
+}
+
+/// Every stale access the fenced counter accepted and every update it lost. `accesses` are in the order the
+/// resource saw them.
+///
+/// - Stale: an accepted access whose fence is lower than the fence of an earlier accepted access. Fencing
+///   exists to refuse exactly these: a holder that lost its lock without knowing it.
+/// - Lost update: replaying the accepted writes in order from 0, a write whose `read` is not the counter's
+///   value before it overwrote an update it never saw; a write whose `written` is not `read + 1` is not the
+///   increment the workload performs.
+pub fn fenced_resource(accesses: &[Access]) -> Vec<Violation> {
+    const CHECKER: &str = "fenced_resource";
+    let mut violations = Vec::new();
+    // The accepted access with the highest fence so far: the one a stale access is stale against.
+    let mut highest: Option<&Access> = None;
+    // The counter as the accepted writes so far leave it.
+    let mut counter: u64 = 0;
+    for access in accesses.iter().filter(|access| access.accepted) {
+        if let Some(top) = highest.filter(|top| access.fence < top.fence) {
+            violations.push(Violation::new(
+                CHECKER,
+                format!(
+                    "stale access accepted: client {} at {:?} under fence {} after client {} at {:?} under fence {}",
+                    access.client, access.at, access.fence, top.client, top.at, top.fence
+                ),
+            ));
+        }
+        if highest.is_none_or(|top| access.fence > top.fence) {
+            highest = Some(access);
+        }
+        if let AccessKind::Write { read, written } = access.kind {
+            if read != counter {
+                violations.push(Violation::new(
+                    CHECKER,
+                    format!(
+                        "lost update: client {} at {:?} under fence {} wrote {written} computed from {read}, \
+                         overwriting {counter}",
+                        access.client, access.at, access.fence
+                    ),
+                ));
+            }
+            if read.checked_add(1) != Some(written) {
+                violations.push(Violation::new(
+                    CHECKER,
+                    format!(
+                        "bad increment: client {} at {:?} under fence {} wrote {written} computed from {read}",
+                        access.client, access.at, access.fence
+                    ),
+                ));
+            }
+            // What the resource now holds, right or wrong: later writes are judged against it.
+            counter = written;
+        }
+    }
+    violations
+}
+
+/// Every pair of grants whose fences break the order fences promise. Fences are log indexes, so across all
+/// locks:
+/// - no two grants share a fence;
+/// - a grant that completed strictly before another was invoked has the lower fence (the later one was
+///   committed at a later log index).
+///
+/// O(n log n): grants sorted by completion are swept in invocation order, keeping the highest fence among
+/// those that completed before the current one was invoked; only that one need be compared.
+pub fn fence_order(ops: &[Op]) -> Vec<Violation> {
+    const CHECKER: &str = "fence_order";
+    let grants: Vec<(&Op, u64)> = ops
+        .iter()
+        .filter_map(|op| match op.outcome {
+            Outcome::Granted { fence } => Some((op, fence)),
+            _ => None,
+        })
+        .collect();
+    let mut violations = Vec::new();
+
+    let mut by_fence = grants.clone();
+    by_fence.sort_by_key(|&(op, fence)| (fence, op.invoked));
+    for pair in by_fence.windows(2) {
+        let ((a, fence), (b, other)) = (pair[0], pair[1]);
+        if fence == other {
+            violations.push(Violation::new(
+                CHECKER,
+                format!("fence {fence} granted twice: {} and {}", describe(a), describe(b)),
+            ));
+        }
+    }
+
+    // A grant with no completion time is a malformed record; it cannot precede anything, but it is still
+    // judged against those that completed before it was invoked.
+    let mut by_completion: Vec<(At, u64, &Op)> =
+        grants.iter().filter_map(|&(op, fence)| op.completed.map(|completed| (completed, fence, op))).collect();
+    by_completion.sort_by_key(|&(completed, fence, _)| (completed, fence));
+    let mut by_invocation = grants;
+    by_invocation.sort_by_key(|&(op, fence)| (op.invoked, fence));
+    let mut completed_before = by_completion.iter().peekable();
+    let mut highest_before: Option<(u64, &Op)> = None;
+    for (op, fence) in by_invocation {
+        while let Some(&(_, earlier_fence, earlier)) =
+            completed_before.next_if(|&&(completed, _, _)| completed < op.invoked)
+        {
+            if highest_before.is_none_or(|(highest, _)| earlier_fence > highest) {
+                highest_before = Some((earlier_fence, earlier));
+            }
+        }
+        if let Some((highest, earlier)) = highest_before.filter(|&(highest, _)| highest >= fence) {
+            violations.push(Violation::new(
+                CHECKER,
+                format!(
+                    "fence {fence} is not above fence {highest}, granted before it was invoked: {} completed \
+                     before {}",
+                    describe(earlier),
+                    describe(op)
+                ),
+            ));
+        }
+    }
+    violations
+}
+
+/// Every acknowledged grant or release that the end state does not reflect.
+///
+/// - A grant (`Acquire` answered `Granted { fence }`) whose lease cannot have run out by `end.at` and that no
+///   release of its lock under its fence was ever sent for (whatever came back) must be the lock's holder at
+///   the end: otherwise the cluster forgot a write it acknowledged.
+/// - A release answered `Released` must not leave its fence holding the lock at the end.
+pub fn acknowledged(ops: &[Op], end: &Final) -> Vec<Violation> {
+    const CHECKER: &str = "acknowledged";
+    // A release that got no definite answer may still have let go, so the grant it names is not owed to the
+    // end state either.
+    let released: HashSet<(&str, u64)> = ops
+        .iter()
+        .filter_map(|op| match op.call {
+            Call::Release { fence } => Some((op.lock.as_str(), fence)),
+            Call::Acquire { .. } => None,
+        })
+        .collect();
+    let mut violations = Vec::new();
+    for op in ops {
+        let holder = end.holders.get(&op.lock).copied();
+        match (op.call, op.outcome) {
+            (Call::Acquire { ttl_ms, .. }, Outcome::Granted { fence }) => {
+                // The cluster counts the lease from a leader's stamp taken no earlier than the call was sent,
+                // so it lasts at least until `invoked + ttl_ms`; from then on it may rightly have expired.
+                let alive = op.invoked.checked_add(Duration::from_millis(ttl_ms)).is_none_or(|until| until > end.at);
+                if alive && !released.contains(&(op.lock.as_str(), fence)) && holder != Some(fence) {
+                    violations.push(Violation::new(
+                        CHECKER,
+                        format!(
+                            "acknowledged grant lost: {}, lease of {ttl_ms}ms not run out by {:?}, but the end \
+                             state has {}",
+                            describe(op),
+                            end.at,
+                            describe_holder(holder)
+                        ),
+                    ));
+                }
+            }
+            (Call::Release { fence }, Outcome::Released) if holder == Some(fence) => {
+                violations.push(Violation::new(
+                    CHECKER,
+                    format!(
+                        "acknowledged release lost: {}, but at {:?} fence {fence} still holds it",
+                        describe(op),
+                        end.at
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    violations
+}
+
+/// Every call sent at or after `healed` that did not get a definite answer (anything but
+/// [`Outcome::Unknown`]) within `bound` of being sent. Calls sent before `healed` are not judged: faults may
+/// rightly have kept them from an answer.
+pub fn liveness(ops: &[Op], healed: At, bound: Duration) -> Vec<Violation> {
+    const CHECKER: &str = "liveness";
+    let mut violations = Vec::new();
+    for op in ops.iter().filter(|op| op.invoked >= healed) {
+        let problem = match op.completed {
+            None => "got no answer".to_string(),
+            Some(_) if op.outcome == Outcome::Unknown => "got no definite answer".to_string(),
+            Some(completed) => {
+                let took = completed.saturating_sub(op.invoked);
+                if took <= bound {
+                    continue;
+                }
+                format!("took {took:?}")
+            }
+        };
+        violations.push(Violation::new(
+            CHECKER,
+            format!("{}, sent after faults healed at {healed:?}, {problem} (bound {bound:?})", describe(op)),
+        ));
+    }
+    violations
+}
+
+/// Every lock whose calls no sequential lock explains: the history is checked per lock, which is sound
+/// because locks are independent objects (a history is linearizable exactly when each object's sub-history
+/// is: P-compositionality).
+///
+/// The sequential model has no expiry, so pass only the calls on locks whose grants cannot expire during the
+/// run. Its state is the holder (free, a fence, or a fence nobody learned) and the highest fence granted:
+/// - `Acquire` on a free lock grants, under any fence above every earlier one (fences are log indexes, so
+///   the model cannot say which); on a held lock it is `Busy`.
+/// - `Release { fence }` by the holder's fence is `Released` and frees the lock; any other is `NotHeld`.
+///
+/// A call with no definite answer ([`Outcome::Unknown`], or no completion) may have taken effect at any time
+/// after it was sent, or never. An unknown acquire that took effect holds the lock under a fence nobody
+/// learned, which no later release can name (a client releases only fences it was given), so the lock stays
+/// held for the rest of the history.
+///
+/// Only one-call calls are checked: `Acquire { wait: true }` is skipped, since a session's wait in a queue and
+/// its end releasing its holds are outside the model. So a lock a session also acquires may be reported
+/// (its holder explains `Busy` answers the model cannot): keep such locks out.
+///
+/// The search is Wing & Gong's with Lowe's memoization, bounded by [`LINEARIZABLE_STEPS_MAX`] steps per lock;
+/// a lock it cannot decide within that is reported as `undecided`, so keep histories small.
+pub fn linearizable(ops: &[Op]) -> Vec<Violation> {
+    linearizable_within(ops, LINEARIZABLE_STEPS_MAX)
+}
+
+/// [`linearizable`] with the step budget per lock as an argument, so tests can exhaust it.
+fn linearizable_within(ops: &[Op], steps_max: u64) -> Vec<Violation> {
+    const CHECKER: &str = "linearizable";
+    let mut by_lock: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in ops.iter().filter(|op| !matches!(op.call, Call::Acquire { wait: true, .. })) {
+        by_lock.entry(&op.lock).or_default().push(op);
+    }
+    let mut violations = Vec::new();
+    for (lock, lock_ops) in by_lock {
+        let count = lock_ops.len();
+        match search(lock_ops, steps_max) {
+            Search::Linearizable => {}
+            Search::Undecided => violations.push(Violation::new(
+                CHECKER,
+                format!("undecided: search budget exceeded for lock {lock:?} ({count} ops, {steps_max} steps)"),
+            )),
+            Search::Stuck { placed, definite, model, blocking } => violations.push(Violation::new(
+                CHECKER,
+                format!(
+                    "lock {lock:?} is not linearizable: at best {placed} of its {definite} answered calls fit \
+                     (lock then {model}), and then nothing fits; the first answered call left is {}",
+                    describe(blocking)
+                ),
+            )),
+        }
+    }
+    violations
+}
+
+/// Every checker over `history`: [`linearizable`] only on the calls whose lock `model_locks` selects (those
+/// whose grants cannot expire during the run), [`acknowledged`] only if the end state was read.
+pub fn all(
+    history: &History,
+    healed: At,
+    liveness_bound: Duration,
+    model_locks: &dyn Fn(&str) -> bool,
+) -> Vec<Violation> {
+    let mut violations = mutual_exclusion(&history.holds);
+    violations.extend(fenced_resource(&history.accesses));
+    violations.extend(fence_order(&history.ops));
+    if let Some(end) = &history.end {
+        violations.extend(acknowledged(&history.ops, end));
+    }
+    violations.extend(liveness(&history.ops, healed, liveness_bound));
+    let modelled: Vec<Op> = history.ops.iter().filter(|op| model_locks(&op.lock)).cloned().collect();
+    violations.extend(linearizable(&modelled));
+    violations
+}
+
+/// One op in a line: who, what, when, and what came back.
+fn describe(op: &Op) -> String {
+    let call = match op.call {
+        Call::Acquire { ttl_ms, wait: false } => format!("acquire({ttl_ms}ms)"),
+        Call::Acquire { ttl_ms, wait: true } => format!("acquire({ttl_ms}ms, wait)"),
+        Call::Release { fence } => format!("release({fence})"),
+    };
+    let completed = op.completed.map_or_else(|| "-".to_string(), |completed| format!("{completed:?}"));
+    let outcome = match op.outcome {
+        Outcome::Granted { fence } => format!("granted {fence}"),
+        Outcome::Busy => "busy".to_string(),
+        Outcome::Released => "released".to_string(),
+        Outcome::NotHeld => "not held".to_string(),
+        Outcome::Unknown => "unknown".to_string(),
+    };
+    format!("client {} {call} on {:?} [{:?}, {completed}] -> {outcome}", op.client, op.lock, op.invoked)
+}
+
+fn describe_holder(holder: Option<u64>) -> String {
+    match holder {
+        Some(fence) => format!("fence {fence} holding it"),
+        None => "it free".to_string(),
+    }
+}
+
+/// Who holds a lock in the sequential model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Holder {
+    Free,
+    Fence(u64),
+    /// Granted to an acquire whose answer never arrived: no client knows the fence, so none can release it.
+    Unknown,
+}
+
+/// The sequential lock [`linearizable`] checks against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct LockModel {
+    holder: Holder,
+    /// The highest fence granted so far. An unknown acquire that took effect leaves it as it was, though its
+    /// own fence is higher: the lock is then held for good, so no later grant is ever compared with it.
+    fence_max: u64,
+}
+
+impl LockModel {
+    const INITIAL: Self = Self { holder: Holder::Free, fence_max: 0 };
+
+    /// The state after `call` answered `outcome`, or `None` if the lock could not have answered that.
+    fn answered(self, call: Call, outcome: Outcome) -> Option<Self> {
+        match (call, outcome, self.holder) {
+            (Call::Acquire { .. }, Outcome::Granted { fence }, Holder::Free) if fence > self.fence_max => {
+                Some(Self { holder: Holder::Fence(fence), fence_max: fence })
+            }
+            (Call::Acquire { .. }, Outcome::Busy, Holder::Fence(_) | Holder::Unknown) => Some(self),
+            (Call::Release { fence }, Outcome::Released, Holder::Fence(held)) if held == fence => {
+                Some(Self { holder: Holder::Free, ..self })
+            }
+            (Call::Release { fence }, Outcome::NotHeld, holder) if holder != Holder::Fence(fence) => Some(self),
+            _ => None,
+        }
+    }
+
+    /// The state after `call`, whose answer is unknown, took effect; `None` if it would change nothing
+    /// here. An unknown call that changes nothing need never be placed: leaving it out is the same history.
+    fn took_effect(self, call: Call) -> Option<Self> {
+        match (call, self.holder) {
+            (Call::Acquire { .. }, Holder::Free) => Some(Self { holder: Holder::Unknown, ..self }),
+            (Call::Release { fence }, Holder::Fence(held)) if held == fence => {
+                Some(Self { holder: Holder::Free, ..self })
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `call`, whose answer is unknown, could still change the state, now or later.
+    fn may_take_effect(self, call: Call) -> bool {
+        match call {
+            Call::Acquire { .. } => self.holder != Holder::Unknown,
+            // Fences only grow: one not above every fence granted so far is never granted again, so a release
+            // naming it can only ever let go of the holder it names now.
+            Call::Release { fence } => self.holder == Holder::Fence(fence) || fence > self.fence_max,
+        }
+    }
+}
+
+impl fmt::Display for LockModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.holder {
+            Holder::Free => write!(f, "free")?,
+            Holder::Fence(fence) => write!(f, "held under fence {fence}")?,
+            Holder::Unknown => write!(f, "held under a fence nobody learned")?,
+        }
+        write!(f, ", fences granted up to {}", self.fence_max)
+    }
+}
+
+/// A set of op indexes: which ops a search node has placed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(len: usize) -> Self {
+        Self(vec![0; len.div_ceil(64)])
+    }
+
+    fn contains(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn insert(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+}
+
+/// What the search over one lock's calls found.
+enum Search<'a> {
+    Linearizable,
+    /// No order fits; the node that placed the most answered calls, to say where it broke.
+    Stuck {
+        /// How many answered calls it placed.
+        placed: usize,
+        /// How many answered calls there are.
+        definite: usize,
+        model: LockModel,
+        /// The unplaced answered call that answered first: it must be placed before anything sent after.
+        blocking: &'a Op,
+    },
+    /// The step budget ran out first.
+    Undecided,
+}
+
+/// A point in the search: the ops placed so far (in some order) and the state they leave.
+#[derive(Clone)]
+struct Node {
+    placed: Bits,
+    /// How many of the placed ops are answered ones: the search is done when all of those are placed.
+    definite_placed: usize,
+    model: LockModel,
+}
+
+/// Wing & Gong's search for an order of `ops` (all on one lock) that the sequential lock explains and that
+/// respects real time, depth first, with Lowe's memoization of (placed ops, state) so each such node is
+/// expanded once.
+fn search(mut ops: Vec<&Op>, steps_max: u64) -> Search<'_> {
+    ops.sort_by_key(|op| op.invoked);
+    // When an answered op answered: it must be placed by then. Unknown ops have no deadline (they may take
+    // effect after their error or timeout reached the client, while the request is still in the cluster), and
+    // need never be placed.
+    let deadlines: Vec<Option<At>> =
+        ops.iter().map(|op| op.completed.filter(|_| op.outcome != Outcome::Unknown)).collect();
+    let definite = deadlines.iter().filter(|deadline| deadline.is_some()).count();
+    let unknown: Vec<usize> = (0..ops.len()).filter(|&i| deadlines[i].is_none()).collect();
+
+    let root = Node { placed: Bits::new(ops.len()), definite_placed: 0, model: LockModel::INITIAL };
+    let mut seen: HashSet<(Bits, LockModel)> = HashSet::new();
+    seen.insert((root.placed.clone(), root.model));
+    let mut deepest = root.clone();
+    let mut stack = vec![root];
+    let mut steps: u64 = 0;
+    while let Some(node) = stack.pop() {
+        if node.definite_placed == definite {
+            return Search::Linearizable;
+        }
+        steps += 1;
+        if steps > steps_max {
+            return Search::Undecided;
+        }
+        if node.model.holder == Holder::Unknown {
+            // Held for good: nothing can change the state again, so there is nothing left to search. The
+            // rest fits exactly when every answered op left is one a held lock gives (`Busy`, `NotHeld`):
+            // such ops change nothing, so placing each at its answer respects real time. Settling it here
+            // rather than searching keeps every unknown acquire from opening a subtree of its own.
+            let mut settled = node;
+            for i in unplaced_by_deadline(&deadlines, &settled.placed) {
+                if settled.model.answered(ops[i].call, ops[i].outcome).is_none() {
+                    break;
+                }
+                settled.placed.insert(i);
+                settled.definite_placed += 1;
+            }
+            if settled.definite_placed == definite {
+                return Search::Linearizable;
+            }
+            if settled.definite_placed > deepest.definite_placed {
+                deepest = settled;
+            }
+            continue;
+        }
+        if node.definite_placed > deepest.definite_placed {
+            deepest = node.clone();
+        }
+        // The unplaced answered op that answered first bounds what can go next: an op sent after that answer
+        // came after it in real time, so cannot precede it.
+        let horizon = earliest_unplaced(&deadlines, &node.placed).map(|(_, deadline)| deadline);
+        let candidates = ops
+            .iter()
+            .enumerate()
+            .take_while(|(_, op)| horizon.is_none_or(|horizon| op.invoked <= horizon))
+            .filter(|&(i, _)| !node.placed.contains(i));
+        // Unknown ops are pushed first so the answered ones, which the search must place anyway, are tried
+        // first; the order changes only how soon a linearizable history is found.
+        let mut unknown_children = Vec::new();
+        let mut definite_children = Vec::new();
+        for (i, op) in candidates {
+            let (model, children) = match deadlines[i] {
+                Some(_) => (node.model.answered(op.call, op.outcome), &mut definite_children),
+                None => (node.model.took_effect(op.call), &mut unknown_children),
+            };
+            let Some(model) = model else { continue };
+            // Unknown ops that can no longer take effect are marked placed, so that whether one took effect
+            // earlier or never makes no difference to the memo: otherwise each unknown release that might
+            // have let go would double the search for the rest of the history.
+            let mut placed = node.placed.clone();
+            placed.insert(i);
+            // Which can take effect depends on the state alone, so a child in its parent's state inherits
+            // its parent's marks.
+            if model != node.model {
+                for &j in &unknown {
+                    if !model.may_take_effect(ops[j].call) {
+                        placed.insert(j);
+                    }
+                }
+            }
+            if seen.insert((placed.clone(), model)) {
+                let definite_placed = node.definite_placed + usize::from(deadlines[i].is_some());
+                children.push(Node { placed, definite_placed, model });
+            }
+        }
+        stack.extend(unknown_children);
+        // Reversed so the earliest-sent answered op is popped first.
+        stack.extend(definite_children.into_iter().rev());
+    }
+    let (blocking, _) =
+        earliest_unplaced(&deadlines, &deepest.placed).expect("a stuck search has an answered op left to place");
+    Search::Stuck { placed: deepest.definite_placed, definite, model: deepest.model, blocking: ops[blocking] }
+}
+
+/// The indexes of the answered ops not in `placed`, in the order they answered.
+fn unplaced_by_deadline(deadlines: &[Option<At>], placed: &Bits) -> Vec<usize> {
+    let mut unplaced: Vec<(At, usize)> = deadlines
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !placed.contains(i))
+        .filter_map(|(i, deadline)| deadline.map(|deadline| (deadline, i)))
+        .collect();
+    unplaced.sort_unstable();
+    unplaced.into_iter().map(|(_, i)| i).collect()
+}
+
+/// The index and answer time of the answered op not in `placed` that answered first.
+fn earliest_unplaced(deadlines: &[Option<At>], placed: &Bits) -> Option<(usize, At)> {
+    deadlines
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !placed.contains(i))
+        .filter_map(|(i, deadline)| deadline.map(|deadline| (i, deadline)))
+        .min_by_key(|&(_, deadline)| deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(millis: u64) -> At {
+        Duration::from_millis(millis)
+    }
+
+    fn op(client: u32, lock: &str, call: Call, invoked_ms: u64, completed_ms: Option<u64>, outcome: Outcome) -> Op {
+        Op { client, lock: lock.to_string(), call, invoked: ms(invoked_ms), completed: completed_ms.map(ms), outcome }
+    }
+
+    /// A one-call acquire of `lock` with a long lease, sent at `invoked_ms`, answered at `completed_ms`.
+    fn acquire(client: u32, lock: &str, invoked_ms: u64, completed_ms: u64, outcome: Outcome) -> Op {
+        op(client, lock, Call::Acquire { ttl_ms: 60_000, wait: false }, invoked_ms, Some(completed_ms), outcome)
+    }
+
+    /// An acquire that never got an answer.
+    fn acquire_unanswered(client: u32, lock: &str, invoked_ms: u64) -> Op {
+        op(client, lock, Call::Acquire { ttl_ms: 60_000, wait: false }, invoked_ms, None, Outcome::Unknown)
+    }
+
+    fn release(client: u32, lock: &str, fence: u64, invoked_ms: u64, completed_ms: u64, outcome: Outcome) -> Op {
+        op(client, lock, Call::Release { fence }, invoked_ms, Some(completed_ms), outcome)
+    }
+
+    fn granted(fence: u64) -> Outcome {
+        Outcome::Granted { fence }
+    }
+
+    fn hold(client: u32, lock: &str, fence: u64, from_ms: u64, until_ms: u64) -> Hold {
+        Hold { client, lock: lock.to_string(), fence, from: ms(from_ms), until: ms(until_ms) }
+    }
+
+    fn write(client: u32, fence: u64, at_ms: u64, read: u64, written: u64, accepted: bool) -> Access {
+        Access { client, fence, at: ms(at_ms), kind: AccessKind::Write { read, written }, accepted }
+    }
+
+    fn read(client: u32, fence: u64, at_ms: u64, value: u64, accepted: bool) -> Access {
+        Access { client, fence, at: ms(at_ms), kind: AccessKind::Read { value }, accepted }
+    }
+
+    fn end(at_ms: u64, holders: &[(&str, u64)]) -> Final {
+        Final { at: ms(at_ms), holders: holders.iter().map(|&(lock, fence)| (lock.to_string(), fence)).collect() }
+    }
+
+    /// Asserts every violation is `checker`'s and each detail contains its expected fragment, in order.
+    #[track_caller]
+    fn assert_violations(violations: &[Violation], checker: &str, fragments: &[&str]) {
+        assert_eq!(violations.len(), fragments.len(), "{violations:#?}");
+        for (violation, fragment) in violations.iter().zip(fragments) {
+            assert_eq!(violation.checker, checker, "{violation}");
+            assert!(violation.detail.contains(fragment), "{violation:?} lacks {fragment:?}");
+        }
+    }
+
+    #[test]
+    fn violation_displays_checker_then_detail() {
+        let violation = Violation::new("liveness", "slow".to_string());
+        assert_eq!(violation.to_string(), "liveness: slow");
+    }
+
+    // mutual_exclusion
+
+    #[test]
+    fn mutual_exclusion_passes_disjoint_holds() {
+        let holds = [
+            hold(1, "a", 3, 0, 5),
+            // Touching: [0, 5) ends as [5, 10) starts.
+            hold(2, "a", 7, 5, 10),
+            // Another lock may be held at the same time.
+            hold(3, "b", 4, 0, 10),
+            // One client's renewals under one fence overlap each other.
+            hold(2, "a", 7, 8, 20),
+            // Empty spans overlap nothing.
+            hold(4, "a", 9, 12, 12),
+            hold(5, "a", 11, 15, 13),
+        ];
+        assert_eq!(mutual_exclusion(&holds), vec![]);
+    }
+
+    #[test]
+    fn mutual_exclusion_reports_overlap_between_clients() {
+        let holds = [hold(1, "a", 3, 0, 10), hold(2, "a", 7, 9, 20)];
+        assert_violations(
+            &mutual_exclusion(&holds),
+            "mutual_exclusion",
+            &["lock \"a\": client 1 held it under fence 3 in [0ns, 10ms) while client 2 held it under fence 7 in \
+               [9ms, 20ms)"],
+        );
+    }
+
+    #[test]
+    fn mutual_exclusion_reports_one_client_under_two_fences() {
+        let holds = [hold(1, "a", 3, 0, 10), hold(1, "a", 7, 5, 6)];
+        assert_violations(
+            &mutual_exclusion(&holds),
+            "mutual_exclusion",
+            &["client 1 held it under fence 3 in [0ns, 10ms) while client 1 held it under fence 7 in [5ms, 6ms)"],
+        );
+    }
+
+    #[test]
+    fn mutual_exclusion_reports_each_overlapping_pair_once() {
+        // Input order does not matter; all three overlap each other, and the fourth overlaps none of them.
+        let holds = [hold(3, "a", 5, 2, 8), hold(1, "a", 1, 0, 10), hold(2, "a", 4, 1, 9), hold(4, "a", 6, 10, 11)];
+        assert_violations(
+            &mutual_exclusion(&holds),
+            "mutual_exclusion",
+            &["client 1 held it under fence 1", "client 1 held it under fence 1", "client 2 held it under fence 4"],
+        );
+    }
+
+    // fenced_resource
+
+    #[test]
+    fn fenced_resource_passes_increments_under_rising_fences() {
+        let accesses = [
+            read(1, 3, 0, 0, true),
+            write(1, 3, 1, 0, 1, true),
+            // A stale client is refused: refusals are the resource doing its job.
+            read(2, 2, 2, 0, false),
+            write(2, 2, 3, 0, 1, false),
+            // Same fence again is fine, higher is fine.
+            write(1, 3, 4, 1, 2, true),
+            read(3, 8, 5, 2, true),
+            write(3, 8, 6, 2, 3, true),
+        ];
+        assert_eq!(fenced_resource(&accesses), vec![]);
+    }
+
+    #[test]
+    fn fenced_resource_reports_stale_access_accepted() {
+        let accesses = [write(1, 5, 0, 0, 1, true), read(2, 4, 1, 1, true), write(3, 6, 2, 1, 2, true)];
+        assert_violations(
+            &fenced_resource(&accesses),
+            "fenced_resource",
+            &["stale access accepted: client 2 at 1ms under fence 4 after client 1 at 0ns under fence 5"],
+        );
+    }
+
+    #[test]
+    fn fenced_resource_reports_lost_update() {
+        // Two clients under one fence (as if it were granted twice): fencing cannot tell them apart, both
+        // read 0, both writes are accepted, and client 1's increment is lost.
+        let accesses =
+            [read(1, 5, 0, 0, true), read(2, 5, 1, 0, true), write(1, 5, 2, 0, 1, true), write(2, 5, 3, 0, 1, true)];
+        assert_violations(
+            &fenced_resource(&accesses),
+            "fenced_resource",
+            &["lost update: client 2 at 3ms under fence 5 wrote 1 computed from 0, overwriting 1"],
+        );
+    }
+
+    #[test]
+    fn fenced_resource_reports_bad_increment_and_judges_later_writes_by_what_was_written() {
+        let accesses = [write(1, 5, 0, 0, 7, true), write(1, 5, 1, 7, 8, true)];
+        assert_violations(&fenced_resource(&accesses), "fenced_resource", &["bad increment: client 1"]);
+    }
+
+    // fence_order
+
+    #[test]
+    fn fence_order_passes_rising_fences_and_any_order_among_concurrent_grants() {
+        let ops = [
+            acquire(1, "a", 0, 10, granted(5)),
+            // Concurrent with the first (sent before it answered): either fence order is fine.
+            acquire(2, "b", 5, 15, granted(4)),
+            // Sent the instant the first answered: not strictly after, so still concurrent.
+            acquire(3, "c", 10, 12, granted(3)),
+            acquire(1, "d", 20, 30, granted(9)),
+            // Grants are the only answers with fences.
+            acquire(4, "a", 40, 41, Outcome::Busy),
+            release(1, "a", 5, 42, 43, Outcome::Released),
+        ];
+        assert_eq!(fence_order(&ops), vec![]);
+    }
+
+    #[test]
+    fn fence_order_reports_a_fence_granted_twice() {
+        let ops = [acquire(1, "a", 0, 10, granted(5)), acquire(2, "b", 2, 8, granted(5))];
+        assert_violations(&fence_order(&ops), "fence_order", &["fence 5 granted twice: client 1"]);
+    }
+
+    #[test]
+    fn fence_order_reports_a_later_grant_with_a_lower_fence() {
+        let ops = [
+            acquire(1, "a", 0, 10, granted(5)),
+            acquire(2, "b", 0, 3, granted(8)),
+            // Sent after both answered: must be above 8, the highest of them.
+            acquire(3, "c", 11, 12, granted(7)),
+            acquire(4, "d", 13, 14, granted(9)),
+        ];
+        assert_violations(
+            &fence_order(&ops),
+            "fence_order",
+            &["fence 7 is not above fence 8, granted before it was invoked: client 2"],
+        );
+    }
+
+    #[test]
+    fn fence_order_handles_many_grants() {
+        // Ten thousand sequential grants under rising fences, listed newest first so that the order of the
+        // input is not the order of time.
+        let mut ops: Vec<Op> = (0..10_000u64).map(|i| acquire(1, "a", 10 * i, 10 * i + 5, granted(i + 1))).collect();
+        ops.reverse();
+        assert_eq!(fence_order(&ops), vec![]);
+        ops[0].outcome = granted(1);
+        assert_eq!(fence_order(&ops).len(), 2, "one duplicate fence, one inversion");
+    }
+
+    // acknowledged
+
+    #[test]
+    fn acknowledged_passes_when_the_end_state_keeps_every_acknowledgement() {
+        let short = Call::Acquire { ttl_ms: 100, wait: false };
+        let ops = [
+            // Still held at the end.
+            acquire(1, "a", 0, 10, granted(5)),
+            // Granted and released.
+            acquire(2, "b", 0, 10, granted(6)),
+            release(2, "b", 6, 20, 30, Outcome::Released),
+            // Granted; a release was sent and got no answer: it may have let go.
+            acquire(3, "c", 0, 10, granted(7)),
+            release(3, "c", 7, 20, 30, Outcome::Unknown),
+            // Granted with a lease that ran out exactly when the end was read: it may be gone.
+            op(4, "d", short, 900, Some(910), granted(8)),
+            // Busy and failed calls promise nothing.
+            acquire(5, "a", 20, 30, Outcome::Busy),
+            acquire(5, "e", 20, 30, Outcome::Unknown),
+            release(5, "a", 99, 20, 30, Outcome::NotHeld),
+        ];
+        assert_eq!(acknowledged(&ops, &end(1_000, &[("a", 5)])), vec![]);
+    }
+
+    #[test]
+    fn acknowledged_reports_a_lost_grant() {
+        let short = Call::Acquire { ttl_ms: 100, wait: false };
+        let ops = [
+            acquire(1, "a", 0, 10, granted(5)),
+            // Its lease outlasts the end by a millisecond.
+            op(2, "b", short, 901, Some(910), granted(6)),
+            acquire(3, "c", 0, 10, granted(7)),
+            // A release of another fence does not excuse it.
+            release(3, "c", 4, 20, 30, Outcome::Unknown),
+        ];
+        assert_violations(
+            &acknowledged(&ops, &end(1_000, &[("c", 9)])),
+            "acknowledged",
+            &[
+                "acknowledged grant lost: client 1 acquire(60000ms) on \"a\" [0ns, 10ms] -> granted 5",
+                "acknowledged grant lost: client 2",
+                "but the end state has fence 9 holding it",
+            ],
+        );
+    }
+
+    #[test]
+    fn acknowledged_reports_a_lost_release() {
+        let ops = [acquire(1, "a", 0, 10, granted(5)), release(1, "a", 5, 20, 30, Outcome::Released)];
+        assert_violations(
+            &acknowledged(&ops, &end(1_000, &[("a", 5)])),
+            "acknowledged",
+            &["acknowledged release lost: client 1 release(5) on \"a\" [20ms, 30ms] -> released"],
+        );
+    }
+
+    // liveness
+
+    #[test]
+    fn liveness_passes_definite_answers_within_the_bound_after_healing() {
+        let ops = [
+            // Before healing anything goes.
+            acquire_unanswered(1, "a", 0),
+            acquire(2, "a", 10, 5_000, Outcome::Unknown),
+            // After: definite, and the slowest exactly at the bound.
+            acquire(1, "a", 100, 200, granted(3)),
+            release(1, "a", 3, 300, 1_300, Outcome::Released),
+        ];
+        assert_eq!(liveness(&ops, ms(100), ms(1_000)), vec![]);
+    }
+
+    #[test]
+    fn liveness_reports_calls_after_healing_without_a_timely_definite_answer() {
+        let ops = [
+            acquire_unanswered(1, "a", 100),
+            acquire(2, "a", 200, 300, Outcome::Unknown),
+            release(3, "a", 3, 300, 1_301, Outcome::NotHeld),
+            acquire(4, "a", 400, 500, Outcome::Busy),
+        ];
+        assert_violations(
+            &liveness(&ops, ms(100), ms(1_000)),
+            "liveness",
+            &["client 1", "client 2 acquire(60000ms) on \"a\" [200ms, 300ms] -> unknown", "took 1.001s"],
+        );
+    }
+
+    // linearizable
+
+    #[test]
+    fn linearizable_passes_a_sequential_history() {
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            acquire(2, "a", 20, 30, Outcome::Busy),
+            // A fence of client 2's from before: not the holder's.
+            release(2, "a", 2, 40, 50, Outcome::NotHeld),
+            release(1, "a", 3, 60, 70, Outcome::Released),
+            release(1, "a", 3, 80, 90, Outcome::NotHeld),
+            acquire(2, "a", 100, 110, granted(9)),
+        ];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_passes_concurrent_calls_placed_out_of_send_order() {
+        let ops = [
+            // Client 2 is sent first but told Busy: it must have taken effect after client 1's grant.
+            acquire(2, "a", 0, 30, Outcome::Busy),
+            acquire(1, "a", 5, 10, granted(3)),
+            // The release and a fresh grant overlap a Busy, which falls between them.
+            release(1, "a", 3, 40, 60, Outcome::Released),
+            acquire(3, "a", 45, 70, Outcome::Busy),
+            acquire(4, "a", 50, 80, granted(4)),
+        ];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_checks_each_lock_on_its_own() {
+        // Interleaved on two locks: each is sequentially fine, though fences interleave across them.
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            acquire(2, "b", 5, 15, granted(4)),
+            acquire(2, "a", 20, 30, Outcome::Busy),
+            acquire(1, "b", 20, 30, Outcome::Busy),
+        ];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_reports_busy_after_the_release_completed() {
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Released),
+            // Sent after the release answered, and nobody else acquired: the lock was free.
+            acquire(2, "a", 40, 50, Outcome::Busy),
+        ];
+        assert_violations(
+            &linearizable(&ops),
+            "linearizable",
+            &["lock \"a\" is not linearizable: at best 2 of its 3 answered calls fit (lock then free, fences \
+               granted up to 3), and then nothing fits; the first answered call left is client 2 acquire(60000ms) \
+               on \"a\" [40ms, 50ms] -> busy"],
+        );
+    }
+
+    #[test]
+    fn linearizable_reports_two_holders_at_once() {
+        let ops = [acquire(1, "a", 0, 10, granted(3)), acquire(2, "a", 20, 30, granted(4))];
+        assert_violations(&linearizable(&ops), "linearizable", &["lock then held under fence 3"]);
+    }
+
+    #[test]
+    fn linearizable_reports_a_fence_not_above_an_earlier_one_on_the_lock() {
+        for fence in [4, 5] {
+            let ops = [
+                acquire(1, "a", 0, 10, granted(5)),
+                release(1, "a", 5, 20, 30, Outcome::Released),
+                acquire(2, "a", 40, 50, granted(fence)),
+            ];
+            assert_violations(&linearizable(&ops), "linearizable", &["the first answered call left is client 2"]);
+        }
+    }
+
+    #[test]
+    fn linearizable_reports_release_of_a_fence_that_does_not_hold() {
+        let ops = [acquire(1, "a", 0, 10, granted(5)), release(2, "a", 4, 20, 30, Outcome::Released)];
+        assert_violations(&linearizable(&ops), "linearizable", &["release(4)"]);
+    }
+
+    #[test]
+    fn linearizable_reports_answers_a_lock_never_gives() {
+        let ops = [acquire(1, "a", 0, 10, Outcome::Released)];
+        assert_violations(
+            &linearizable(&ops),
+            "linearizable",
+            &["client 1 acquire(60000ms) on \"a\" [0ns, 10ms] -> released"],
+        );
+    }
+
+    #[test]
+    fn linearizable_passes_an_unknown_acquire_that_must_have_taken_effect() {
+        // Nobody was granted the lock, yet client 2 was told Busy: only the unanswered acquire explains it.
+        let ops = [acquire_unanswered(1, "a", 0), acquire(2, "a", 10, 20, Outcome::Busy)];
+        assert_eq!(linearizable(&ops), vec![]);
+        // Answered with an error rather than not at all: the same.
+        let ops = [acquire(1, "a", 0, 5, Outcome::Unknown), acquire(2, "a", 10, 20, Outcome::Busy)];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_passes_an_unknown_acquire_that_must_not_have_taken_effect() {
+        let ops = [
+            acquire_unanswered(1, "a", 0),
+            // The lock is granted twice after the unknown acquire was sent: had it taken effect before either
+            // grant, the lock would have been held for good under a fence nobody knows, and not free.
+            acquire(2, "a", 10, 20, granted(3)),
+            release(2, "a", 3, 30, 40, Outcome::Released),
+            acquire(3, "a", 50, 60, granted(4)),
+        ];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_passes_an_unknown_release_either_way() {
+        let took_effect = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Unknown),
+            acquire(2, "a", 40, 50, granted(4)),
+        ];
+        assert_eq!(linearizable(&took_effect), vec![]);
+        let did_not = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Unknown),
+            acquire(2, "a", 40, 50, Outcome::Busy),
+        ];
+        assert_eq!(linearizable(&did_not), vec![]);
+    }
+
+    #[test]
+    fn linearizable_reports_busy_that_an_unknown_acquire_sent_later_cannot_explain() {
+        let ops = [acquire(2, "a", 10, 20, Outcome::Busy), acquire_unanswered(1, "a", 30)];
+        assert_violations(&linearizable(&ops), "linearizable", &["client 2"]);
+    }
+
+    #[test]
+    fn linearizable_reports_a_grant_after_an_unknown_acquire_that_must_have_taken_effect() {
+        // The Busy at 20 needs the unknown acquire to hold the lock, under a fence nobody can release, so the
+        // lock cannot be free for the grant at 40.
+        let ops = [
+            acquire_unanswered(1, "a", 0),
+            acquire(2, "a", 10, 20, Outcome::Busy),
+            acquire(3, "a", 30, 40, granted(5)),
+        ];
+        assert_violations(&linearizable(&ops), "linearizable", &["client 3"]);
+    }
+
+    #[test]
+    fn linearizable_keeps_a_lock_an_unknown_acquire_took_held_for_good() {
+        // The Busy needs the unknown acquire to have taken effect between the release and it. Nobody learned
+        // its fence, so nobody can release it, and a later grant cannot fit, whatever its fence.
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Released),
+            acquire_unanswered(2, "a", 15),
+            acquire(3, "a", 40, 50, Outcome::Busy),
+        ];
+        assert_eq!(linearizable(&ops), vec![]);
+        let mut more = ops.to_vec();
+        more.push(acquire(4, "a", 60, 70, granted(100)));
+        assert_violations(&linearizable(&more), "linearizable", &["client 4"]);
+    }
+
+    #[test]
+    fn linearizable_skips_waiting_acquires() {
+        // A session's acquire queues; the model does not, so it is left out rather than misjudged.
+        let waiting = Call::Acquire { ttl_ms: 60_000, wait: true };
+        let ops = [acquire(1, "a", 0, 10, granted(3)), op(2, "a", waiting, 20, Some(30), granted(4))];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_reports_undecided_when_the_budget_runs_out() {
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Released),
+            acquire(2, "a", 40, 50, granted(4)),
+            release(2, "a", 4, 60, 70, Outcome::Released),
+        ];
+        assert_eq!(linearizable_within(&ops, 4), vec![]);
+        assert_violations(
+            &linearizable_within(&ops, 3),
+            "linearizable",
+            &["undecided: search budget exceeded for lock \"a\" (4 ops, 3 steps)"],
+        );
+    }
+
+    /// A tiny deterministic generator (an LCG), so the generated histories are the same on every run.
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn below(&mut self, bound: u64) -> u64 {
+            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) % bound
+        }
+    }
+
+    /// A history that is linearizable by construction: `count` calls on one lock by four clients take
+    /// effect one at a time, 10ms apart, on a sequential lock, and each call's span is then widened around
+    /// its moment of effect by up to `spread_ms` either way, so about `spread_ms / 5` overlap at once. One
+    /// call in `unknown_one_in` gets no definite answer (releases among them take effect or not at random).
+    /// Returns the history and the highest fence granted.
+    fn generated(seed: u64, count: u64, spread_ms: u64, unknown_one_in: u64) -> (Vec<Op>, u64) {
+        let mut rng = Lcg(seed);
+        let mut holder: Option<u64> = None;
+        let mut fence_last = 0;
+        // The fence each client last got, so its releases name fences it learned.
+        let mut learned = [None::<u64>; 4];
+        let mut ops = Vec::new();
+        for k in 0..count {
+            let effect_ms = spread_ms + 10 * k;
+            let invoked_ms = effect_ms - rng.below(spread_ms + 1);
+            let completed_ms = effect_ms + rng.below(spread_ms + 1);
+            let client = rng.below(4) as usize;
+            let unknown = rng.below(unknown_one_in) == 0;
+            let (call, outcome) = match learned[client] {
+                Some(fence) if rng.below(2) == 0 => {
+                    let call = Call::Release { fence };
+                    if unknown {
+                        if holder == Some(fence) && rng.below(2) == 0 {
+                            holder = None;
+                        }
+                        (call, Outcome::Unknown)
+                    } else if holder == Some(fence) {
+                        holder = None;
+                        (call, Outcome::Released)
+                    } else {
+                        (call, Outcome::NotHeld)
+                    }
+                }
+                _ => {
+                    let call = Call::Acquire { ttl_ms: 60_000, wait: false };
+                    // An unknown acquire never takes effect here: one that did would hold the lock for good.
+                    if unknown {
+                        (call, Outcome::Unknown)
+                    } else if holder.is_some() {
+                        (call, Outcome::Busy)
+                    } else {
+                        // Log indexes: other locks' entries leave gaps.
+                        fence_last += 1 + rng.below(3);
+                        holder = Some(fence_last);
+                        learned[client] = Some(fence_last);
+                        (call, granted(fence_last))
+                    }
+                }
+            };
+            let completed = (!unknown || rng.below(2) == 0).then_some(completed_ms);
+            ops.push(op(client as u32, "a", call, invoked_ms, completed, outcome));
+        }
+        (ops, fence_last)
+    }
+
+    /// Checks the generated history, then two broken by calls after all of it, which no order can explain.
+    #[track_caller]
+    fn check_generated(seed: u64, count: u64, spread_ms: u64, unknown_one_in: u64) {
+        let (ops, fence_last) = generated(seed, count, spread_ms, unknown_one_in);
+        assert_eq!(linearizable(&ops), vec![], "seed {seed}");
+        // Sent after every generated call answered, by a client of its own.
+        let after_ms = 100_000;
+
+        // Whatever order the generated calls take, a grant after all of them needs a fence above theirs.
+        let mut reused_fence = ops.clone();
+        reused_fence.push(acquire(9, "a", after_ms, after_ms + 1, granted(fence_last)));
+        assert_violations(&linearizable(&reused_fence), "linearizable", &["client 9"]);
+
+        // Two grants in a row with nothing between: nobody else learned the first's fence, so nobody released
+        // it, and the second cannot find the lock free.
+        let mut granted_twice = ops;
+        granted_twice.push(acquire(9, "a", after_ms, after_ms + 1, granted(fence_last + 10)));
+        granted_twice.push(acquire(9, "a", after_ms + 2, after_ms + 3, granted(fence_last + 20)));
+        assert_violations(&linearizable(&granted_twice), "linearizable", &["client 9"]);
+    }
+
+    #[test]
+    fn linearizable_passes_generated_linearizable_histories_and_reports_them_broken() {
+        for seed in 0..20 {
+            check_generated(seed, 150, 40, 8);
+        }
+    }
+
+    #[test]
+    fn linearizable_decides_highly_concurrent_histories_with_many_unknown_calls() {
+        // About twenty calls overlap at once and a third have no answer. A broken history makes the search
+        // try every order, so this is what the step budget must cover: the detail would say "undecided" and
+        // lack "client 9" if it did not.
+        for seed in 0..3 {
+            check_generated(seed, 100, 100, 3);
+        }
+    }
+
+    // all
+
+    #[test]
+    fn all_passes_a_clean_history() {
+        let history = History {
+            ops: vec![acquire(1, "a", 0, 10, granted(3)), acquire(2, "a", 20, 30, Outcome::Busy)],
+            holds: vec![hold(1, "a", 3, 10, 60_000)],
+            accesses: vec![write(1, 3, 15, 0, 1, true)],
+            end: Some(end(100, &[("a", 3)])),
+        };
+        assert_eq!(all(&history, ms(0), ms(1_000), &|_| true), vec![]);
+    }
+
+    #[test]
+    fn all_runs_every_checker() {
+        let history = History {
+            ops: vec![
+                acquire(1, "a", 0, 10, granted(3)),
+                acquire(2, "a", 20, 30, granted(3)),
+                acquire(3, "b", 40, 5_000, Outcome::Busy),
+            ],
+            holds: vec![hold(1, "a", 3, 10, 60_000), hold(2, "a", 3, 30, 60_000)],
+            accesses: vec![write(1, 3, 15, 0, 1, true), write(2, 3, 35, 0, 1, true)],
+            end: Some(end(100, &[])),
+        };
+        let checkers: Vec<&str> =
+            all(&history, ms(0), ms(1_000), &|_| true).iter().map(|violation| violation.checker).collect();
+        assert_eq!(
+            checkers,
+            [
+                "mutual_exclusion",
+                "fenced_resource",
+                "fence_order",
+                "fence_order",
+                "acknowledged",
+                "acknowledged",
+                "liveness",
+                "linearizable",
+                "linearizable",
+            ]
+        );
+    }
+
+    #[test]
+    fn all_checks_linearizability_only_on_modelled_locks_and_acknowledgements_only_with_an_end() {
+        let history = History {
+            ops: vec![acquire(1, "leased", 0, 10, granted(3)), acquire(2, "leased", 20, 30, granted(4))],
+            ..History::default()
+        };
+        // Two grants in a row on a lock whose lease may have expired between them: not for the model.
+        assert_eq!(all(&history, ms(0), ms(1_000), &|lock| lock != "leased"), vec![]);
+        assert_violations(&all(&history, ms(0), ms(1_000), &|_| true), "linearizable", &["lock \"leased\""]);
+        // An end state read with neither grant in it: both acknowledged grants were lost.
+        let with_end = History { end: Some(end(100, &[])), ..history };
+        assert_violations(
+            &all(&with_end, ms(0), ms(1_000), &|lock| lock != "leased"),
+            "acknowledged",
+            &["granted 3", "granted 4"],
+        );
+    }
+}

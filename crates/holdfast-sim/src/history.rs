@@ -1,0 +1,103 @@
+//! What a simulated run saw, in simulated time: every call a client made and what came back, every span
+//! in which a client believed it held a lock, every access to the fenced resource, and the locks the
+//! healed cluster holds at the end.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Simulated time since the start of the run.
+pub type At = Duration;
+
+/// One client's call to the cluster, from the moment it was sent to the moment its answer came back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    /// The client that made it.
+    pub client: u32,
+    /// The lock it is about.
+    pub lock: String,
+    /// What was asked.
+    pub call: Call,
+    /// When it was sent.
+    pub invoked: At,
+    /// When its answer came back; `None` when none did (a timeout, a lost connection, a crashed node).
+    pub completed: Option<At>,
+    /// What came back.
+    pub outcome: Outcome,
+}
+
+/// What a client asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// Take the lock for `ttl_ms`. `wait`: queue behind the holder (a session's acquire) rather than be
+    /// told at once that it is busy (HTTP's one-call acquire).
+    Acquire { ttl_ms: u64, wait: bool },
+    /// Let go of the hold granted under `fence`.
+    Release { fence: u64 },
+}
+
+/// What came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The lock was granted under `fence`.
+    Granted { fence: u64 },
+    /// Someone else holds it; nothing changed.
+    Busy,
+    /// The hold was let go.
+    Released,
+    /// The release named a hold that no longer exists (released or expired); nothing changed.
+    NotHeld,
+    /// No definite answer (an error, a timeout, no answer at all): the call may or may not have taken
+    /// effect.
+    Unknown,
+}
+
+/// A span in which a client believed it held `lock` under `fence`, by its own conservative clock: from
+/// when the grant came back until it sent its release, or until its lease ran out counted from when it
+/// sent the request or heartbeat that last extended it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub client: u32,
+    pub lock: String,
+    pub fence: u64,
+    pub from: At,
+    pub until: At,
+}
+
+/// One access to the fenced resource: a counter that accepts an access only with a fence at least the
+/// highest it has seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    pub client: u32,
+    pub fence: u64,
+    pub at: At,
+    pub kind: AccessKind,
+    /// Whether the resource accepted it.
+    pub accepted: bool,
+}
+
+/// A read or a write of the fenced counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessKind {
+    /// Read the counter: `value` (meaningful only if accepted).
+    Read { value: u64 },
+    /// Write `written`, computed from `read`, the value the client read before.
+    Write { read: u64, written: u64 },
+}
+
+/// The locks the cluster holds at the end of a run, read from the healed cluster: lock name to the
+/// holder's fence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Final {
+    /// When it was read.
+    pub at: At,
+    pub holders: BTreeMap<String, u64>,
+}
+
+/// Everything one run recorded.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub ops: Vec<Op>,
+    pub holds: Vec<Hold>,
+    pub accesses: Vec<Access>,
+    pub end: Option<Final>,
+}

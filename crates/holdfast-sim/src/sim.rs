@@ -1,0 +1,532 @@
+//! One simulated run: a cluster of real nodes (the server crate on the in-memory store) on turmoil's
+//! network, clients on it, faults from a schedule, and at the end the healed cluster's final state and
+//! every checker's verdict.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use holdfast_server::node::{FrontLimits, Node};
+use holdfast_server::{Bugs, Config, Storage, Transport, WallClock};
+use holdfast_store::{open_memory, MemDisk};
+use openraft::ServerState;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::check::{self, Violation};
+use crate::history::{At, Final, History};
+use crate::record::{Recorder, Resource};
+use crate::workload::{self, Ctx, KEPT_PREFIX, MODEL_LOCKS};
+
+/// A node's number, 1-based; its host is `n{id}`.
+pub type NodeId = u64;
+
+/// One thing that goes wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Every link between the two groups of nodes is cut, both ways.
+    Partition(Vec<NodeId>, Vec<NodeId>),
+    /// Messages from `from` to `to` are lost; the other way works.
+    OneWay { from: Vec<NodeId>, to: Vec<NodeId> },
+    /// The node that leads now is cut off from the other nodes (clients still reach it).
+    IsolateLeader,
+    /// A node stops at once (kill -9, power loss): it keeps only what its disk made durable.
+    Crash(NodeId),
+    /// The node that leads now crashes.
+    CrashLeader,
+    /// Every node crashes at once.
+    CrashAll,
+    /// A crashed node starts again from its disk.
+    Restart(NodeId),
+    /// Messages between nodes are held (delayed) until the next `Heal`.
+    Hold(Vec<NodeId>, Vec<NodeId>),
+    /// Messages take up to this long from now on.
+    Latency(Duration),
+    /// Every link repaired, held messages delivered, crashed nodes restarted, latency back to normal.
+    Heal,
+}
+
+/// What a client does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// One-call try-locks of the model locks (linearizability).
+    Model,
+    /// One-call holds of the fenced lock with a short TTL, stalling now and then.
+    FencedHttp,
+    /// A session on the client library queueing for the fenced lock.
+    Session,
+    /// One-call holds of locks of its own, about half kept to the end (acknowledged writes).
+    Keeper,
+}
+
+/// A client written for one scenario: given its context, it runs to completion.
+pub type Script = Arc<dyn Fn(Ctx) -> Pin<Box<dyn Future<Output = turmoil::Result>>>>;
+
+/// A [`Script`] from an async closure.
+pub fn script<F, Fut>(client: F) -> Script
+where
+    F: Fn(Ctx) -> Fut + 'static,
+    Fut: Future<Output = turmoil::Result> + 'static,
+{
+    Arc::new(move |ctx| Box::pin(client(ctx)))
+}
+
+/// Everything that decides a run. A run is a function of its plan.
+#[derive(Clone)]
+pub struct Plan {
+    pub seed: u64,
+    /// 3 or 5.
+    pub nodes: u64,
+    /// Broken behaviours of the nodes (all off: the real thing).
+    pub bugs: Bugs,
+    /// Nodes whose disks acknowledge before they make writes durable (broken).
+    pub broken_disks: bool,
+    /// Faults and when they happen, in order.
+    pub faults: Vec<(At, Fault)>,
+    /// The clients.
+    pub roles: Vec<Role>,
+    /// Clients written for a scenario, beside the roles.
+    pub scripts: Vec<Script>,
+    /// Clients start nothing new after this.
+    pub stop_at: At,
+    /// From this moment no fault is in force (a `Heal` is applied then if the schedule did not).
+    pub healed_at: At,
+    /// How long after `healed_at` (plus an election's time to settle) every call must be answered.
+    pub liveness_bound: Duration,
+}
+
+/// What a run found.
+#[derive(Debug)]
+pub struct Report {
+    pub seed: u64,
+    pub history: History,
+    pub violations: Vec<Violation>,
+    /// Simulated time the run covered.
+    pub simulated: Duration,
+    /// One line per fault applied, with its time.
+    pub trace: Vec<String>,
+}
+
+impl Report {
+    /// A short account: seed, counts, violations.
+    pub fn summary(&self) -> String {
+        let granted =
+            self.history.ops.iter().filter(|op| matches!(op.outcome, crate::history::Outcome::Granted { .. }));
+        let mut text = format!(
+            "seed {}: {:.1} s simulated, {} calls ({} grants), {} holds, {} resource accesses, {} faults",
+            self.seed,
+            self.simulated.as_secs_f64(),
+            self.history.ops.len(),
+            granted.count(),
+            self.history.holds.len(),
+            self.history.accesses.len(),
+            self.trace.len()
+        );
+        for v in self.violations.iter().take(SUMMARY_VIOLATIONS_MAX) {
+            text.push_str(&format!("\n  VIOLATION {v}"));
+        }
+        if self.violations.len() > SUMMARY_VIOLATIONS_MAX {
+            text.push_str(&format!("\n  ... and {} more", self.violations.len() - SUMMARY_VIOLATIONS_MAX));
+        }
+        text
+    }
+}
+
+/// Violations a summary lists; the rest are counted.
+const SUMMARY_VIOLATIONS_MAX: usize = 12;
+/// How long after the heal an election and reconnections may take before liveness is judged.
+const SETTLE: Duration = Duration::from_secs(3);
+/// How long the healed cluster may take to converge at the end of a run.
+const CONVERGE_MAX: Duration = Duration::from_secs(30);
+
+impl Plan {
+    /// A plan with a random fault schedule and client mix drawn from `seed`.
+    pub fn random(seed: u64) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let nodes = if rng.gen_ratio(1, 4) { 5 } else { 3 };
+        let healed_at = Duration::from_secs(rng.gen_range(12..20));
+        let mut faults = Vec::new();
+        let mut at = Duration::from_millis(rng.gen_range(1_500..3_000));
+        let mut crashed: Vec<NodeId> = Vec::new();
+        while at < healed_at {
+            let node = rng.gen_range(1..=nodes);
+            let others: Vec<NodeId> = (1..=nodes).filter(|n| *n != node).collect();
+            let fault = match rng.gen_range(0..10) {
+                0 => Fault::Partition(vec![node], others),
+                1 => {
+                    // A majority side and a minority side.
+                    let cut = rng.gen_range(1..=nodes / 2) as usize;
+                    let ids: Vec<NodeId> = (1..=nodes).collect();
+                    Fault::Partition(ids[..cut].to_vec(), ids[cut..].to_vec())
+                }
+                2 => Fault::OneWay { from: vec![node], to: others },
+                3 => Fault::IsolateLeader,
+                4 if crashed.len() < (nodes as usize - 1) / 2 => {
+                    crashed.push(node);
+                    Fault::Crash(node)
+                }
+                5 if crashed.is_empty() => {
+                    crashed.push(0);
+                    Fault::CrashLeader
+                }
+                6 => Fault::Hold(vec![node], others),
+                7 => Fault::Latency(Duration::from_millis(rng.gen_range(5..80))),
+                8 if rng.gen_ratio(1, 3) => Fault::CrashAll,
+                _ => Fault::Heal,
+            };
+            if matches!(fault, Fault::Heal | Fault::CrashAll) {
+                crashed.clear();
+            }
+            faults.push((at, fault));
+            at += Duration::from_millis(rng.gen_range(500..3_000));
+        }
+        faults.push((healed_at, Fault::Heal));
+        let mut roles = vec![
+            Role::Model,
+            Role::Model,
+            Role::Keeper,
+            Role::FencedHttp,
+            Role::FencedHttp,
+            Role::Session,
+            Role::Session,
+        ];
+        if rng.gen_ratio(1, 2) {
+            roles.push(Role::Session);
+        }
+        Plan {
+            seed,
+            nodes,
+            bugs: Bugs::default(),
+            broken_disks: false,
+            faults,
+            roles,
+            scripts: Vec::new(),
+            stop_at: healed_at + Duration::from_secs(8),
+            healed_at,
+            liveness_bound: Duration::from_secs(10),
+        }
+    }
+
+    /// A plan with no faults and no clients, for scenarios to fill in.
+    pub fn quiet(seed: u64, nodes: u64, stop_at: At) -> Plan {
+        Plan {
+            seed,
+            nodes,
+            bugs: Bugs::default(),
+            broken_disks: false,
+            faults: Vec::new(),
+            roles: Vec::new(),
+            scripts: Vec::new(),
+            stop_at,
+            healed_at: Duration::ZERO,
+            liveness_bound: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The nodes of a run, as the driver sees them.
+#[derive(Clone, Default)]
+struct Registry(Arc<Mutex<BTreeMap<NodeId, Arc<Node>>>>);
+
+impl Registry {
+    fn set(&self, id: NodeId, node: Arc<Node>) {
+        self.0.lock().expect("registry poisoned").insert(id, node);
+    }
+
+    fn get(&self, id: NodeId) -> Option<Arc<Node>> {
+        self.0.lock().expect("registry poisoned").get(&id).cloned()
+    }
+}
+
+fn host(id: NodeId) -> String {
+    format!("n{id}")
+}
+
+/// Runs `plan` and checks what it recorded.
+pub fn run(plan: &Plan) -> Report {
+    // openraft's election timeouts draw from this thread's generator: seeded, every run of a seed elects
+    // alike.
+    holdfast_store::seed_thread_rng(plan.seed);
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(plan.seed)
+        .simulation_duration(plan.stop_at + CONVERGE_MAX + Duration::from_secs(60))
+        .epoch(UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(5))
+        .tcp_capacity(1 << 16)
+        .build();
+    let registry = Registry::default();
+    let disks: BTreeMap<NodeId, MemDisk> = (1..=plan.nodes)
+        .map(|id| (id, if plan.broken_disks { MemDisk::acking_before_flush() } else { MemDisk::new() }))
+        .collect();
+    let members: BTreeMap<NodeId, String> = (1..=plan.nodes).map(|id| (id, format!("{}:7071", host(id)))).collect();
+    for id in 1..=plan.nodes {
+        let (members, disk, registry, bugs) = (members.clone(), disks[&id].clone(), registry.clone(), plan.bugs);
+        let starts = Arc::new(AtomicU64::new(0));
+        // A node's wall clock runs off the simulation's by up to 40 ms either way: the leader's stamps
+        // must not depend on clocks agreeing.
+        let skew_ms = (plan.seed.wrapping_mul(31).wrapping_add(id * 17) % 81) as i64 - 40;
+        let seed = plan.seed;
+        sim.host(host(id), move || {
+            let start = starts.fetch_add(1, Ordering::Relaxed);
+            let config = Config {
+                id,
+                members: members.clone(),
+                data_dir: "/simulated".into(),
+                limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 24 * 3_600_000, wait_ms_max: 300_000 },
+                heartbeat_ms: 100,
+                election_timeout_ms: 250,
+                // Small, so that runs take and install snapshots.
+                snapshot_every_entries: 200,
+                join: false,
+                admin_key: None,
+                tls: None,
+                auth: Default::default(),
+                cache_bytes: 0,
+                clock: WallClock::from_fn(move || {
+                    let ms = turmoil::since_epoch().unwrap_or_default().as_millis() as i64;
+                    (ms + skew_ms) as u64
+                }),
+                // Tokens and session ids differ between the starts of a node, as they would.
+                rng_seed: Some(seed ^ (id << 48) ^ (start << 40)),
+                bugs,
+            };
+            let (disk, registry) = (disk.clone(), registry.clone());
+            async move {
+                let client = turmoil::net::TcpListener::bind("0.0.0.0:7070").await?;
+                let peer = turmoil::net::TcpListener::bind("0.0.0.0:7071").await?;
+                let (started, node) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move {
+                    if let Ok(node) = node.await {
+                        registry.set(id, node);
+                    }
+                });
+                let storage = move |observer| {
+                    let (log, machine) = open_memory(&disk, observer);
+                    Ok(Storage { state: machine.state(), committed_index: log.committed_index(), log, machine })
+                };
+                let transport = Transport {
+                    client: crate::net::ClientListener(client),
+                    peer: crate::net::peer_incoming(peer),
+                    health: None,
+                    tls: None,
+                    dialer: Some(crate::net::dialer()),
+                    started: Some(started),
+                };
+                holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
+                Ok(())
+            }
+        });
+    }
+
+    let recorder = Recorder::default();
+    let resource = Resource::new(recorder.clone());
+    let nodes: Vec<String> = (1..=plan.nodes).map(|id| format!("{}:7070", host(id))).collect();
+    let ctx = |client: u32| Ctx {
+        client,
+        nodes: nodes.clone(),
+        recorder: recorder.clone(),
+        resource: resource.clone(),
+        stop_at: plan.stop_at,
+        seed: plan.seed.wrapping_mul(1_000_003).wrapping_add(client as u64),
+    };
+    let mut client = 0;
+    for role in &plan.roles {
+        client += 1;
+        let ctx = ctx(client);
+        match role {
+            Role::Model => sim.client(format!("c{client}"), workload::model_client(ctx)),
+            Role::FencedHttp => sim.client(format!("c{client}"), workload::fenced_http_client(ctx)),
+            Role::Session => sim.client(format!("c{client}"), workload::session_client(ctx)),
+            Role::Keeper => sim.client(format!("c{client}"), workload::keeper_client(ctx)),
+        }
+    }
+    for script in &plan.scripts {
+        client += 1;
+        sim.client(format!("c{client}"), script(ctx(client)));
+    }
+
+    let mut trace = Vec::new();
+    let mut violations = Vec::new();
+    let mut faults = plan.faults.iter().peekable();
+    let mut down: Vec<NodeId> = Vec::new();
+    let mut disrupted = false;
+    loop {
+        let now = sim.elapsed();
+        while let Some((at, fault)) = faults.next_if(|(at, _)| *at <= now) {
+            let applied = apply(&mut sim, plan, &registry, &disks, &mut down, fault);
+            disrupted |= *fault != Fault::Heal;
+            trace.push(format!("{:>8.3}s {fault:?}{applied}", at.as_secs_f64()));
+        }
+        if disrupted && now >= plan.healed_at && faults.peek().is_none() {
+            apply(&mut sim, plan, &registry, &disks, &mut down, &Fault::Heal);
+            disrupted = false;
+        }
+        match sim.step() {
+            // Scenario clients may finish early; faults still due (a crash after the last write) run on.
+            Ok(true) if sim.elapsed() >= plan.stop_at => break,
+            Ok(_) => {}
+            Err(e) => {
+                violations.push(Violation { checker: "run", detail: format!("a host failed: {e}") });
+                break;
+            }
+        }
+    }
+    apply(&mut sim, plan, &registry, &disks, &mut down, &Fault::Heal);
+    let end = converge(&mut sim, plan, &registry, &mut violations);
+
+    let mut history = recorder.snapshot();
+    history.end = end;
+    let model = |lock: &str| MODEL_LOCKS.contains(&lock) || lock.starts_with(KEPT_PREFIX);
+    violations.extend(check::all(&history, plan.healed_at + SETTLE, plan.liveness_bound, &model));
+    Report { seed: plan.seed, history, violations, simulated: sim.elapsed(), trace }
+}
+
+/// The node that leads now, by the running nodes' own views (the newest term wins).
+fn leader(sim: &mut turmoil::Sim<'_>, plan: &Plan, registry: &Registry) -> Option<NodeId> {
+    (1..=plan.nodes)
+        .filter(|id| sim.is_host_running(host(*id)))
+        .filter_map(|id| registry.get(id).map(|node| (id, node)))
+        .filter_map(|(id, node)| {
+            let metrics = node.raft.metrics().borrow().clone();
+            (metrics.state == ServerState::Leader).then_some((metrics.current_term, id))
+        })
+        .max()
+        .map(|(_, id)| id)
+}
+
+/// Applies `fault`; answers a note on what it hit (e.g. which node led).
+fn apply(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    registry: &Registry,
+    disks: &BTreeMap<NodeId, MemDisk>,
+    down: &mut Vec<NodeId>,
+    fault: &Fault,
+) -> String {
+    let cut = |sim: &mut turmoil::Sim<'_>, a: &[NodeId], b: &[NodeId]| {
+        for x in a {
+            for y in b {
+                sim.partition(host(*x), host(*y));
+            }
+        }
+    };
+    let mut crash = |sim: &mut turmoil::Sim<'_>, id: NodeId| {
+        if sim.is_host_running(host(id)) {
+            sim.crash(host(id));
+            disks[&id].crash();
+            down.push(id);
+        }
+    };
+    match fault {
+        Fault::Partition(a, b) => cut(sim, a, b),
+        Fault::OneWay { from, to } => {
+            for x in from {
+                for y in to {
+                    sim.partition_oneway(host(*x), host(*y));
+                }
+            }
+        }
+        Fault::IsolateLeader => {
+            let Some(id) = leader(sim, plan, registry) else { return " (no leader)".into() };
+            let others: Vec<NodeId> = (1..=plan.nodes).filter(|n| *n != id).collect();
+            cut(sim, &[id], &others);
+            return format!(" (n{id})");
+        }
+        Fault::Crash(id) => crash(sim, *id),
+        Fault::CrashLeader => {
+            let Some(id) = leader(sim, plan, registry) else { return " (no leader)".into() };
+            crash(sim, id);
+            return format!(" (n{id})");
+        }
+        Fault::CrashAll => {
+            for id in 1..=plan.nodes {
+                crash(sim, id);
+            }
+        }
+        Fault::Restart(id) => {
+            if !sim.is_host_running(host(*id)) {
+                sim.bounce(host(*id));
+                down.retain(|d| d != id);
+            }
+        }
+        Fault::Hold(a, b) => {
+            for x in a {
+                for y in b {
+                    sim.hold(host(*x), host(*y));
+                }
+            }
+        }
+        Fault::Latency(max) => sim.set_max_message_latency(*max),
+        Fault::Heal => {
+            let all: Vec<NodeId> = (1..=plan.nodes).collect();
+            for x in &all {
+                for y in &all {
+                    if x != y {
+                        sim.repair(host(*x), host(*y));
+                        sim.release(host(*x), host(*y));
+                    }
+                }
+            }
+            sim.set_max_message_latency(Duration::from_millis(5));
+            for id in std::mem::take(down) {
+                sim.bounce(host(id));
+            }
+        }
+    }
+    String::new()
+}
+
+/// Runs the healed cluster until a leader has applied everything it committed and every node caught up
+/// with it; checks that all replicas hold the same state, and answers the locks held then.
+fn converge(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    registry: &Registry,
+    violations: &mut Vec<Violation>,
+) -> Option<Final> {
+    let deadline = sim.elapsed() + CONVERGE_MAX;
+    while sim.elapsed() < deadline {
+        for _ in 0..100 {
+            if let Err(e) = sim.step() {
+                violations.push(Violation { checker: "run", detail: format!("a host failed: {e}") });
+                return None;
+            }
+        }
+        let Some(id) = leader(sim, plan, registry) else { continue };
+        let leader = registry.get(id).expect("a leader is registered");
+        let applied = |node: &Node| node.state.read().expect("lock state poisoned").applied_index();
+        let target = applied(&leader);
+        let committed = leader.committed_index.load(Ordering::Relaxed);
+        if target < committed {
+            continue;
+        }
+        let nodes: Vec<Arc<Node>> = (1..=plan.nodes).filter_map(|n| registry.get(n)).collect();
+        if nodes.len() as u64 != plan.nodes || nodes.iter().any(|node| applied(node) != target) {
+            continue;
+        }
+        // Every replica applied the same log up to the same index: their states must be the same.
+        let snapshot = |node: &Node| node.state.read().expect("lock state poisoned").snapshot();
+        let reference = snapshot(&leader);
+        for node in &nodes {
+            if snapshot(node) != reference {
+                violations.push(Violation {
+                    checker: "replicas",
+                    detail: format!("n{} and n{id} applied up to {target} but hold different states", node.id),
+                });
+            }
+        }
+        let state = leader.state.read().expect("lock state poisoned");
+        let holders = state.list("", None, usize::MAX).into_iter().map(|view| (view.name, view.holder.fence)).collect();
+        let at = sim.elapsed();
+        return Some(Final { at, holders });
+    }
+    violations.push(Violation {
+        checker: "liveness",
+        detail: format!("the healed cluster did not converge within {CONVERGE_MAX:?}"),
+    });
+    None
+}

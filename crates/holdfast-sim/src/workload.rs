@@ -1,0 +1,292 @@
+//! The clients of a run: one-call HTTP clients (what a `curl` script does) and session clients on the
+//! real Rust client library, each recording every call, every span it believed it held a lock, and its
+//! accesses to the fenced resource.
+
+use std::time::Duration;
+
+use holdfast_client::{Client, Error as ClientError};
+use hyper::{Method, StatusCode};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::history::{At, Call, Outcome};
+use crate::http;
+use crate::record::{now, Recorder, Resource};
+
+/// The lock that guards the fenced resource; HTTP and session clients contend for it.
+pub const FENCED_LOCK: &str = "fenced";
+/// Locks only one-call clients take, with TTLs far longer than a run, so that the sequential model (no
+/// expiry) fits them: the linearizability checker reads their history.
+pub const MODEL_LOCKS: [&str; 2] = ["model-a", "model-b"];
+/// Locks that keeper clients take, one name each, and keep or release; they never expire in a run, so the
+/// linearizability checker reads them too.
+pub const KEPT_PREFIX: &str = "kept-";
+/// The TTL of a hold on a model lock: longer than any run.
+pub const MODEL_TTL_MS: u64 = 3_600_000;
+/// The TTL of a one-call client's hold on the fenced lock: short, so that stalled holders lose it.
+pub const FENCED_TTL_MS: u64 = 1_000;
+/// The lease of a session client: long enough to outlive a leader's failover (an election takes about
+/// half a second after the old leader's lease of about 0.4 s).
+pub const SESSION_LEASE: Duration = Duration::from_secs(2);
+
+/// What every client of a run shares.
+#[derive(Clone)]
+pub struct Ctx {
+    /// The client's number in the history.
+    pub client: u32,
+    /// Every node's client address (`n1:7070`, ...).
+    pub nodes: Vec<String>,
+    pub recorder: Recorder,
+    pub resource: Resource,
+    /// No new operation starts after this.
+    pub stop_at: At,
+    /// Seeds this client's choices.
+    pub seed: u64,
+}
+
+/// A one-call client's acquire of `lock` through `node`; records it. Answers the outcome and the token.
+pub async fn http_acquire(ctx: &Ctx, node: &str, lock: &str, ttl_ms: u64) -> (Outcome, Option<String>) {
+    let invoked = now();
+    let path = format!("/v1/locks/{lock}?ttl={ttl_ms}ms&owner=c{}", ctx.client);
+    let answer = http::call(node, Method::POST, &path).await;
+    let (outcome, completed, token) = match &answer {
+        Ok((StatusCode::OK, body)) => match (body["fence"].as_u64(), body["token"].as_str()) {
+            (Some(fence), Some(token)) => (Outcome::Granted { fence }, Some(now()), Some(token.to_owned())),
+            _ => (Outcome::Unknown, Some(now()), None),
+        },
+        Ok((StatusCode::CONFLICT, body)) if body["type"] == "urn:holdfast:busy" => (Outcome::Busy, Some(now()), None),
+        Ok(_) => (Outcome::Unknown, Some(now()), None),
+        Err(_) => (Outcome::Unknown, None, None),
+    };
+    ctx.recorder.op(ctx.client, lock, Call::Acquire { ttl_ms, wait: false }, invoked, completed, outcome);
+    (outcome, token)
+}
+
+/// A one-call client's release of its hold of `lock` under `fence`; records it.
+pub async fn http_release(ctx: &Ctx, node: &str, lock: &str, fence: u64, token: &str) -> Outcome {
+    let invoked = now();
+    let answer = http::call(node, Method::DELETE, &format!("/v1/locks/{lock}?token={token}")).await;
+    let (outcome, completed) = match &answer {
+        Ok((StatusCode::OK, _)) => (Outcome::Released, Some(now())),
+        Ok((StatusCode::CONFLICT, body)) if body["type"] == "urn:holdfast:not-holder" => {
+            (Outcome::NotHeld, Some(now()))
+        }
+        Ok(_) => (Outcome::Unknown, Some(now())),
+        Err(_) => (Outcome::Unknown, None),
+    };
+    ctx.recorder.op(ctx.client, lock, Call::Release { fence }, invoked, completed, outcome);
+    outcome
+}
+
+/// Releases until the answer is definite or the run is over: a hold left behind would keep a model lock
+/// busy for the rest of the run.
+async fn http_release_surely(ctx: &Ctx, rng: &mut StdRng, lock: &str, fence: u64, token: &str) {
+    loop {
+        let node = &ctx.nodes[rng.gen_range(0..ctx.nodes.len())];
+        if http_release(ctx, node, lock, fence, token).await != Outcome::Unknown || now() >= ctx.stop_at {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(50..300))).await;
+    }
+}
+
+/// A one-call client on the model locks: try-lock through any node, hold a moment, release.
+pub async fn model_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    while now() < ctx.stop_at {
+        let node = &ctx.nodes[rng.gen_range(0..ctx.nodes.len())];
+        let lock = MODEL_LOCKS[rng.gen_range(0..MODEL_LOCKS.len())];
+        if let (Outcome::Granted { fence }, Some(token)) = http_acquire(&ctx, node, lock, MODEL_TTL_MS).await {
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(0..300))).await;
+            http_release_surely(&ctx, &mut rng, lock, fence, &token).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..300))).await;
+    }
+    Ok(())
+}
+
+/// A one-call client that takes locks of its own (`kept-cN-K`, TTL longer than the run) and keeps about
+/// half of them to the end: every acknowledged grant it kept must be held by the healed cluster at the end,
+/// and every acknowledged release must have stuck, through crashes of every node.
+pub async fn keeper_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    let mut k = 0;
+    while now() < ctx.stop_at {
+        let node = &ctx.nodes[rng.gen_range(0..ctx.nodes.len())];
+        let lock = format!("{KEPT_PREFIX}c{}-{k}", ctx.client);
+        match http_acquire(&ctx, node, &lock, MODEL_TTL_MS).await {
+            (Outcome::Granted { fence }, Some(token)) => {
+                k += 1;
+                if rng.gen_ratio(1, 2) {
+                    http_release_surely(&ctx, &mut rng, &lock, fence, &token).await;
+                }
+            }
+            // Busy: an earlier attempt with no answer took it after all; that hold is this client's, and
+            // the next name is tried.
+            (Outcome::Busy, _) => k += 1,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..600))).await;
+    }
+    Ok(())
+}
+
+/// A one-call client on the fenced lock with a short TTL: takes it, reads the counter, works (and now and
+/// then stalls past its TTL, as a paused process would, and goes on as if it still held the lock), writes
+/// the counter, releases.
+pub async fn fenced_http_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    while now() < ctx.stop_at {
+        let node = &ctx.nodes[rng.gen_range(0..ctx.nodes.len())];
+        let invoked = now();
+        let (outcome, token) = http_acquire(&ctx, node, FENCED_LOCK, FENCED_TTL_MS).await;
+        if let (Outcome::Granted { fence }, Some(token)) = (outcome, token) {
+            let from = now();
+            // The client counts its TTL from when it sent the request: the cluster's starts later.
+            let lease_end = invoked + Duration::from_millis(FENCED_TTL_MS);
+            work(&ctx, &mut rng, fence, lease_end).await;
+            let released_at = now();
+            ctx.recorder.hold(ctx.client, FENCED_LOCK, fence, from, lease_end.min(released_at));
+            http_release_surely(&ctx, &mut rng, FENCED_LOCK, fence, &token).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
+    }
+    Ok(())
+}
+
+/// A read-modify-write of the fenced counter under `fence`. One time in five the client stalls well past
+/// `lease_end` between the read and the write and then writes anyway: the resource must turn it away if
+/// anyone newer came by.
+async fn work(ctx: &Ctx, rng: &mut StdRng, fence: u64, lease_end: At) {
+    let Some(value) = ctx.resource.read(ctx.client, fence) else { return };
+    let pause = if rng.gen_ratio(1, 5) {
+        lease_end.saturating_sub(now()) + Duration::from_millis(rng.gen_range(200..1_500))
+    } else {
+        Duration::from_millis(rng.gen_range(0..100))
+    };
+    tokio::time::sleep(pause).await;
+    ctx.resource.write(ctx.client, fence, value);
+}
+
+/// `instant` on this host's clock (tokio's, driven by the simulation) as simulated time.
+fn at_of(instant: tokio::time::Instant) -> At {
+    let here = tokio::time::Instant::now();
+    match instant.checked_duration_since(here) {
+        Some(ahead) => now() + ahead,
+        None => now().saturating_sub(here - instant),
+    }
+}
+
+/// A session client on the real client library: opens a session, queues for the fenced lock, works under
+/// it, releases; opens a new session when one is lost.
+pub async fn session_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    let client = library_client(&ctx, ctx.nodes.clone())?;
+    while now() < ctx.stop_at {
+        let session = match client.session(SESSION_LEASE).await {
+            Ok(session) => session,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(50..300))).await;
+                continue;
+            }
+        };
+        while now() < ctx.stop_at && !session.is_lost() {
+            let invoked = now();
+            // A session's hold has no TTL of its own: it lasts as long as the session.
+            let call = Call::Acquire { ttl_ms: 0, wait: true };
+            let wait = Duration::from_millis(rng.gen_range(500..3_000));
+            match session.lock(FENCED_LOCK, Some(wait)).await {
+                Ok(held) => {
+                    let from = now();
+                    let fence = held.fence();
+                    ctx.recorder.op(ctx.client, FENCED_LOCK, call, invoked, Some(from), Outcome::Granted { fence });
+                    work(&ctx, &mut rng, fence, at_of(held.confirmed_until())).await;
+                    // Believed held until the release is sent or the lease ran out by this client's clock,
+                    // whichever came first.
+                    let until = now().min(at_of(held.confirmed_until()));
+                    ctx.recorder.hold(ctx.client, FENCED_LOCK, fence, from, until);
+                    let invoked = now();
+                    let (outcome, completed) = match held.release().await {
+                        Ok(()) => (Outcome::Released, Some(now())),
+                        Err(ClientError::SessionLost) => (Outcome::NotHeld, Some(now())),
+                        Err(_) => (Outcome::Unknown, None),
+                    };
+                    ctx.recorder.op(ctx.client, FENCED_LOCK, Call::Release { fence }, invoked, completed, outcome);
+                }
+                Err(ClientError::Timeout | ClientError::Busy { .. }) => {
+                    ctx.recorder.op(ctx.client, FENCED_LOCK, call, invoked, Some(now()), Outcome::Busy);
+                }
+                Err(_) => ctx.recorder.op(ctx.client, FENCED_LOCK, call, invoked, None, Outcome::Unknown),
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
+        }
+        let _ = session.close().await;
+    }
+    Ok(())
+}
+
+/// The leader's id, as `node` knows it (`GET /v1/cluster`).
+pub async fn leader_of(node: &str) -> Option<u64> {
+    match http::call(node, Method::GET, "/v1/cluster").await {
+        Ok((StatusCode::OK, body)) => body["leader"].as_u64(),
+        _ => None,
+    }
+}
+
+/// Waits until `at` (simulated time).
+pub async fn until(at: At) {
+    tokio::time::sleep(at.saturating_sub(now())).await;
+}
+
+/// A client on the Rust client library through `nodes`, with the simulation's network.
+pub fn library_client(ctx: &Ctx, nodes: Vec<String>) -> Result<Client, ClientError> {
+    Client::builder(nodes)
+        .dialer(crate::net::dialer())
+        .seed(ctx.seed)
+        .owner(format!("c{}", ctx.client))
+        .request_timeout(Duration::from_secs(2))
+        .retry_timeout(Duration::from_secs(3))
+        .build()
+}
+
+/// A session with `lease` through `nodes` takes `lock` (waiting as long as `wait`), holds it until `hold_until` or
+/// until it is lost, and releases it; records the acquire, the span it believed it held the lock, and the
+/// release.
+pub async fn session_hold(
+    ctx: &Ctx,
+    nodes: Vec<String>,
+    lease: Duration,
+    lock: &str,
+    wait: Duration,
+    hold_until: At,
+) -> turmoil::Result {
+    let client = library_client(ctx, nodes)?;
+    let session = client.session(lease).await?;
+    let invoked = now();
+    let call = Call::Acquire { ttl_ms: 0, wait: true };
+    let held = match session.lock(lock, Some(wait)).await {
+        Ok(held) => held,
+        Err(ClientError::Timeout | ClientError::Busy { .. }) => {
+            ctx.recorder.op(ctx.client, lock, call, invoked, Some(now()), Outcome::Busy);
+            return Ok(());
+        }
+        Err(_) => {
+            ctx.recorder.op(ctx.client, lock, call, invoked, None, Outcome::Unknown);
+            return Ok(());
+        }
+    };
+    let (from, fence) = (now(), held.fence());
+    ctx.recorder.op(ctx.client, lock, call, invoked, Some(from), Outcome::Granted { fence });
+    while now() < hold_until && !held.is_lost() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ctx.recorder.hold(ctx.client, lock, fence, from, now().min(at_of(held.confirmed_until())));
+    let invoked = now();
+    let (outcome, completed) = match held.release().await {
+        Ok(()) => (Outcome::Released, Some(now())),
+        Err(ClientError::SessionLost) => (Outcome::NotHeld, Some(now())),
+        Err(_) => (Outcome::Unknown, None),
+    };
+    ctx.recorder.op(ctx.client, lock, Call::Release { fence }, invoked, completed, outcome);
+    Ok(())
+}
