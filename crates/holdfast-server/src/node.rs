@@ -539,6 +539,10 @@ impl Node {
         if !self.is_leader() {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
+        // The answers below are read from this node's view of the membership: only a confirmed leader's view
+        // is current. A deposed leader that had not heard of a removal answered "already a voter" (200) and
+        // changed nothing (found by the simulation: crates/holdfast-sim/tests/regressions.rs).
+        self.confirm_leader().await?;
         let membership = self.raft.metrics().borrow().membership_config.membership().clone();
         if let Some(node) = membership.get_node(&id) {
             if node.addr != addr {
@@ -576,6 +580,8 @@ impl Node {
         if !self.is_leader() {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
+        // As in add_member: "not a member" and "last member" must come from a confirmed leader's view.
+        self.confirm_leader().await?;
         let membership = self.raft.metrics().borrow().membership_config.membership().clone();
         let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
         if membership.get_node(&id).is_none() {

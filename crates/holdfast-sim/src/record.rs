@@ -9,6 +9,25 @@ pub fn now() -> At {
     turmoil::sim_elapsed().unwrap_or_default()
 }
 
+/// With `RUST_LOG` set, logs every node's and client's lines to the test's output, stamped with simulated
+/// time and the host (`node{name="n2"}`). Once per process; later calls do nothing.
+pub fn log_if_asked() {
+    struct SimTime;
+    impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+        fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+            write!(w, "{:>9.3}s", now().as_secs_f64())
+        }
+    }
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_timer(SimTime)
+            .with_ansi(false)
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// Where every client of a run writes what it saw. Clones share the history.
 #[derive(Clone, Default)]
 pub struct Recorder(Arc<Mutex<History>>);

@@ -45,6 +45,9 @@ pub enum Fault {
     Hold(Vec<NodeId>, Vec<NodeId>),
     /// Messages take up to this long from now on.
     Latency(Duration),
+    /// A client's process pauses (a long GC, a stopped VM): nothing it sends or is sent moves until the
+    /// next `Heal`, while its own code goes on believing what it believed.
+    StallClient(u32),
     /// Every link repaired, held messages delivered, crashed nodes restarted, latency back to normal.
     Heal,
 }
@@ -60,6 +63,9 @@ pub enum Role {
     Session,
     /// One-call holds of locks of its own, about half kept to the end (acknowledged writes).
     Keeper,
+    /// Changes the membership while everything else goes on: adds the spare node, removes a member, adds
+    /// it back, removes the spare (so the cluster ends as it began).
+    Admin { spare: NodeId, victim: NodeId },
 }
 
 /// A client written for one scenario: given its context, it runs to completion.
@@ -78,8 +84,10 @@ where
 #[derive(Clone)]
 pub struct Plan {
     pub seed: u64,
-    /// 3 or 5.
+    /// 3 or 5: the members the cluster starts with.
     pub nodes: u64,
+    /// Nodes started with `--join`, for membership changes: ids `nodes + 1 ..= nodes + spares`.
+    pub spares: u64,
     /// Broken behaviours of the nodes (all off: the real thing).
     pub bugs: Bugs,
     /// Nodes whose disks acknowledge before they make writes durable (broken).
@@ -108,6 +116,8 @@ pub struct Report {
     pub simulated: Duration,
     /// One line per fault applied, with its time.
     pub trace: Vec<String>,
+    /// The members (voters and learners) of the healed cluster at the end.
+    pub members: Vec<NodeId>,
 }
 
 impl Report {
@@ -135,6 +145,8 @@ impl Report {
     }
 }
 
+/// The clients of a random plan before an admin (which stalls do not pick).
+const CLIENTS_RANDOM: u32 = 7;
 /// Violations a summary lists; the rest are counted.
 const SUMMARY_VIOLATIONS_MAX: usize = 12;
 /// How long after the heal an election and reconnections may take before liveness is judged.
@@ -174,6 +186,7 @@ impl Plan {
                 }
                 6 => Fault::Hold(vec![node], others),
                 7 => Fault::Latency(Duration::from_millis(rng.gen_range(5..80))),
+                9 => Fault::StallClient(rng.gen_range(1..=CLIENTS_RANDOM)),
                 8 if rng.gen_ratio(1, 3) => Fault::CrashAll,
                 _ => Fault::Heal,
             };
@@ -193,12 +206,15 @@ impl Plan {
             Role::Session,
             Role::Session,
         ];
-        if rng.gen_ratio(1, 2) {
-            roles.push(Role::Session);
+        debug_assert_eq!(roles.len() as u32, CLIENTS_RANDOM);
+        let spares = u64::from(rng.gen_ratio(1, 3));
+        if spares > 0 {
+            roles.push(Role::Admin { spare: nodes + 1, victim: rng.gen_range(1..=nodes) });
         }
         Plan {
             seed,
             nodes,
+            spares,
             bugs: Bugs::default(),
             broken_disks: false,
             faults,
@@ -215,6 +231,7 @@ impl Plan {
         Plan {
             seed,
             nodes,
+            spares: 0,
             bugs: Bugs::default(),
             broken_disks: false,
             faults: Vec::new(),
@@ -259,12 +276,16 @@ pub fn run(plan: &Plan) -> Report {
         .tcp_capacity(1 << 16)
         .build();
     let registry = Registry::default();
-    let disks: BTreeMap<NodeId, MemDisk> = (1..=plan.nodes)
+    let total = plan.nodes + plan.spares;
+    let disks: BTreeMap<NodeId, MemDisk> = (1..=total)
         .map(|id| (id, if plan.broken_disks { MemDisk::acking_before_flush() } else { MemDisk::new() }))
         .collect();
-    let members: BTreeMap<NodeId, String> = (1..=plan.nodes).map(|id| (id, format!("{}:7071", host(id)))).collect();
-    for id in 1..=plan.nodes {
-        let (members, disk, registry, bugs) = (members.clone(), disks[&id].clone(), registry.clone(), plan.bugs);
+    for id in 1..=total {
+        // The first `nodes` start the cluster together; a spare starts empty and waits to be added.
+        let join = id > plan.nodes;
+        let members: BTreeMap<NodeId, String> =
+            (1..=if join { total } else { plan.nodes }).map(|id| (id, format!("{}:7071", host(id)))).collect();
+        let (disk, registry, bugs) = (disks[&id].clone(), registry.clone(), plan.bugs);
         let starts = Arc::new(AtomicU64::new(0));
         // A node's wall clock runs off the simulation's by up to 40 ms either way: the leader's stamps
         // must not depend on clocks agreeing.
@@ -281,7 +302,7 @@ pub fn run(plan: &Plan) -> Report {
                 election_timeout_ms: 250,
                 // Small, so that runs take and install snapshots.
                 snapshot_every_entries: 200,
-                join: false,
+                join,
                 admin_key: None,
                 tls: None,
                 auth: Default::default(),
@@ -342,6 +363,11 @@ pub fn run(plan: &Plan) -> Report {
             Role::FencedHttp => sim.client(format!("c{client}"), workload::fenced_http_client(ctx)),
             Role::Session => sim.client(format!("c{client}"), workload::session_client(ctx)),
             Role::Keeper => sim.client(format!("c{client}"), workload::keeper_client(ctx)),
+            Role::Admin { spare, victim } => {
+                // Every change is made well before the heal, so that liveness is judged on a settled cluster.
+                let changes_by = plan.healed_at.saturating_sub(Duration::from_secs(3));
+                sim.client(format!("c{client}"), workload::admin_client(ctx, *spare, *victim, changes_by))
+            }
         }
     }
     for script in &plan.scripts {
@@ -357,12 +383,12 @@ pub fn run(plan: &Plan) -> Report {
     loop {
         let now = sim.elapsed();
         while let Some((at, fault)) = faults.next_if(|(at, _)| *at <= now) {
-            let applied = apply(&mut sim, plan, &registry, &disks, &mut down, fault);
+            let applied = apply(&mut sim, plan, &registry, &disks, &mut down, client, fault);
             disrupted |= *fault != Fault::Heal;
             trace.push(format!("{:>8.3}s {fault:?}{applied}", at.as_secs_f64()));
         }
         if disrupted && now >= plan.healed_at && faults.peek().is_none() {
-            apply(&mut sim, plan, &registry, &disks, &mut down, &Fault::Heal);
+            apply(&mut sim, plan, &registry, &disks, &mut down, client, &Fault::Heal);
             disrupted = false;
         }
         match sim.step() {
@@ -375,19 +401,26 @@ pub fn run(plan: &Plan) -> Report {
             }
         }
     }
-    apply(&mut sim, plan, &registry, &disks, &mut down, &Fault::Heal);
-    let end = converge(&mut sim, plan, &registry, &mut violations);
+    apply(&mut sim, plan, &registry, &disks, &mut down, client, &Fault::Heal);
+    let (end, members) = converge(&mut sim, plan, &registry, &mut violations).unzip();
 
     let mut history = recorder.snapshot();
     history.end = end;
     let model = |lock: &str| MODEL_LOCKS.contains(&lock) || lock.starts_with(KEPT_PREFIX);
     violations.extend(check::all(&history, plan.healed_at + SETTLE, plan.liveness_bound, &model));
-    Report { seed: plan.seed, history, violations, simulated: sim.elapsed(), trace }
+    Report {
+        seed: plan.seed,
+        history,
+        violations,
+        simulated: sim.elapsed(),
+        trace,
+        members: members.unwrap_or_default(),
+    }
 }
 
 /// The node that leads now, by the running nodes' own views (the newest term wins).
 fn leader(sim: &mut turmoil::Sim<'_>, plan: &Plan, registry: &Registry) -> Option<NodeId> {
-    (1..=plan.nodes)
+    (1..=plan.nodes + plan.spares)
         .filter(|id| sim.is_host_running(host(*id)))
         .filter_map(|id| registry.get(id).map(|node| (id, node)))
         .filter_map(|(id, node)| {
@@ -405,8 +438,10 @@ fn apply(
     registry: &Registry,
     disks: &BTreeMap<NodeId, MemDisk>,
     down: &mut Vec<NodeId>,
+    clients: u32,
     fault: &Fault,
 ) -> String {
+    let total = plan.nodes + plan.spares;
     let cut = |sim: &mut turmoil::Sim<'_>, a: &[NodeId], b: &[NodeId]| {
         for x in a {
             for y in b {
@@ -432,7 +467,7 @@ fn apply(
         }
         Fault::IsolateLeader => {
             let Some(id) = leader(sim, plan, registry) else { return " (no leader)".into() };
-            let others: Vec<NodeId> = (1..=plan.nodes).filter(|n| *n != id).collect();
+            let others: Vec<NodeId> = (1..=total).filter(|n| *n != id).collect();
             cut(sim, &[id], &others);
             return format!(" (n{id})");
         }
@@ -443,7 +478,7 @@ fn apply(
             return format!(" (n{id})");
         }
         Fault::CrashAll => {
-            for id in 1..=plan.nodes {
+            for id in 1..=total {
                 crash(sim, id);
             }
         }
@@ -461,14 +496,22 @@ fn apply(
             }
         }
         Fault::Latency(max) => sim.set_max_message_latency(*max),
+        Fault::StallClient(client) => {
+            for id in 1..=total {
+                sim.hold(format!("c{client}"), host(id));
+            }
+        }
         Fault::Heal => {
-            let all: Vec<NodeId> = (1..=plan.nodes).collect();
+            let all: Vec<NodeId> = (1..=total).collect();
             for x in &all {
                 for y in &all {
                     if x != y {
                         sim.repair(host(*x), host(*y));
                         sim.release(host(*x), host(*y));
                     }
+                }
+                for client in 1..=clients {
+                    sim.release(format!("c{client}"), host(*x));
                 }
             }
             sim.set_max_message_latency(Duration::from_millis(5));
@@ -481,13 +524,13 @@ fn apply(
 }
 
 /// Runs the healed cluster until a leader has applied everything it committed and every node caught up
-/// with it; checks that all replicas hold the same state, and answers the locks held then.
+/// with it; checks that all replicas hold the same state, and answers the locks held then and the members.
 fn converge(
     sim: &mut turmoil::Sim<'_>,
     plan: &Plan,
     registry: &Registry,
     violations: &mut Vec<Violation>,
-) -> Option<Final> {
+) -> Option<(Final, Vec<NodeId>)> {
     let deadline = sim.elapsed() + CONVERGE_MAX;
     while sim.elapsed() < deadline {
         for _ in 0..100 {
@@ -498,14 +541,19 @@ fn converge(
         }
         let Some(id) = leader(sim, plan, registry) else { continue };
         let leader = registry.get(id).expect("a leader is registered");
-        let applied = |node: &Node| node.state.read().expect("lock state poisoned").applied_index();
+        // Raft's applied index counts every entry (membership and blank ones too), the lock state's only
+        // lock commands.
+        let applied = |node: &Node| node.raft.metrics().borrow().last_applied.map_or(0, |log_id| log_id.index);
         let target = applied(&leader);
         let committed = leader.committed_index.load(Ordering::Relaxed);
         if target < committed {
             continue;
         }
-        let nodes: Vec<Arc<Node>> = (1..=plan.nodes).filter_map(|n| registry.get(n)).collect();
-        if nodes.len() as u64 != plan.nodes || nodes.iter().any(|node| applied(node) != target) {
+        // The members as the leader knows them: a node removed for good no longer follows the log.
+        let members: Vec<NodeId> =
+            leader.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        let nodes: Vec<Arc<Node>> = members.iter().filter_map(|n| registry.get(*n)).collect();
+        if nodes.len() != members.len() || nodes.iter().any(|node| applied(node) != target) {
             continue;
         }
         // Every replica applied the same log up to the same index: their states must be the same.
@@ -522,7 +570,7 @@ fn converge(
         let state = leader.state.read().expect("lock state poisoned");
         let holders = state.list("", None, usize::MAX).into_iter().map(|view| (view.name, view.holder.fence)).collect();
         let at = sim.elapsed();
-        return Some(Final { at, holders });
+        return Some((Final { at, holders }, members));
     }
     violations.push(Violation {
         checker: "liveness",

@@ -290,3 +290,40 @@ pub async fn session_hold(
     ctx.recorder.op(ctx.client, lock, Call::Release { fence }, invoked, completed, outcome);
     Ok(())
 }
+
+/// Changes the membership under load: adds node `spare` (started with `--join`), removes `victim`, adds it
+/// back (with the data it kept), removes the spare; each step through any member, retried until it is
+/// answered. Nothing is begun after `changes_by`.
+pub async fn admin_client(ctx: Ctx, spare: u64, victim: u64, changes_by: At) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    let steps = [(Method::POST, spare), (Method::DELETE, victim), (Method::POST, victim), (Method::DELETE, spare)];
+    tokio::time::sleep(Duration::from_millis(rng.gen_range(1_000..4_000))).await;
+    if now() >= changes_by {
+        return Ok(());
+    }
+    // Once begun, every step is made, so that the cluster ends with the members it began with.
+    for (method, id) in steps {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_500))).await;
+        let path = match method {
+            Method::POST => format!("/v1/cluster/members?id={id}&addr=n{id}:7071"),
+            _ => format!("/v1/cluster/members/{id}"),
+        };
+        // Not through the victim while it is out: a removed node no longer hears from the leader.
+        let through: Vec<&String> = ctx.nodes.iter().filter(|n| !n.starts_with(&format!("n{victim}:"))).collect();
+        loop {
+            let node = through[rng.gen_range(0..through.len())];
+            match http::call(node, method.clone(), &path).await {
+                Ok((StatusCode::OK, _)) => break,
+                // Removed already (an earlier attempt went through after all).
+                Ok((StatusCode::CONFLICT, body)) if body["type"] == "urn:holdfast:not-a-member" => break,
+                answer => tracing::debug!(?answer, %path, "membership change not made yet"),
+            }
+            if now() >= ctx.stop_at {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(100..500))).await;
+        }
+        tracing::info!(%method, id, at = ?now(), "membership changed");
+    }
+    Ok(())
+}

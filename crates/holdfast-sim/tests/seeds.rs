@@ -29,6 +29,7 @@ fn every_seed_keeps_every_guarantee() {
         None => (1..=env_u64("HOLDFAST_SIM_SEEDS").unwrap_or(SEEDS_DEFAULT)).collect(),
     };
     let verbose = seeds.len() == 1;
+    holdfast_sim::record::log_if_asked();
     let next = AtomicUsize::new(0);
     let failed: Mutex<Vec<Report>> = Mutex::default();
     let simulated = Mutex::new(Duration::ZERO);
