@@ -6,7 +6,7 @@
 //! When the stream breaks, the session lives on until its lease runs out; the client may resume it through
 //! any node.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -242,7 +242,7 @@ struct SessionStream {
     /// The tenant's namespace: names in `claims` are stored names; events show the client's names.
     scope: auth::Scope,
     id: SessionId,
-    claims: HashMap<String, Claim>,
+    claims: BTreeMap<String, Claim>,
     tx: Outbox,
 }
 
@@ -271,7 +271,7 @@ async fn serve_session(
                 let _state = node.state.read().expect("lock state poisoned");
                 node.events.attach(id)
             };
-            let stream = SessionStream { node: node.clone(), scope, id, claims: HashMap::new(), tx: tx.clone() };
+            let stream = SessionStream { node: node.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
             (stream, notes, open.lease_ms, None)
         }
         Some(RequestKind::Resume(resume)) => {
@@ -285,7 +285,7 @@ async fn serve_session(
             let Some((view, Some(notes))) = found else {
                 return Err(ApiError::SessionGone { id }.into());
             };
-            let mut stream = SessionStream { node: node.clone(), scope, id, claims: HashMap::new(), tx: tx.clone() };
+            let mut stream = SessionStream { node: node.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
             stream.adopt(&view);
             (stream, notes, view.lease_ms, Some(view))
         }
@@ -390,9 +390,11 @@ impl SessionStream {
                 let (node, id, beats, seq, tx) = (self.node.clone(), self.id, beats.clone(), beat.seq, self.tx.clone());
                 // Heartbeats run beside the stream's other requests and are acknowledged straight from their
                 // own task, so a slow write on the stream never delays an acknowledgement.
+                let received = tokio::time::Instant::now();
                 tokio::spawn(async move {
                     match node.heartbeat(id).await {
                         Ok(Some((held, waiting))) => {
+                            node.metrics.heartbeat_duration.observe(received.elapsed().as_secs_f64());
                             let _ =
                                 tx.send(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }))).await;
                         }

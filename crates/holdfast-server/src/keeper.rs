@@ -10,8 +10,7 @@
 //!
 //! The same observer tells waiting requests of their grants and session streams of their grants and losses.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::Hash;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,18 +51,18 @@ pub struct Events {
 #[derive(Default)]
 struct Inner {
     /// Queued one-shot claims waiting to hear of their grant, by token.
-    watchers: HashMap<Token, (String, oneshot::Sender<Grant>)>,
+    watchers: BTreeMap<Token, (String, oneshot::Sender<Grant>)>,
     /// Session streams attached to this node.
-    streams: HashMap<SessionId, mpsc::UnboundedSender<SessionNote>>,
+    streams: BTreeMap<SessionId, mpsc::UnboundedSender<SessionNote>>,
     /// Which session holds each session-held lock (name, fence), to route the end of a hold.
-    session_holds: HashMap<(String, u64), SessionId>,
+    session_holds: BTreeMap<(String, u64), SessionId>,
     /// TTL holds by name, tagged with the fence.
     holds: Deadlines<String>,
     /// Sessions, tagged 0.
     sessions: Deadlines<SessionId>,
     /// One-shot waiters by token, tagged 0, and the lock each waits for.
     waiters: Deadlines<Token>,
-    waiter_names: HashMap<Token, String>,
+    waiter_names: BTreeMap<Token, String>,
     /// The term in which this node, as leader, last gave everything a full lease.
     promoted_term: Option<u64>,
 }
@@ -71,17 +70,17 @@ struct Inner {
 /// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
 /// that the end of an old hold does not clear the deadline of a newer one.
 struct Deadlines<K> {
-    by_key: HashMap<K, (u64, Instant)>,
+    by_key: BTreeMap<K, (u64, Instant)>,
     by_time: BTreeSet<(Instant, K)>,
 }
 
 impl<K> Default for Deadlines<K> {
     fn default() -> Self {
-        Deadlines { by_key: HashMap::new(), by_time: BTreeSet::new() }
+        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new() }
     }
 }
 
-impl<K: Clone + Ord + Hash> Deadlines<K> {
+impl<K: Clone + Ord> Deadlines<K> {
     fn set(&mut self, key: &K, tag: u64, deadline: Instant) {
         if let Some((_, old)) = self.by_key.insert(key.clone(), (tag, deadline)) {
             self.by_time.remove(&(old, key.clone()));

@@ -214,7 +214,9 @@ where
         election_timeout_max: config.election_timeout_ms + config.election_timeout_ms / 2,
         install_snapshot_timeout: 10_000,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
-        max_in_snapshot_log_to_keep: 1_000,
+        // Up to 1,000 entries stay behind a snapshot for followers that lag a little; fewer when snapshots
+        // are taken more often (the simulation's, so that lagging nodes install snapshots).
+        max_in_snapshot_log_to_keep: config.snapshot_every_entries.min(1_000),
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         max_payload_entries: 512,
         ..Default::default()

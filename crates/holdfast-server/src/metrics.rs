@@ -159,6 +159,7 @@ pub struct Metrics {
     pub handover_latency: Histogram,
 
     // The fronts.
+    pub heartbeat_duration: Histogram,
     pub forwarded: Family<ForwardedLabels, Counter>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<EndpointLabels, Histogram, HistogramMaker>,
@@ -192,6 +193,7 @@ impl Metrics {
             handovers: Counter::default(),
             expirations: Family::default(),
             handover_latency: latency_histogram(),
+            heartbeat_duration: latency_histogram(),
             forwarded: Family::default(),
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
@@ -233,6 +235,12 @@ impl Metrics {
             "From the leader stamping an entry that hands a lock over to this node applying it",
             Unit::Seconds,
             m.handover_latency.clone(),
+        );
+        root.register_with_unit(
+            "heartbeat_duration",
+            "From a session heartbeat reaching this node to its acknowledgement, the leader's quorum round included",
+            Unit::Seconds,
+            m.heartbeat_duration.clone(),
         );
         root.register("forwarded_requests", "Requests this node forwarded to the leader, by kind", m.forwarded.clone());
         root.register("requests", "Client requests answered, by front, endpoint and code", m.requests.clone());

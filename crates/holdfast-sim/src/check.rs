@@ -138,8 +138,9 @@ pub fn fenced_resource(accesses: &[Access]) -> Vec<Violation> {
 /// Every pair of grants whose fences break the order fences promise. Fences are log indexes, so across all
 /// locks:
 /// - no two grants share a fence;
-/// - a grant that completed strictly before another was invoked has the lower fence (the later one was
-///   committed at a later log index).
+/// - a grant that completed strictly before a one-call acquire was invoked has the lower fence (the later
+///   one was committed at a later log index). A session's acquire is not judged so: it may be given the
+///   session's own earlier claim, granted before the call was sent.
 ///
 /// O(n log n): grants sorted by completion are swept in invocation order, keeping the highest fence among
 /// those that completed before the current one was invoked; only that one need be compared.
@@ -171,7 +172,13 @@ pub fn fence_order(ops: &[Op]) -> Vec<Violation> {
     let mut by_completion: Vec<(At, u64, &Op)> =
         grants.iter().filter_map(|&(op, fence)| op.completed.map(|completed| (completed, fence, op))).collect();
     by_completion.sort_by_key(|&(completed, fence, _)| (completed, fence));
-    let mut by_invocation = grants;
+    // Only a one-call acquire's grant is made after it was asked for. A session's acquire may be answered
+    // with a grant made before it was sent: the session's own earlier claim on that lock (a call that gave
+    // up waiting just before the grant reached it), which the next call is given. Such a grant's fence is
+    // older than the call, rightly, and is judged only as a predecessor (and for being distinct) here; the
+    // span it is held in is judged by `mutual_exclusion` and the fenced resource.
+    let mut by_invocation: Vec<(&Op, u64)> =
+        grants.into_iter().filter(|(op, _)| matches!(op.call, Call::Acquire { wait: false, .. })).collect();
     by_invocation.sort_by_key(|&(op, fence)| (op.invoked, fence));
     let mut completed_before = by_completion.iter().peekable();
     let mut highest_before: Option<(u64, &Op)> = None;
@@ -808,6 +815,22 @@ mod tests {
             "fence_order",
             &["fence 7 is not above fence 8, granted before it was invoked: client 2"],
         );
+    }
+
+    /// Found by seed 451: a session that gave up waiting just before its grant arrived is given that grant by
+    /// its next acquire, whose fence is then older than the call. Only a one-call acquire is judged by
+    /// real-time order; distinct fences are still required of every grant.
+    #[test]
+    fn fence_order_judges_only_one_call_acquires_by_real_time() {
+        let session = |fence| op(2, "f", Call::Acquire { ttl_ms: 0, wait: true }, 20, Some(21), granted(fence));
+        let earlier = acquire(1, "m", 0, 10, granted(8));
+        assert_eq!(fence_order(&[earlier.clone(), session(5)]), vec![]);
+        assert_violations(
+            &fence_order(&[earlier.clone(), acquire(2, "f", 20, 21, granted(5))]),
+            "fence_order",
+            &["fence 5 is not above fence 8"],
+        );
+        assert_violations(&fence_order(&[earlier, session(8)]), "fence_order", &["fence 8 granted twice"]);
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!
 //! A run is a function of its seed: turmoil's, openraft's election timeouts, tokio's scheduler
 //! (`--cfg tokio_unstable`, set in `.cargo/config.toml`), the nodes' tokens and ids, and the clients'
-//! choices all draw from it. This crate is for tests: nothing in the service depends on it.
+//! choices all draw from it. One leak remains: h2 expires reset streams on the real clock, so a run can
+//! differ with the machine's speed (docs/testing.md). This crate is for tests: nothing in the service
+//! depends on it.
 
 pub mod check;
 pub mod history;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -25,7 +25,7 @@ use crate::workload::{self, Ctx, KEPT_PREFIX, MODEL_LOCKS};
 pub type NodeId = u64;
 
 /// One thing that goes wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
     /// Every link between the two groups of nodes is cut, both ways.
     Partition(Vec<NodeId>, Vec<NodeId>),
@@ -45,6 +45,11 @@ pub enum Fault {
     Hold(Vec<NodeId>, Vec<NodeId>),
     /// Messages take up to this long from now on.
     Latency(Duration),
+    /// Every link, at each message sent, breaks with this probability: what it had in flight is lost.
+    Lossy(f64),
+    /// A node's wall clock jumps by this many milliseconds (forwards or backwards) and stays off; its
+    /// monotonic clock is not affected.
+    ClockJump { node: NodeId, by_ms: i64 },
     /// A client's process pauses (a long GC, a stopped VM): nothing it sends or is sent moves until the
     /// next `Heal`, while its own code goes on believing what it believed.
     StallClient(u32),
@@ -121,13 +126,24 @@ pub struct Report {
 }
 
 impl Report {
-    /// A short account: seed, counts, violations.
+    /// A fingerprint of the whole history: two runs of a seed that agree call for call have the same.
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        // DefaultHasher::new() has fixed keys: the same text hashes alike in every process.
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        format!("{:?}{:?}", self.history, self.trace).hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// A short account: seed, history fingerprint, counts, violations.
     pub fn summary(&self) -> String {
         let granted =
             self.history.ops.iter().filter(|op| matches!(op.outcome, crate::history::Outcome::Granted { .. }));
         let mut text = format!(
-            "seed {}: {:.1} s simulated, {} calls ({} grants), {} holds, {} resource accesses, {} faults",
+            "seed {} (history {:016x}): {:.1} s simulated, {} calls ({} grants), {} holds, {} resource accesses, {} \
+             faults",
             self.seed,
+            self.digest(),
             self.simulated.as_secs_f64(),
             self.history.ops.len(),
             granted.count(),
@@ -185,8 +201,10 @@ impl Plan {
                     Fault::CrashLeader
                 }
                 6 => Fault::Hold(vec![node], others),
-                7 => Fault::Latency(Duration::from_millis(rng.gen_range(5..80))),
-                9 => Fault::StallClient(rng.gen_range(1..=CLIENTS_RANDOM)),
+                7 if rng.gen_ratio(1, 2) => Fault::Latency(Duration::from_millis(rng.gen_range(5..80))),
+                7 => Fault::Lossy(rng.gen_range(0.001..0.01)),
+                9 if rng.gen_ratio(1, 2) => Fault::StallClient(rng.gen_range(1..=CLIENTS_RANDOM)),
+                9 => Fault::ClockJump { node, by_ms: rng.gen_range(-10_000..=10_000) },
                 8 if rng.gen_ratio(1, 3) => Fault::CrashAll,
                 _ => Fault::Heal,
             };
@@ -280,6 +298,9 @@ pub fn run(plan: &Plan) -> Report {
     let disks: BTreeMap<NodeId, MemDisk> = (1..=total)
         .map(|id| (id, if plan.broken_disks { MemDisk::acking_before_flush() } else { MemDisk::new() }))
         .collect();
+    let skews: BTreeMap<NodeId, Arc<AtomicI64>> = (1..=total)
+        .map(|id| (id, Arc::new(AtomicI64::new((plan.seed.wrapping_mul(31).wrapping_add(id * 17) % 81) as i64 - 40))))
+        .collect();
     for id in 1..=total {
         // The first `nodes` start the cluster together; a spare starts empty and waits to be added.
         let join = id > plan.nodes;
@@ -287,9 +308,9 @@ pub fn run(plan: &Plan) -> Report {
             (1..=if join { total } else { plan.nodes }).map(|id| (id, format!("{}:7071", host(id)))).collect();
         let (disk, registry, bugs) = (disks[&id].clone(), registry.clone(), plan.bugs);
         let starts = Arc::new(AtomicU64::new(0));
-        // A node's wall clock runs off the simulation's by up to 40 ms either way: the leader's stamps
-        // must not depend on clocks agreeing.
-        let skew_ms = (plan.seed.wrapping_mul(31).wrapping_add(id * 17) % 81) as i64 - 40;
+        // A node's wall clock runs off the simulation's by up to 40 ms either way, and jumps on a
+        // `ClockJump`: the leader's stamps must not depend on clocks agreeing.
+        let skew_ms = skews[&id].clone();
         let seed = plan.seed;
         sim.host(host(id), move || {
             let start = starts.fetch_add(1, Ordering::Relaxed);
@@ -307,10 +328,13 @@ pub fn run(plan: &Plan) -> Report {
                 tls: None,
                 auth: Default::default(),
                 cache_bytes: 0,
-                clock: WallClock::from_fn(move || {
-                    let ms = turmoil::since_epoch().unwrap_or_default().as_millis() as i64;
-                    (ms + skew_ms) as u64
-                }),
+                clock: {
+                    let skew_ms = skew_ms.clone();
+                    WallClock::from_fn(move || {
+                        let ms = turmoil::since_epoch().unwrap_or_default().as_millis() as i64;
+                        (ms + skew_ms.load(Ordering::Relaxed)) as u64
+                    })
+                },
                 // Tokens and session ids differ between the starts of a node, as they would.
                 rng_seed: Some(seed ^ (id << 48) ^ (start << 40)),
                 bugs,
@@ -378,17 +402,17 @@ pub fn run(plan: &Plan) -> Report {
     let mut trace = Vec::new();
     let mut violations = Vec::new();
     let mut faults = plan.faults.iter().peekable();
-    let mut down: Vec<NodeId> = Vec::new();
+    let mut world = World { registry: registry.clone(), disks, skews, down: Vec::new(), clients: client };
     let mut disrupted = false;
     loop {
         let now = sim.elapsed();
         while let Some((at, fault)) = faults.next_if(|(at, _)| *at <= now) {
-            let applied = apply(&mut sim, plan, &registry, &disks, &mut down, client, fault);
+            let applied = apply(&mut sim, plan, &mut world, fault);
             disrupted |= *fault != Fault::Heal;
             trace.push(format!("{:>8.3}s {fault:?}{applied}", at.as_secs_f64()));
         }
         if disrupted && now >= plan.healed_at && faults.peek().is_none() {
-            apply(&mut sim, plan, &registry, &disks, &mut down, client, &Fault::Heal);
+            apply(&mut sim, plan, &mut world, &Fault::Heal);
             disrupted = false;
         }
         match sim.step() {
@@ -401,7 +425,7 @@ pub fn run(plan: &Plan) -> Report {
             }
         }
     }
-    apply(&mut sim, plan, &registry, &disks, &mut down, client, &Fault::Heal);
+    apply(&mut sim, plan, &mut world, &Fault::Heal);
     let (end, members) = converge(&mut sim, plan, &registry, &mut violations).unzip();
 
     let mut history = recorder.snapshot();
@@ -431,16 +455,23 @@ fn leader(sim: &mut turmoil::Sim<'_>, plan: &Plan, registry: &Registry) -> Optio
         .map(|(_, id)| id)
 }
 
-/// Applies `fault`; answers a note on what it hit (e.g. which node led).
-fn apply(
-    sim: &mut turmoil::Sim<'_>,
-    plan: &Plan,
-    registry: &Registry,
-    disks: &BTreeMap<NodeId, MemDisk>,
-    down: &mut Vec<NodeId>,
+/// What the driver holds of a run besides turmoil's simulation.
+struct World {
+    registry: Registry,
+    /// Each node's disk: what survives its crashes.
+    disks: BTreeMap<NodeId, MemDisk>,
+    /// How far each node's wall clock is off the simulation's, in milliseconds.
+    skews: BTreeMap<NodeId, Arc<AtomicI64>>,
+    /// Crashed nodes, restarted at the next heal.
+    down: Vec<NodeId>,
+    /// How many clients run (hosts `c1`..).
     clients: u32,
-    fault: &Fault,
-) -> String {
+}
+
+/// Applies `fault`; answers a note on what it hit (e.g. which node led).
+fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fault) -> String {
+    let World { registry, disks, skews, down, clients } = world;
+    let clients = *clients;
     let total = plan.nodes + plan.spares;
     let cut = |sim: &mut turmoil::Sim<'_>, a: &[NodeId], b: &[NodeId]| {
         for x in a {
@@ -496,6 +527,10 @@ fn apply(
             }
         }
         Fault::Latency(max) => sim.set_max_message_latency(*max),
+        Fault::Lossy(rate) => sim.set_fail_rate(*rate),
+        Fault::ClockJump { node, by_ms } => {
+            skews[node].fetch_add(*by_ms, Ordering::Relaxed);
+        }
         Fault::StallClient(client) => {
             for id in 1..=total {
                 sim.hold(format!("c{client}"), host(id));
@@ -515,6 +550,7 @@ fn apply(
                 }
             }
             sim.set_max_message_latency(Duration::from_millis(5));
+            sim.set_fail_rate(0.0);
             for id in std::mem::take(down) {
                 sim.bounce(host(id));
             }
@@ -556,7 +592,11 @@ fn converge(
         if nodes.len() != members.len() || nodes.iter().any(|node| applied(node) != target) {
             continue;
         }
-        // Every replica applied the same log up to the same index: their states must be the same.
+        // Every replica applied the same log up to the same index: their states must be the same, and each
+        // must hold the state machine's invariants (a broken one panics, failing the run).
+        for node in &nodes {
+            node.state.read().expect("lock state poisoned").check_invariants();
+        }
         let snapshot = |node: &Node| node.state.read().expect("lock state poisoned").snapshot();
         let reference = snapshot(&leader);
         for node in &nodes {

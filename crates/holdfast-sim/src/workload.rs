@@ -205,13 +205,7 @@ pub async fn session_client(ctx: Ctx) -> turmoil::Result {
                     // whichever came first.
                     let until = now().min(at_of(held.confirmed_until()));
                     ctx.recorder.hold(ctx.client, FENCED_LOCK, fence, from, until);
-                    let invoked = now();
-                    let (outcome, completed) = match held.release().await {
-                        Ok(()) => (Outcome::Released, Some(now())),
-                        Err(ClientError::SessionLost) => (Outcome::NotHeld, Some(now())),
-                        Err(_) => (Outcome::Unknown, None),
-                    };
-                    ctx.recorder.op(ctx.client, FENCED_LOCK, Call::Release { fence }, invoked, completed, outcome);
+                    session_release(&ctx, held).await;
                 }
                 Err(ClientError::Timeout | ClientError::Busy { .. }) => {
                     ctx.recorder.op(ctx.client, FENCED_LOCK, call, invoked, Some(now()), Outcome::Busy);
@@ -281,14 +275,20 @@ pub async fn session_hold(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     ctx.recorder.hold(ctx.client, lock, fence, from, now().min(at_of(held.confirmed_until())));
-    let invoked = now();
+    session_release(ctx, held).await;
+    Ok(())
+}
+
+/// Releases a session's hold and records the call.
+async fn session_release(ctx: &Ctx, held: holdfast_client::HeldLock) {
+    let (lock, fence, invoked) = (held.name().to_owned(), held.fence(), now());
     let (outcome, completed) = match held.release().await {
         Ok(()) => (Outcome::Released, Some(now())),
+        // Lost before the release: nothing was held any more.
         Err(ClientError::SessionLost) => (Outcome::NotHeld, Some(now())),
         Err(_) => (Outcome::Unknown, None),
     };
-    ctx.recorder.op(ctx.client, lock, Call::Release { fence }, invoked, completed, outcome);
-    Ok(())
+    ctx.recorder.op(ctx.client, &lock, Call::Release { fence }, invoked, completed, outcome);
 }
 
 /// Changes the membership under load: adds node `spare` (started with `--join`), removes `victim`, adds it

@@ -253,6 +253,43 @@ async fn metric_everywhere(client: &Client, series: &str) -> Vec<Option<f64>> {
     values
 }
 
+/// A histogram's buckets summed over every endpoint's `/metrics`: (upper bound in seconds, cumulative count),
+/// in bound order; `None` if no node answered.
+async fn histogram_everywhere(client: &Client, name: &str) -> Option<Vec<(f64, f64)>> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let mut buckets: std::collections::BTreeMap<u64, (f64, f64)> = std::collections::BTreeMap::new();
+    let mut answered = false;
+    for endpoint in client.endpoints() {
+        let Ok((200, body)) = http_get(endpoint, "/metrics", Duration::from_secs(3)).await else { continue };
+        answered = true;
+        for line in body.lines() {
+            let Some((bound, count)) = line.strip_prefix(&prefix).and_then(|rest| rest.split_once("\"} ")) else {
+                continue;
+            };
+            let bound: f64 = if bound == "+Inf" { f64::INFINITY } else { bound.parse().unwrap_or(f64::NAN) };
+            let (Ok(count), false) = (count.trim().parse::<f64>(), bound.is_nan()) else { continue };
+            buckets.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += count;
+        }
+    }
+    let mut buckets: Vec<(f64, f64)> = buckets.into_values().collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    answered.then_some(buckets)
+}
+
+/// Of the observations made between two readings of a histogram: how many, and the upper bound (seconds) of
+/// the bucket that holds quantile `q` (so a bound, to the histogram's resolution: a factor of 2).
+fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<(f64, f64)> {
+    let counted = |bound: f64, of: &[(f64, f64)]| of.iter().find(|(b, _)| *b == bound).map_or(0.0, |(_, c)| *c);
+    let between: Vec<(f64, f64)> =
+        after.iter().map(|&(bound, count)| (bound, count - counted(bound, before))).collect();
+    let total = between.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let bound = between.iter().find(|(_, cumulative)| *cumulative >= q * total)?.0;
+    Some((total, bound))
+}
+
 /// A process's CPU time so far (user + system), from `/proc/PID/stat`.
 fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
