@@ -274,7 +274,7 @@ $sc[0] as $sc | $nd[0] as $nd |
       "a grant within the election timeout (\(i($fo.election_timeout_ms)) ms) + 0.5 s; held locks stay held";
       verdict(le($fo.first_grant_after_kill_ms; $fo.target_ms) and $fo.held_all_kept == true)),
   row("\(i($se.sessions)) sessions, \(r($se.lease_ms / 1000)) s leases"; $se;
-      "\($se.spurious_lost) locks lost, \(i($se.expirations)) session expirations; the nodes used \(pct($se.cpu_cores_total)) of a core in total (the load generator \(pct($se.bench_cpu_cores))); a leader-confirmed read p99 \(r($se.read_p99_ms)) ms (heartbeat latency itself is not exposed); all open in \(r($se.open_seconds)) s";
+      "\($se.spurious_lost) locks lost, \(i($se.expirations)) session expirations; the nodes used \(pct($se.cpu_cores_total)) of a core in total (the load generator \(pct($se.bench_cpu_cores))); heartbeat acknowledgement p99 ≤ \(r($se.heartbeat_p99_ms_at_most)) ms at the nodes (p50 ≤ \(r($se.heartbeat_p50_ms_at_most)) ms; histogram bounds); a leader-confirmed read p99 \(r($se.read_p99_ms)) ms; all open in \(r($se.open_seconds)) s";
       "10,000 sessions: zero spurious expirations, ≤ 1 core in total";
       (verdict($se.opened == $se.sessions and $se.spurious_lost == 0 and $se.expirations == 0
                and le($se.cpu_cores_total; 1))
