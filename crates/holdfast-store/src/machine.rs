@@ -229,6 +229,67 @@ fn restore(data: &[u8]) -> Result<LockState, StoreError> {
     Ok(state)
 }
 
+/// openraft's state machine and snapshot builder traits for a backend's pair of types, both holding the
+/// shared [`Machine`] in a field `machine`: every method is the machine's. One definition for both stores,
+/// which differ only in where the snapshot is kept.
+macro_rules! raft_state_machine {
+    ($store:ty, $builder:ident) => {
+        impl openraft::RaftSnapshotBuilder<$crate::TypeConfig> for $builder {
+            async fn build_snapshot(
+                &mut self,
+            ) -> Result<openraft::Snapshot<$crate::TypeConfig>, openraft::StorageError<$crate::NodeId>> {
+                self.machine.build_snapshot().await
+            }
+        }
+
+        impl openraft::storage::RaftStateMachine<$crate::TypeConfig> for $store {
+            type SnapshotBuilder = $builder;
+
+            async fn applied_state(
+                &mut self,
+            ) -> Result<$crate::machine::AppliedState, openraft::StorageError<$crate::NodeId>> {
+                self.machine.applied_state()
+            }
+
+            async fn apply<I>(
+                &mut self,
+                entries: I,
+            ) -> Result<Vec<$crate::Response>, openraft::StorageError<$crate::NodeId>>
+            where
+                I: IntoIterator<Item = openraft::Entry<$crate::TypeConfig>> + openraft::OptionalSend,
+                I::IntoIter: openraft::OptionalSend,
+            {
+                self.machine.apply(entries)
+            }
+
+            async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+                $builder { machine: self.machine.clone() }
+            }
+
+            async fn begin_receiving_snapshot(
+                &mut self,
+            ) -> Result<Box<std::io::Cursor<Vec<u8>>>, openraft::StorageError<$crate::NodeId>> {
+                Ok(Box::new(std::io::Cursor::new(Vec::new())))
+            }
+
+            async fn install_snapshot(
+                &mut self,
+                meta: &$crate::machine::Meta,
+                snapshot: Box<std::io::Cursor<Vec<u8>>>,
+            ) -> Result<(), openraft::StorageError<$crate::NodeId>> {
+                self.machine.install_snapshot(meta, snapshot).await
+            }
+
+            async fn get_current_snapshot(
+                &mut self,
+            ) -> Result<Option<openraft::Snapshot<$crate::TypeConfig>>, openraft::StorageError<$crate::NodeId>> {
+                self.machine.current_snapshot().await
+            }
+        }
+    };
+}
+pub(crate) use raft_state_machine;
+
 #[cfg(test)]
 mod tests {
     use openraft::CommittedLeaderId;

@@ -11,20 +11,16 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::io::Cursor;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
-use openraft::{
-    Entry, LogId, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder, Snapshot, StorageError, StorageIOError,
-    Vote,
-};
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
-use crate::machine::{AppliedState, Machine, Meta, Replace, SnapshotStore};
-use crate::{log, ApplyObserver, NodeId, Response, SharedState, StoreError, TypeConfig};
+use crate::machine::{Machine, Meta, Replace, SnapshotStore};
+use crate::{log, ApplyObserver, NodeId, SharedState, StoreError, TypeConfig};
 
 /// What survives a simulated crash of a node: what its acknowledged calls made durable. Clone shares it.
 #[derive(Clone, Default)]
@@ -373,44 +369,4 @@ impl SnapshotStore for MemSnapshots {
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for MemSnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        self.machine.build_snapshot().await
-    }
-}
-
-impl RaftStateMachine<TypeConfig> for MemStateMachine {
-    type SnapshotBuilder = MemSnapshotBuilder;
-
-    async fn applied_state(&mut self) -> Result<AppliedState, StorageError<NodeId>> {
-        self.machine.applied_state()
-    }
-
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<NodeId>>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        self.machine.apply(entries)
-    }
-
-    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        MemSnapshotBuilder { machine: self.machine.clone() }
-    }
-
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
-        self.machine.install_snapshot(meta, snapshot).await
-    }
-
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        self.machine.current_snapshot().await
-    }
-}
+crate::machine::raft_state_machine!(MemStateMachine, MemSnapshotBuilder);

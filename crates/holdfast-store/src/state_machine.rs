@@ -1,14 +1,10 @@
 //! [`StateMachineStore`]: the lock state in memory ([`crate::machine`]), and its snapshot in the
 //! `snapshot` tree.
 
-use std::io::Cursor;
 use std::sync::Arc;
 
-use openraft::storage::RaftStateMachine;
-use openraft::{Entry, OptionalSend, RaftSnapshotBuilder, Snapshot, StorageError};
-
-use crate::machine::{AppliedState, Machine, Meta, Replace, SnapshotStore};
-use crate::{flush, keys, ApplyObserver, NodeId, Response, SharedState, StoreError, TypeConfig};
+use crate::machine::{Machine, Meta, Replace, SnapshotStore};
+use crate::{flush, keys, ApplyObserver, SharedState, StoreError};
 
 /// The lock state machine of one node: applies committed entries, builds and installs snapshots.
 pub struct StateMachineStore {
@@ -88,44 +84,4 @@ impl SnapshotStore for SledSnapshots {
     }
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        self.machine.build_snapshot().await
-    }
-}
-
-impl RaftStateMachine<TypeConfig> for StateMachineStore {
-    type SnapshotBuilder = SnapshotBuilder;
-
-    async fn applied_state(&mut self) -> Result<AppliedState, StorageError<NodeId>> {
-        self.machine.applied_state()
-    }
-
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<NodeId>>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        self.machine.apply(entries)
-    }
-
-    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder { machine: self.machine.clone() }
-    }
-
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
-        self.machine.install_snapshot(meta, snapshot).await
-    }
-
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        self.machine.current_snapshot().await
-    }
-}
+crate::machine::raft_state_machine!(StateMachineStore, SnapshotBuilder);
