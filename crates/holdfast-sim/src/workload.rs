@@ -191,26 +191,10 @@ pub async fn session_client(ctx: Ctx) -> turmoil::Result {
             }
         };
         while now() < ctx.stop_at && !session.is_lost() {
-            let invoked = now();
-            // A session's hold has no TTL of its own: it lasts as long as the session.
-            let call = Call::Acquire { ttl_ms: 0, wait: true };
             let wait = Duration::from_millis(rng.gen_range(500..3_000));
-            match session.lock(FENCED_LOCK, Some(wait)).await {
-                Ok(held) => {
-                    let from = now();
-                    let fence = held.fence();
-                    ctx.recorder.op(ctx.client, FENCED_LOCK, call, invoked, Some(from), Outcome::Granted { fence });
-                    work(&ctx, &mut rng, fence, at_of(held.confirmed_until())).await;
-                    // Believed held until the release is sent or the lease ran out by this client's clock,
-                    // whichever came first.
-                    let until = now().min(at_of(held.confirmed_until()));
-                    ctx.recorder.hold(ctx.client, FENCED_LOCK, fence, from, until);
-                    session_release(&ctx, held).await;
-                }
-                Err(ClientError::Timeout | ClientError::Busy { .. }) => {
-                    ctx.recorder.op(ctx.client, FENCED_LOCK, call, invoked, Some(now()), Outcome::Busy);
-                }
-                Err(_) => ctx.recorder.op(ctx.client, FENCED_LOCK, call, invoked, None, Outcome::Unknown),
+            if let Some((held, from)) = session_acquire(&ctx, &session, FENCED_LOCK, wait).await {
+                work(&ctx, &mut rng, held.fence(), at_of(held.confirmed_until())).await;
+                session_release(&ctx, held, from).await;
             }
             tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
         }
@@ -256,32 +240,43 @@ pub async fn session_hold(
 ) -> turmoil::Result {
     let client = library_client(ctx, nodes)?;
     let session = client.session(lease).await?;
-    let invoked = now();
-    let call = Call::Acquire { ttl_ms: 0, wait: true };
-    let held = match session.lock(lock, Some(wait)).await {
-        Ok(held) => held,
-        Err(ClientError::Timeout | ClientError::Busy { .. }) => {
-            ctx.recorder.op(ctx.client, lock, call, invoked, Some(now()), Outcome::Busy);
-            return Ok(());
+    if let Some((held, from)) = session_acquire(ctx, &session, lock, wait).await {
+        while now() < hold_until && !held.is_lost() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(_) => {
-            ctx.recorder.op(ctx.client, lock, call, invoked, None, Outcome::Unknown);
-            return Ok(());
-        }
-    };
-    let (from, fence) = (now(), held.fence());
-    ctx.recorder.op(ctx.client, lock, call, invoked, Some(from), Outcome::Granted { fence });
-    while now() < hold_until && !held.is_lost() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        session_release(ctx, held, from).await;
     }
-    ctx.recorder.hold(ctx.client, lock, fence, from, now().min(at_of(held.confirmed_until())));
-    session_release(ctx, held).await;
     Ok(())
 }
 
-/// Releases a session's hold and records the call.
-async fn session_release(ctx: &Ctx, held: holdfast_client::HeldLock) {
+/// A session's acquire of `lock`, waiting up to `wait`; records the call. Answers the hold and when it
+/// came back.
+async fn session_acquire(
+    ctx: &Ctx,
+    session: &holdfast_client::Session,
+    lock: &str,
+    wait: Duration,
+) -> Option<(holdfast_client::HeldLock, At)> {
+    let invoked = now();
+    // A session's hold has no TTL of its own: it lasts as long as the session.
+    let call = Call::Acquire { ttl_ms: 0, wait: true };
+    let (held, completed, outcome) = match session.lock(lock, Some(wait)).await {
+        Ok(held) => {
+            let fence = held.fence();
+            (Some(held), Some(now()), Outcome::Granted { fence })
+        }
+        Err(ClientError::Timeout | ClientError::Busy { .. }) => (None, Some(now()), Outcome::Busy),
+        Err(_) => (None, None, Outcome::Unknown),
+    };
+    ctx.recorder.op(ctx.client, lock, call, invoked, completed, outcome);
+    held.map(|held| (held, now()))
+}
+
+/// Ends a session's hold granted at `from`: records the span it was believed held (until the release is
+/// sent or the lease ran out by this client's clock, whichever came first), releases it and records the call.
+async fn session_release(ctx: &Ctx, held: holdfast_client::HeldLock, from: At) {
     let (lock, fence, invoked) = (held.name().to_owned(), held.fence(), now());
+    ctx.recorder.hold(ctx.client, &lock, fence, from, invoked.min(at_of(held.confirmed_until())));
     let (outcome, completed) = match held.release().await {
         Ok(()) => (Outcome::Released, Some(now())),
         // Lost before the release: nothing was held any more.
