@@ -91,6 +91,31 @@ pub enum Command {
     CreateKey { tenant: u64, hash: [u8; 32] },
     /// Tenant `tenant`'s key stops working; its names and owners remain until their holds end.
     RevokeKey { tenant: u64 },
+    /// Several one-lock commands (`Acquire`, `Release`, `Renew`, `Cancel`), each on a different lock,
+    /// applied in order at the entry's time: the leader proposes the commands that queued up while the log
+    /// was busy as one entry, so that one append, one flush and one round trip serve them all. Every grant
+    /// they make carries the entry's index as its fence, as the grants of one `Expire` do; no lock is
+    /// granted twice in one entry, so each lock's fences still strictly grow. See
+    /// [`Command::batchable`] and [`limits::BATCH_MAX`](crate::limits::BATCH_MAX).
+    Batch(Vec<Command>),
+}
+
+impl Command {
+    /// The lock a one-lock command acts on; `None` for the others.
+    pub fn lock_name(&self) -> Option<&str> {
+        match self {
+            Command::Acquire(Acquire { name, .. })
+            | Command::Release { name, .. }
+            | Command::Renew { name, .. }
+            | Command::Cancel { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Whether the command may travel inside a [`Command::Batch`]: it acts on exactly one lock.
+    pub fn batchable(&self) -> bool {
+        self.lock_name().is_some()
+    }
 }
 
 /// Take a lock named `name`, or queue for it.

@@ -24,6 +24,8 @@ pub const SESSIONS_MAX: usize = 200_000;
 pub const CLAIMS_PER_SESSION_MAX: usize = 1024;
 /// Items one `Expire` entry may carry.
 pub const EXPIRE_BATCH_MAX: usize = 4096;
+/// Most commands in one [`Command::Batch`](crate::Command::Batch) entry.
+pub const BATCH_MAX: usize = 256;
 
 /// Length of a tenant prefix: 16 lowercase hex digits of the tenant id, then `/`.
 pub const TENANT_PREFIX_LEN: usize = 17;

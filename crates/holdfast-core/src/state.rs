@@ -110,6 +110,8 @@ pub enum Outcome {
     },
     /// Nothing changed, for this reason.
     Rejected(Reject),
+    /// A [`Command::Batch`]: each command's outcome, in order.
+    Batch(Vec<Outcome>),
 }
 
 /// Why an entry changed nothing.
@@ -170,6 +172,10 @@ pub enum Reject {
     /// An `Expire` entry larger than [`limits::EXPIRE_BATCH_MAX`].
     #[error("expire batch of {0} items is too large")]
     BatchTooLarge(usize),
+    /// A [`Command::Batch`] that is empty, longer than [`limits::BATCH_MAX`], holds a command that is not a
+    /// one-lock command, or names a lock twice: none of its commands is applied.
+    #[error("invalid batch of commands")]
+    InvalidBatch,
 }
 
 /// An open session and its claims.
@@ -207,6 +213,20 @@ pub struct Applied {
     pub ended: Vec<(String, u64)>,
     /// Every waiter the entry removed from a queue without granting it, by name and token.
     pub dropped: Vec<(String, Token)>,
+}
+
+impl Applied {
+    fn new(at_ms: u64) -> Self {
+        Applied { at_ms, outcome: Outcome::Withdrawn, grants: Vec::new(), ended: Vec::new(), dropped: Vec::new() }
+    }
+}
+
+/// Whether `cmds` may be applied as one [`Command::Batch`]: 1 to [`limits::BATCH_MAX`] one-lock commands,
+/// each on a different lock, so that no lock is granted twice under one fence.
+fn valid_batch(cmds: &[Command]) -> bool {
+    let mut names = BTreeSet::new();
+    (1..=limits::BATCH_MAX).contains(&cmds.len())
+        && cmds.iter().all(|cmd| cmd.lock_name().is_some_and(|name| names.insert(name)))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -281,8 +301,27 @@ impl LockState {
     }
 
     /// Apply the entry at log `index`. Indexes must strictly increase; entries the lock state does not see
-    /// (Raft's blank and membership entries) may leave gaps.
+    /// (Raft's blank and membership entries) may leave gaps. For a [`Command::Batch`] the outcome is
+    /// [`Outcome::Batch`] and the grants, ends and drops are every command's, in order.
     pub fn apply(&mut self, index: u64, entry: &Entry) -> Applied {
+        let mut all = Applied::new(0);
+        let outcome = self.apply_each(index, entry, |_, _, applied| {
+            all.grants.extend_from_slice(&applied.grants);
+            all.ended.extend_from_slice(&applied.ended);
+            all.dropped.extend_from_slice(&applied.dropped);
+        });
+        Applied { at_ms: self.now_ms, outcome, ..all }
+    }
+
+    /// Apply the entry at log `index`, as [`apply`](Self::apply) does, telling `each` what every command
+    /// did, with the state as it is just after that command: once for a single command, once per command
+    /// of a valid batch (none for an invalid one). Returns the entry's outcome.
+    pub fn apply_each(
+        &mut self,
+        index: u64,
+        entry: &Entry,
+        mut each: impl FnMut(&LockState, &Command, &Applied),
+    ) -> Outcome {
         assert!(
             index > self.applied_index,
             "entry {index} applied after {}: the log went backwards",
@@ -290,29 +329,36 @@ impl LockState {
         );
         self.applied_index = index;
         self.now_ms = self.now_ms.max(entry.at_ms);
-        let mut applied = Applied {
-            at_ms: self.now_ms,
-            outcome: Outcome::Withdrawn,
-            grants: Vec::new(),
-            ended: Vec::new(),
-            dropped: Vec::new(),
+        let Command::Batch(cmds) = &entry.cmd else {
+            let applied = self.apply_command(&entry.cmd);
+            each(self, &entry.cmd, &applied);
+            return applied.outcome;
         };
-        let named = match &entry.cmd {
-            Command::Acquire(Acquire { name, .. })
-            | Command::Release { name, .. }
-            | Command::Renew { name, .. }
-            | Command::Cancel { name, .. } => Some(name),
-            _ => None,
-        };
+        if !valid_batch(cmds) {
+            return Outcome::Rejected(Reject::InvalidBatch);
+        }
+        let mut outcomes = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            let applied = self.apply_command(cmd);
+            each(self, cmd, &applied);
+            outcomes.push(applied.outcome);
+        }
+        Outcome::Batch(outcomes)
+    }
+
+    /// Apply one command (not a batch) at the current index and time.
+    fn apply_command(&mut self, cmd: &Command) -> Applied {
+        let mut applied = Applied::new(self.now_ms);
+        let named = cmd.lock_name();
         // A name in a tenant's namespace is acted on only while the tenant's key exists: a write ordered
         // after the key's revocation changes nothing, on every replica.
-        if let Some((Some(tenant), _)) = named.map(|name| limits::split_tenant(name)) {
+        if let Some((Some(tenant), _)) = named.map(limits::split_tenant) {
             if !self.keys.contains_key(&tenant) {
                 applied.outcome = Outcome::Rejected(Reject::NoKey(tenant));
                 return applied;
             }
         }
-        let outcome = match &entry.cmd {
+        let outcome = match cmd {
             Command::CreateKey { tenant, hash } => {
                 if self.keys.contains_key(tenant) || self.key_tenants.contains_key(hash) {
                     Outcome::Rejected(Reject::KeyExists)
@@ -350,6 +396,8 @@ impl LockState {
                 false => Outcome::Rejected(Reject::NoSession(*id)),
             },
             Command::Expire(expire) => self.expire(expire, &mut applied),
+            // Only at the top of an entry, where `apply_each` takes it apart.
+            Command::Batch(_) => Outcome::Rejected(Reject::InvalidBatch),
         };
         if let Outcome::Rejected(_) = outcome {
             assert!(applied.grants.is_empty() && applied.ended.is_empty() && applied.dropped.is_empty());

@@ -134,15 +134,24 @@ impl Model {
         self.now_ms = self.now_ms.max(entry.at_ms);
         let mut fx = Effects::default();
         let outcome = match &entry.cmd {
-            Command::Acquire(a) => self.acquire(a, &mut fx),
+            // A batch is its commands one after the other, under one index and time.
+            Command::Batch(cmds) => Outcome::Batch(cmds.iter().map(|cmd| self.apply_cmd(cmd, &mut fx)).collect()),
+            cmd => self.apply_cmd(cmd, &mut fx),
+        };
+        Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
+    }
+
+    fn apply_cmd(&mut self, cmd: &Command, fx: &mut Effects) -> Outcome {
+        match cmd {
+            Command::Acquire(a) => self.acquire(a, fx),
             Command::Release { name, token } => match self.lock(name) {
                 Some(l) if l.holder.token == *token && matches!(l.holder.lease, Lease::Session(_)) => {
                     Outcome::Rejected(Reject::SessionHold { name: name.clone() })
                 }
-                _ => self.release(name, *token, &[], &mut fx),
+                _ => self.release(name, *token, &[], fx),
             },
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
-            Command::Cancel { name, token } => self.cancel(name, *token, &mut fx),
+            Command::Cancel { name, token } => self.cancel(name, *token, fx),
             Command::OpenSession { id, lease_ms, .. } => {
                 if !valid_ttl(*lease_ms) {
                     Outcome::Rejected(Reject::InvalidTtl(*lease_ms))
@@ -154,17 +163,17 @@ impl Model {
                 }
             }
             Command::CloseSession { id } => {
-                if self.close(*id, &[*id], &mut fx) {
+                if self.close(*id, &[*id], fx) {
                     Outcome::SessionClosed { id: *id }
                 } else {
                     Outcome::Rejected(Reject::NoSession(*id))
                 }
             }
-            Command::Expire(e) => self.expire(e, &mut fx),
+            Command::Expire(e) => self.expire(e, fx),
             // The generator below makes no key commands (and no tenant names); outcomes.rs covers keys.
             Command::CreateKey { .. } | Command::RevokeKey { .. } => unreachable!("the model makes no key commands"),
-        };
-        Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
+            Command::Batch(_) => unreachable!("the model nests no batches"),
+        }
     }
 
     fn acquire(&mut self, a: &Acquire, fx: &mut Effects) -> Outcome {
@@ -473,6 +482,9 @@ enum Op {
     ClockToDeadline(usize, i64),
     /// Restart from a snapshot.
     SnapshotRestore,
+    /// One-lock operations proposed together as one `Command::Batch` entry (the ones naming a lock already
+    /// in the batch are left out, as the leader's proposer leaves them for the next batch).
+    Batch(Vec<Op>),
 }
 
 /// Whose token: weights for the holder, a waiter, any token.
@@ -498,7 +510,8 @@ fn owner() -> impl Strategy<Value = Owner> {
     ]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// An operation on one lock: what a batch may carry.
+fn lock_op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
         5 => (name.clone(), 1..=TOKENS, 0..TTLS.len(), 0..WAITS.len())
@@ -509,6 +522,14 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (target(), who([4, 1, 1]), 0..TTLS.len())
             .prop_map(|(target, who, ttl)| Op::Renew { target, who, ttl }),
         2 => (target(), who([1, 3, 1])).prop_map(|(target, who)| Op::Cancel { target, who }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let name = 0..NAMES.len();
+    prop_oneof![
+        15 => lock_op(),
+        3 => prop::collection::vec(lock_op(), 2..=4).prop_map(Op::Batch),
         3 => (1..=SESSIONS, 0..TTLS.len()).prop_map(|(id, lease)| Op::OpenSession { id, lease }),
         1 => (1..=SESSIONS + 1).prop_map(|id| Op::CloseSession { id }),
         3 => (
@@ -631,6 +652,18 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
                 waiters: turned(waiters, *turn / 7),
                 sessions: sessions.clone(),
             })
+        }
+        Op::Batch(ops) => {
+            let mut cmds: Vec<Command> = Vec::new();
+            for cmd in ops.iter().map(|op| command(model, clock, op)) {
+                if cmds.iter().all(|c| c.lock_name() != cmd.lock_name()) {
+                    cmds.push(cmd);
+                }
+            }
+            match cmds.len() {
+                1 => cmds.pop().expect("one command"),
+                _ => Command::Batch(cmds),
+            }
         }
         Op::Clock(_) | Op::ClockToDeadline(..) | Op::SnapshotRestore => {
             unreachable!("not an entry")

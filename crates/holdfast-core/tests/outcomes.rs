@@ -1359,3 +1359,85 @@ fn keys_are_created_once_revoked_once_and_guard_their_tenants_names() {
     assert_eq!(restored, state, "keys survive a snapshot");
     state.check_invariants();
 }
+
+// --- batches ---
+
+#[test]
+fn a_batch_applies_its_commands_in_order_under_one_fence() {
+    let mut state = held_with_two_waiters();
+    let entry = at(
+        T0 + 100,
+        Command::Batch(vec![
+            acquire("a", "worker-a", tok(10), 30_000, 0),
+            release("job", tok(1)),
+            acquire("b", "worker-b", tok(11), 10_000, 0),
+            renew("nope", tok(12), 10_000),
+        ]),
+    );
+    let applied = state.apply(9, &entry);
+    let a = ttl_grant("a", "worker-a", tok(10), 9, T0 + 100, 30_000);
+    let next = ttl_grant("job", "worker-2", tok(2), 9, T0 + 100, 20_000);
+    let b = ttl_grant("b", "worker-b", tok(11), 9, T0 + 100, 10_000);
+    assert_eq!(
+        applied,
+        Applied {
+            at_ms: T0 + 100,
+            outcome: Outcome::Batch(vec![
+                Outcome::Granted(a.clone()),
+                Outcome::Released { name: s("job"), fence: 3 },
+                Outcome::Granted(b.clone()),
+                Outcome::Rejected(Reject::NotHolder { name: s("nope"), holder: None }),
+            ]),
+            grants: vec![a.clone(), next.clone(), b.clone()],
+            ended: vec![(s("job"), 3)],
+            dropped: vec![],
+        }
+    );
+    assert_eq!(state.get("a"), Some(view(&a, vec![])));
+    assert_eq!(state.get("b"), Some(view(&b, vec![])));
+    assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 2, None)])));
+    assert_eq!((state.applied_index(), state.now_ms()), (9, T0 + 100));
+    state.check_invariants();
+}
+
+#[test]
+fn apply_each_tells_every_command_of_a_batch_with_the_state_after_it() {
+    let mut state = LockState::new();
+    let entry =
+        at(T0, Command::Batch(vec![acquire("a", "w", tok(1), 30_000, 0), acquire("b", "w", tok(2), 30_000, 0)]));
+    let mut told = Vec::new();
+    let outcome = state.apply_each(4, &entry, |state, cmd, applied| {
+        told.push((cmd.lock_name().unwrap().to_owned(), state.lock_count(), applied.grants.len()));
+    });
+    assert_eq!(told, [(s("a"), 1, 1), (s("b"), 2, 1)]);
+    assert!(matches!(outcome, Outcome::Batch(outcomes) if outcomes.len() == 2));
+}
+
+#[test]
+fn an_invalid_batch_is_rejected_whole_and_changes_nothing() {
+    let one_lock = |i: usize| acquire(&format!("lock-{i}"), "w", tok(i as u128 + 100), 30_000, 0);
+    let invalid = [
+        // Empty.
+        vec![],
+        // The same lock twice: it could be granted twice under one fence.
+        vec![acquire("job", "w", tok(7), 30_000, 0), release("job", tok(1))],
+        // Commands that act on more than one lock, or on none.
+        vec![one_lock(0), open(5, "svc", 10_000)],
+        vec![one_lock(0), close(5)],
+        vec![one_lock(0), expire(&[("job", 3)], &[], &[])],
+        vec![one_lock(0), Command::Batch(vec![one_lock(1)])],
+        vec![one_lock(0), Command::CreateKey { tenant: 1, hash: [0; 32] }],
+        // Too long.
+        (0..holdfast_core::limits::BATCH_MAX + 1).map(one_lock).collect(),
+    ];
+    let mut state = held_with_two_waiters();
+    for (i, cmds) in invalid.into_iter().enumerate() {
+        assert_rejected(&mut state, 10 + i as u64, at(T0 + 100, Command::Batch(cmds)), Reject::InvalidBatch);
+    }
+    // The longest valid batch is applied.
+    let applied =
+        state.apply(100, &at(T0 + 200, Command::Batch((0..holdfast_core::limits::BATCH_MAX).map(one_lock).collect())));
+    assert_eq!(applied.grants.len(), holdfast_core::limits::BATCH_MAX);
+    assert!(applied.grants.iter().all(|g| g.fence == 100));
+    state.check_invariants();
+}

@@ -107,6 +107,7 @@ impl From<Reject> for ApiError {
             | Reject::SessionExists(_)
             | Reject::DuplicateToken
             | Reject::BatchTooLarge(_)
+            | Reject::InvalidBatch
             | Reject::KeyExists => ApiError::Internal { detail },
         }
     }

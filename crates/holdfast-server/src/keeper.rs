@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use holdfast_core::{limits, Applied, Command, Entry, Expire, Grant, Lease, LockState, Outcome, SessionId, Token};
+use holdfast_core::{limits, Applied, Command, Expire, Grant, Lease, LockState, Outcome, SessionId, Token};
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
@@ -154,15 +154,15 @@ impl Events {
         &self.metrics
     }
 
-    /// Counts what an applied entry did.
-    fn count(&self, entry: &Entry, applied: &Applied) {
+    /// Counts what an applied command did.
+    fn count(&self, applied: &Applied) {
         let m = &self.metrics;
         m.grants.inc_by(applied.grants.len() as u64);
         let handovers = applied.grants.iter().filter(|g| applied.ended.iter().any(|(name, _)| *name == g.name)).count();
         if handovers > 0 {
             m.handovers.inc_by(handovers as u64);
             // A metric only: the system clock, also under simulation.
-            let took_s = crate::node::wall_ms().saturating_sub(entry.at_ms) as f64 / 1000.0;
+            let took_s = crate::node::wall_ms().saturating_sub(applied.at_ms) as f64 / 1000.0;
             for _ in 0..handovers {
                 m.handover_latency.observe(took_s);
             }
@@ -292,8 +292,8 @@ impl Events {
 }
 
 impl ApplyObserver for Events {
-    fn applied(&self, state: &LockState, _index: u64, entry: &Entry, applied: &Applied) {
-        self.count(entry, applied);
+    fn applied(&self, state: &LockState, _index: u64, cmd: &Command, applied: &Applied) {
+        self.count(applied);
         let now = Instant::now();
         let mut inner = self.lock();
         for (name, fence) in &applied.ended {
@@ -334,7 +334,7 @@ impl ApplyObserver for Events {
         for grant in &applied.grants {
             Events::end_waiter(&mut inner, &grant.token);
         }
-        if let (Command::Acquire(a), Outcome::Queued { .. }) = (&entry.cmd, &applied.outcome) {
+        if let (Command::Acquire(a), Outcome::Queued { .. }) = (cmd, &applied.outcome) {
             if a.session.is_none() {
                 inner.waiters.set(&a.token, 0, now + WAITER_LEASE);
                 inner.waiter_names.insert(a.token, a.name.clone());

@@ -121,8 +121,9 @@ pub type SharedState = Arc<RwLock<LockState>>;
 /// Told of every change to the lock state, on every node, while the state's write lock is held: it must
 /// not take that lock itself.
 pub trait ApplyObserver: Send + Sync + 'static {
-    /// Entry `index` was applied to `state` and did `applied`.
-    fn applied(&self, state: &LockState, index: u64, entry: &holdfast_core::Entry, applied: &Applied);
+    /// Command `cmd` of entry `index` was applied to `state` and did `applied`: once per entry, or once
+    /// per command of a [`Command::Batch`](holdfast_core::Command::Batch) entry, in order.
+    fn applied(&self, state: &LockState, index: u64, cmd: &holdfast_core::Command, applied: &Applied);
     /// `state` was replaced whole, from a snapshot (installed from the leader, or restored at start).
     fn restored(&self, state: &LockState);
     /// A flush (sled's write and fsync) that a log append, a vote or a snapshot waited for took `took`.
@@ -135,7 +136,7 @@ pub trait ApplyObserver: Send + Sync + 'static {
 pub struct NoObserver;
 
 impl ApplyObserver for NoObserver {
-    fn applied(&self, _state: &LockState, _index: u64, _entry: &holdfast_core::Entry, _applied: &Applied) {}
+    fn applied(&self, _state: &LockState, _index: u64, _cmd: &holdfast_core::Command, _applied: &Applied) {}
 
     fn restored(&self, _state: &LockState) {}
 }

@@ -145,9 +145,10 @@ impl<S: SnapshotStore> Machine<S> {
         let log_id = entry.log_id;
         let response = match entry.payload {
             EntryPayload::Normal(entry) => {
-                let applied = state.apply(log_id.index, &entry);
-                self.observer.applied(&state, log_id.index, &entry, &applied);
-                Response { at_ms: applied.at_ms, outcome: Some(applied.outcome) }
+                let outcome = state.apply_each(log_id.index, &entry, |state, cmd, applied| {
+                    self.observer.applied(state, log_id.index, cmd, applied)
+                });
+                Response { at_ms: state.now_ms(), outcome: Some(outcome) }
             }
             EntryPayload::Blank => Response { at_ms: state.now_ms(), outcome: None },
             EntryPayload::Membership(membership) => {

@@ -66,7 +66,7 @@ impl Counting {
 }
 
 impl ApplyObserver for Counting {
-    fn applied(&self, _state: &LockState, _index: u64, _entry: &holdfast_core::Entry, _applied: &Applied) {
+    fn applied(&self, _state: &LockState, _index: u64, _cmd: &holdfast_core::Command, _applied: &Applied) {
         self.applied.fetch_add(1, Ordering::SeqCst);
     }
 
