@@ -639,3 +639,69 @@ async fn listing_pages_through_locks_by_prefix() {
     assert_eq!(names(&page2), ["job:a3"]);
     assert_eq!(page2.body["next"], Value::Null, "{page2:?}");
 }
+
+/// Under load the leader proposes one-lock commands that queued up together as one entry: grants of
+/// different locks may then share a fence (the entry's index), while every lock still gets exactly what a
+/// lone command would. Bursts of parallel acquires of distinct locks, and of parallel acquires, releases
+/// and re-acquires of one lock, until a burst has been batched (bounded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_writes_share_log_entries_and_each_gets_its_own_answer() {
+    const LOCKS: usize = 64;
+    const BURSTS: usize = 5;
+    let cluster = std::sync::Arc::new(Cluster::start(NODES).await);
+    let leader = cluster.leader().await;
+    let mut batched = false;
+    for burst in 0..BURSTS {
+        let acquires = (0..LOCKS).map(|i| {
+            let cluster = cluster.clone();
+            tokio::spawn(async move {
+                let name = format!("batch-{burst}-{i}");
+                let reply = cluster.acquire(leader, &name, &format!("w{i}"), "60").await;
+                (name, Grant::from_reply(&reply, "acquire of a free lock"))
+            })
+        });
+        let mut grants = Vec::new();
+        for task in acquires.collect::<Vec<_>>() {
+            grants.push(task.await.expect("acquire task"));
+        }
+        for (name, grant) in &grants {
+            assert_eq!((&grant.name, grant.ttl_ms), (name, 60_000), "{grant:?}");
+        }
+        let mut fences: Vec<u64> = grants.iter().map(|(_, g)| g.fence).collect();
+        fences.sort_unstable();
+        fences.dedup();
+        batched |= fences.len() < LOCKS;
+
+        // Every token releases its own lock, and only its own: a release with another lock's token is
+        // refused even when both travel in one entry.
+        let releases = grants.iter().enumerate().map(|(i, (name, grant))| {
+            let (cluster, name) = (cluster.clone(), name.clone());
+            let (own, other) = (grant.token.clone(), grants[(i + 1) % LOCKS].1.token.clone());
+            tokio::spawn(async move {
+                let wrong = cluster.release(leader, &name, &other).await;
+                let right = cluster.release(leader, &name, &own).await;
+                (name, wrong, right)
+            })
+        });
+        for task in releases.collect::<Vec<_>>() {
+            let (name, wrong, right) = task.await.expect("release task");
+            wrong.assert_problem(409, "not-holder", &format!("release of {name} with another lock's token"));
+            right.ok(&format!("release of {name} with its token"));
+            assert_eq!(cluster.lock(leader, &name).await.status, 404, "{name} was released");
+        }
+        if batched {
+            break;
+        }
+    }
+    assert!(batched, "{BURSTS} bursts of {LOCKS} parallel acquires never shared an entry");
+    // The leader's histogram of commands per entry saw it too: more commands than entries.
+    let metrics = cluster.get(leader, "/metrics").await;
+    let page = metrics.body.as_str().unwrap_or_default();
+    let sample = |series: &str| -> f64 {
+        let line = page.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' '));
+        line.and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{series} missing from:\n{page}"))
+    };
+    let (commands, entries) =
+        (sample("holdfast_raft_entry_commands_sum"), sample("holdfast_raft_entry_commands_count"));
+    assert!(commands > entries, "{commands} commands in {entries} entries: none batched");
+}

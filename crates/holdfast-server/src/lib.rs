@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod ops;
+pub mod proposer;
 pub mod tls;
 
 pub use holdfast_core::limits;
@@ -266,6 +267,7 @@ where
     let confirmer_node = node.clone();
     let confirmer_stop = stop_rx.clone();
     let confirmer = tokio::spawn(async move { confirmer_node.run_confirmer(confirmer_stop).await });
+    let proposer = tokio::spawn(proposer::run(node.clone()));
     let pings_node = node.clone();
     let pings_stop = stop_rx.clone();
     let pings = tokio::spawn(async move { pings_node.run_waiter_pings(pings_stop).await });
@@ -304,6 +306,8 @@ where
     if tokio::time::timeout(DRAIN, &mut http).await.is_err() {
         http.abort();
     }
+    // Client requests drained: nothing more to propose.
+    proposer.abort();
     let _ = keeper.await;
     let _ = confirmer.await;
     let _ = pings.await;

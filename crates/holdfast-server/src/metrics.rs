@@ -146,6 +146,7 @@ pub struct Metrics {
     // Raft, counted as it happens.
     pub leader_changes: Counter,
     pub proposals: Family<ProposalLabels, Counter>,
+    pub entry_commands: Histogram,
     pub fsync: Histogram,
 
     // The lock state, read when scraped.
@@ -185,6 +186,7 @@ impl Metrics {
             apply_lag: Gauge::default(),
             leader_changes: Counter::default(),
             proposals: Family::default(),
+            entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             fsync: latency_histogram(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
@@ -213,6 +215,11 @@ impl Metrics {
         );
         raft.register("leader_changes", "Times this node saw a new leader", m.leader_changes.clone());
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
+        raft.register(
+            "entry_commands",
+            "Client commands carried by each entry this node proposed as leader (more than 1: a batch)",
+            m.entry_commands.clone(),
+        );
         let storage = root.sub_registry_with_prefix("storage");
         storage.register_with_unit(
             "fsync_duration",
@@ -260,8 +267,10 @@ impl Metrics {
         self.request_duration.get_or_create(&EndpointLabels { api, endpoint }).observe(took.as_secs_f64());
     }
 
-    pub fn proposal(&self, result: ProposalResult) {
+    /// An entry carrying `commands` client commands was proposed, with `result`.
+    pub fn proposal(&self, result: ProposalResult, commands: usize) {
         self.proposals.get_or_create(&ProposalLabels { result: result.label() }).inc();
+        self.entry_commands.observe(commands as f64);
     }
 
     pub fn forwarded(&self, kind: Forwarded) {
@@ -290,13 +299,14 @@ mod tests {
     fn names_carry_the_prefix_units_and_labels() {
         let m = Metrics::new();
         m.grants.inc();
-        m.proposal(ProposalResult::Failed);
+        m.proposal(ProposalResult::Failed, 3);
         m.request(Api::Http, "POST /v1/locks/{name}".into(), 200, Duration::from_millis(3));
         m.fsync.observe(0.002);
         let text = m.encode();
         for line in [
             "holdfast_grants_total 1",
             "holdfast_raft_proposals_total{result=\"failed\"} 1",
+            "holdfast_raft_entry_commands_sum 3.0",
             "holdfast_requests_total{api=\"http\",endpoint=\"POST /v1/locks/{name}\",code=\"200\"} 1",
             "holdfast_storage_fsync_duration_seconds_count 1",
             "holdfast_raft_apply_lag_entries 0",

@@ -208,6 +208,8 @@ pub struct Node {
     last_stamp_ms: AtomicU64,
     /// Batches the leadership confirmations heartbeats need.
     confirmer: Confirmer,
+    /// Batches one-lock commands into one log entry.
+    pub(crate) proposer: crate::proposer::Proposer,
     pub metrics: Arc<Metrics>,
     /// The key admin calls (membership changes) must present; `None`: admin calls are open.
     pub admin_key: Option<crate::Secret>,
@@ -306,6 +308,7 @@ impl Node {
             committed_index,
             last_stamp_ms,
             confirmer,
+            proposer: Default::default(),
             metrics,
             admin_key,
             auth,
@@ -758,7 +761,10 @@ impl Node {
                 (Command::Acquire(acquire), Some(token))
             }
         };
-        let (index, response) = self.propose_command(cmd).await?;
+        let (index, response) = match cmd.batchable() {
+            true => self.proposer.propose(cmd).await?,
+            false => self.propose_command(cmd).await?,
+        };
         Ok(Written { index, response, token })
     }
 
@@ -785,18 +791,25 @@ impl Node {
         }))
     }
 
-    /// Proposes `cmd` stamped with leader time; returns its log index and the lock state's answer once
-    /// it is committed and applied here.
+    /// Proposes `cmd` stamped with leader time, as an entry of its own; returns its log index and the lock
+    /// state's answer once it is committed and applied here. (Client writes of one-lock commands go
+    /// through the [`Proposer`](crate::proposer::Proposer) instead, which batches them.)
     pub async fn propose_command(&self, cmd: Command) -> Result<(u64, Response), NodeError> {
+        self.propose_commands(cmd, 1).await
+    }
+
+    /// Proposes `cmd`, which carries `count` client commands (a batch, or one), as one entry.
+    pub(crate) async fn propose_commands(&self, cmd: Command, count: usize) -> Result<(u64, Response), NodeError> {
         if !self.is_leader() {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
         let entry = Entry { at_ms: self.stamp(), cmd };
         let written = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(entry)).await;
-        self.metrics.proposal(match &written {
+        let result = match &written {
             Ok(Ok(_)) => ProposalResult::Committed,
             _ => ProposalResult::Failed,
-        });
+        };
+        self.metrics.proposal(result, count);
         match written.map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))? {
             Ok(reply) => Ok((reply.log_id.index, reply.data)),
             // openraft also answers ForwardToLeader for an entry it appended and then had truncated by a
