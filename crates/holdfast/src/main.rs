@@ -314,7 +314,7 @@ struct ServerArgs {
     /// How often the leader sends Raft heartbeats.
     #[arg(long, env = "HOLDFAST_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
-    /// The shortest election timeout (the longest is 1.5 times this). A follower that hears nothing from a
+    /// The shortest election timeout (the longest is 1.2 times this). A follower that hears nothing from a
     /// leader for its lease (the longest timeout) plus a timeout stands for election.
     #[arg(long, env = "HOLDFAST_ELECTION_TIMEOUT", default_value = "250ms", value_parser = humantime::parse_duration)]
     election_timeout: Duration,
