@@ -10,7 +10,9 @@
 //! one append, one flush per node and one round trip serve the whole batch.
 //!
 //! A second command on a lock already in the batch waits for the next one: no lock is granted twice
-//! under one fence. Commands on one lock keep their order of arrival.
+//! under one fence. Batches are taken in order of arrival, but two entries in flight at once may commit
+//! in either order; their commands were all outstanding together, so either order is linearizable (a
+//! client's next command is only sent after the answer to its previous one).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -49,14 +51,13 @@ impl Proposer {
     pub async fn propose(&self, cmd: Command) -> Result<(u64, Response), NodeError> {
         let (reply, answer) = oneshot::channel();
         if self.tx.send(Queued { cmd, reply }).is_err() {
-            return Err(stopping());
+            // The node is stopping and its proposer is gone: nothing was proposed, so the caller (a
+            // follower forwarding) may safely try again, at the next leader.
+            return Err(NodeError::NotLeader { leader: None });
         }
-        answer.await.unwrap_or_else(|_| Err(stopping()))
+        // An answer dropped unsent: the proposer was stopped with the command queued or in flight.
+        answer.await.unwrap_or_else(|_| Err(NodeError::Unavailable("the node stopped while proposing".into())))
     }
-}
-
-fn stopping() -> NodeError {
-    NodeError::Unavailable("the node is stopping".into())
 }
 
 /// Proposes what queues in `node`'s proposer until the task is aborted (the server does so once its
@@ -165,6 +166,28 @@ mod tests {
         let batch = take_batch(&mut waiting);
         assert_eq!(names(&batch), ["a", "b"]);
         assert_eq!(names(waiting.make_contiguous()), ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_proposer_says_nothing_was_proposed_or_that_it_may_have_been() {
+        // Stopped before the command was queued: nothing was proposed, safe to retry elsewhere.
+        let proposer = Proposer::default();
+        drop(proposer.rx.lock().unwrap().take());
+        let answer = proposer.propose(release("a").cmd).await;
+        assert!(matches!(answer, Err(NodeError::NotLeader { leader: None })), "{answer:?}");
+
+        // Stopped with the command queued (or in flight): it may or may not have taken effect.
+        let proposer = Arc::new(Proposer::default());
+        let rx = proposer.rx.lock().unwrap().take().unwrap();
+        let asking = tokio::spawn({
+            let proposer = proposer.clone();
+            async move { proposer.propose(release("a").cmd).await }
+        });
+        let mut rx = rx;
+        let queued = rx.recv().await.expect("the command was queued");
+        drop((queued, rx));
+        let answer = asking.await.unwrap();
+        assert!(matches!(answer, Err(NodeError::Unavailable(_))), "{answer:?}");
     }
 
     #[test]
