@@ -264,7 +264,7 @@ $sc[0] as $sc | $nd[0] as $nd |
       "p50 \(r($u1.p50_ms)) ms, p99 \(r($u1.p99_ms)) ms; \(i($u1.rate_per_s)) cycles/s";
       "p50 acquire+release ≤ 1 ms"; verdict(le($u1.p50_ms; 1))),
   row("64 clients, uncontended"; $u64;
-      "\(i($u64.rate_per_s)) cycles/s, p50 \(r($u64.p50_ms)) ms, p99 \(r($u64.p99_ms)) ms, \($u64.errors) errors";
+      "\(i($u64.rate_per_s)) cycles/s, p50 \(r($u64.p50_ms)) ms, p99 \(r($u64.p99_ms)) ms, \($u64.errors) errors\(if $u64.commands_per_entry then "; \(r($u64.commands_per_entry)) commands per log entry" else "" end)";
       "≥ 10,000 cycles/s, p99 ≤ 20 ms"; verdict(ge($u64.rate_per_s; 10000) and le($u64.p99_ms; 20))),
   row("8 clients on one lock"; $c8;
       "\(i($c8.rate_per_s)) hand-overs/s, p50 \(r($c8.p50_ms)) ms, p99 \(r($c8.p99_ms)) ms";

@@ -253,6 +253,15 @@ async fn metric_everywhere(client: &Client, series: &str) -> Vec<Option<f64>> {
     values
 }
 
+/// Client commands the leader proposed and the log entries that carried them, summed over every endpoint
+/// (only a leader proposes); `None` if no node answered. Between two readings: how well writes were batched.
+async fn entry_commands(client: &Client) -> Option<(f64, f64)> {
+    let sum = metric_everywhere(client, "holdfast_raft_entry_commands_sum").await;
+    let count = metric_everywhere(client, "holdfast_raft_entry_commands_count").await;
+    let answered = |values: Vec<Option<f64>>| values.iter().any(Option::is_some).then(|| values.iter().flatten().sum());
+    Some((answered(sum)?, answered(count)?))
+}
+
 /// A histogram's buckets summed over every endpoint's `/metrics`: (upper bound in seconds, cumulative count),
 /// in bound order; `None` if no node answered.
 async fn histogram_everywhere(client: &Client, name: &str) -> Option<Vec<(f64, f64)>> {

@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use holdfast_client::Client;
 
-use super::{progress, rate_line, Counters, Report, Samples};
+use super::{entry_commands, progress, rate_line, Counters, Report, Samples};
 
 /// Each client acquires and releases its own lock with one-shot calls until `duration` is over.
 pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
+    let proposed_before = entry_commands(client).await;
     let counters = Counters::shared();
     let started = Instant::now();
     let deadline = started + duration;
@@ -42,7 +43,22 @@ pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration:
             samples.extend(s);
         }
     }
-    finish("uncontended", "uncontended acquire+release", "cycles/s", clients, started, &counters, &samples)
+    let mut report =
+        finish("uncontended", "uncontended acquire+release", "cycles/s", clients, started, &counters, &samples);
+    // How many client commands each log entry carried (the leader batches one-lock commands that queue up).
+    match (proposed_before, entry_commands(client).await) {
+        (Some((commands_before, entries_before)), Some((commands, entries))) if entries > entries_before => {
+            let (commands, entries) = (commands - commands_before, entries - entries_before);
+            report.field("entries", entries);
+            report.field("commands_per_entry", commands / entries);
+            report.row(
+                "batching",
+                format!("{commands:.0} commands in {entries:.0} log entries, {:.1} per entry", commands / entries),
+            );
+        }
+        _ => report.row("batching", "unknown (no /metrics answered)"),
+    }
+    report
 }
 
 /// Every client's session wants one lock and lets go as soon as it holds it, until `duration` is over.
