@@ -88,12 +88,17 @@ pub async fn run(node: Arc<Node>) {
 }
 
 /// Takes from the front of `waiting` up to [`limits::BATCH_MAX`] commands on different locks; a command on
-/// a lock already taken stays, in order, for a later batch.
+/// a lock already taken stays, in order, for a later batch. A command whose caller went away before it was
+/// proposed (a client that disconnected, a request that timed out) is dropped: as before batching, a
+/// request abandoned before its proposal changes nothing.
 fn take_batch(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
     let mut names = BTreeSet::new();
     let mut batch = Vec::new();
     let mut rest = VecDeque::new();
     while let Some(queued) = waiting.pop_front() {
+        if queued.reply.is_closed() {
+            continue;
+        }
         if batch.len() == limits::BATCH_MAX {
             waiting.push_front(queued);
             break;
@@ -148,9 +153,21 @@ mod tests {
 
     use super::*;
 
+    /// A queued release whose caller waits for the answer (the receiver is leaked: kept open).
     fn release(name: &str) -> Queued {
-        let (reply, _) = oneshot::channel();
+        let (reply, answer) = oneshot::channel();
+        std::mem::forget(answer);
         Queued { cmd: Command::Release { name: name.into(), token: Token(1) }, reply }
+    }
+
+    #[test]
+    fn a_command_whose_caller_went_away_is_not_proposed() {
+        let (reply, answer) = oneshot::channel();
+        let gone = Queued { cmd: Command::Release { name: "gone".into(), token: Token(1) }, reply };
+        drop(answer);
+        let mut waiting: VecDeque<Queued> = VecDeque::from([release("a"), gone, release("b")]);
+        assert_eq!(names(&take_batch(&mut waiting)), ["a", "b"]);
+        assert!(waiting.is_empty());
     }
 
     fn names(queued: &[Queued]) -> Vec<&str> {
