@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{wait_for, Cluster, Grant, Reply, ELECTION_BOUND};
+use common::{sample, wait_for, Cluster, Grant, Reply, ELECTION_BOUND};
 use serde_json::Value;
 
 /// Three nodes, as in the smallest production deployment.
@@ -697,11 +697,7 @@ async fn parallel_writes_share_log_entries_and_each_gets_its_own_answer() {
     // The leader's histogram of commands per entry saw it too: more commands than entries.
     let metrics = cluster.get(leader, "/metrics").await;
     let page = metrics.body.as_str().unwrap_or_default();
-    let sample = |series: &str| -> f64 {
-        let line = page.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' '));
-        line.and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{series} missing from:\n{page}"))
-    };
-    let (commands, entries) =
-        (sample("holdfast_raft_entry_commands_sum"), sample("holdfast_raft_entry_commands_count"));
+    let value = |series: &str| sample(page, series).unwrap_or_else(|| panic!("{series} missing from:\n{page}"));
+    let (commands, entries) = (value("holdfast_raft_entry_commands_sum"), value("holdfast_raft_entry_commands_count"));
     assert!(commands > entries, "{commands} commands in {entries} entries: none batched");
 }

@@ -10,15 +10,10 @@ use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{wait_for, Cluster, ELECTION_BOUND, EXIT_BOUND, READY_BOUND};
+use common::{sample, wait_for, Cluster, ELECTION_BOUND, EXIT_BOUND, READY_BOUND};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-
-/// The value of the sample `series` (name with labels, exactly as exposed) in a metrics page.
-fn sample(page: &str, series: &str) -> Option<f64> {
-    page.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
-}
 
 async fn metrics(cluster: &Cluster, id: usize) -> Result<String, String> {
     let reply = cluster.try_get(id, "/metrics").await.map_err(|e| format!("node {id}: {e}"))?;

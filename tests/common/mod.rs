@@ -34,6 +34,11 @@ const LOG_TAIL_LINES: usize = 60;
 /// Attempts at starting a cluster when a node could not bind a port that was free a moment earlier.
 const START_ATTEMPTS: usize = 3;
 
+/// The value of the sample `series` (name with labels, exactly as exposed) in a metrics page.
+pub fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Polls `check` every [`POLL_INTERVAL`] until it returns `Ok`, and returns that value.
 ///
 /// `check` answers `Err(observation)` while the condition does not hold yet; when `bound` passes, this

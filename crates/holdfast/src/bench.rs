@@ -239,13 +239,14 @@ fn metric(body: &str, series: &str) -> Option<f64> {
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.split_whitespace().next()?.parse().ok())
 }
 
-/// One series from every endpoint's `/metrics`, in endpoint order (`None` where a node did not answer). A
-/// series a node does not show counts as 0: a labelled counter appears only once it was first counted.
-async fn metric_everywhere(client: &Client, series: &str) -> Vec<Option<f64>> {
+/// Several series from every endpoint's `/metrics`, one page read per endpoint, in endpoint order: each
+/// node's values in the order of `series` (`None` where a node did not answer). A series a node does not
+/// show counts as 0: a labelled counter appears only once it was first counted.
+async fn metrics_everywhere(client: &Client, series: &[&str]) -> Vec<Option<Vec<f64>>> {
     let mut values = Vec::new();
     for endpoint in client.endpoints() {
         let value = match http_get(endpoint, "/metrics", Duration::from_secs(3)).await {
-            Ok((200, body)) => Some(metric(&body, series).unwrap_or(0.0)),
+            Ok((200, body)) => Some(series.iter().map(|s| metric(&body, s).unwrap_or(0.0)).collect()),
             _ => None,
         };
         values.push(value);
@@ -253,13 +254,17 @@ async fn metric_everywhere(client: &Client, series: &str) -> Vec<Option<f64>> {
     values
 }
 
+/// One series from every endpoint's `/metrics`, as [`metrics_everywhere`] reads it.
+async fn metric_everywhere(client: &Client, series: &str) -> Vec<Option<f64>> {
+    metrics_everywhere(client, &[series]).await.into_iter().map(|node| node.map(|values| values[0])).collect()
+}
+
 /// Client commands the leader proposed and the log entries that carried them, summed over every endpoint
 /// (only a leader proposes); `None` if no node answered. Between two readings: how well writes were batched.
 async fn entry_commands(client: &Client) -> Option<(f64, f64)> {
-    let sum = metric_everywhere(client, "holdfast_raft_entry_commands_sum").await;
-    let count = metric_everywhere(client, "holdfast_raft_entry_commands_count").await;
-    let answered = |values: Vec<Option<f64>>| values.iter().any(Option::is_some).then(|| values.iter().flatten().sum());
-    Some((answered(sum)?, answered(count)?))
+    let series = ["holdfast_raft_entry_commands_sum", "holdfast_raft_entry_commands_count"];
+    let answered: Vec<Vec<f64>> = metrics_everywhere(client, &series).await.into_iter().flatten().collect();
+    (!answered.is_empty()).then(|| (answered.iter().map(|v| v[0]).sum(), answered.iter().map(|v| v[1]).sum()))
 }
 
 /// A histogram's buckets summed over every endpoint's `/metrics`: (upper bound in seconds, cumulative count),
