@@ -336,6 +336,12 @@ enum LogFormat {
     Json,
 }
 
+/// mimalloc rather than glibc's malloc: a node allocates and frees many small buffers per request (HTTP/2
+/// frames, protobuf messages, log entries) from several threads, and glibc's allocator took about a sixth
+/// of the machine's CPU under load (see docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
