@@ -1,4 +1,4 @@
-//! A holdfast node: openraft wired to the sled store and the gRPC peer network, the leader's lease
+//! A holdfast node: openraft wired to the disk store and the gRPC peer network, the leader's lease
 //! keeper, and the client port's two fronts, HTTP/JSON and gRPC, served side by side.
 //!
 //! Layout:

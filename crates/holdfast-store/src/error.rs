@@ -34,6 +34,13 @@ pub enum StoreError {
     /// belongs to a node that is gone (see [`crate::MemDisk::crash`]).
     #[error("the memory disk crashed or was opened again since this store opened it")]
     Stale,
+    /// A file of the Raft log could not be read, written or synced.
+    #[error("raft log file: {0}")]
+    Io(#[source] std::io::Error),
+    /// The Raft log's files hold something a crash cannot explain: a bad record before the last
+    /// segment's end, or segments that do not follow each other.
+    #[error("the raft log is corrupt: {0}")]
+    LogCorrupt(String),
     /// A flush did not run to its end (the runtime is shutting down, or the flush panicked).
     #[error("flush task: {0}")]
     FlushTask(#[from] tokio::task::JoinError),

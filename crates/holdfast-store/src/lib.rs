@@ -1,5 +1,5 @@
-//! holdfast's openraft storage: the Raft log, the vote, and the lock state machine, on sled for nodes
-//! and in memory for simulations; and the async runtime holdfast runs openraft on.
+//! holdfast's openraft storage: the Raft log in files of its own, the vote and snapshots on sled, for nodes;
+//! everything in memory for simulations; and the async runtime holdfast runs openraft on.
 //!
 //! CONTRACT (used by holdfast-server and holdfast-sim; keep these names and signatures):
 //! - [`TypeConfig`], [`NodeId`], [`Response`], [`ApplyObserver`], [`open`], [`LogStore`],
@@ -11,7 +11,8 @@
 //!
 //! # Modules
 //!
-//! - `log_store` and `state_machine`: the sled store ([`open`]).
+//! - `log_store`, `wal` and `state_machine`: the node's store ([`open`]): the log in `wal`'s segment
+//!   files, the rest in sled.
 //! - `memory`: the memory store ([`open_memory`]), the same behaviour and contract on a [`MemDisk`].
 //! - `log` and `machine`: what the two stores share, so that they cannot drift apart: reading a
 //!   range of the log and its state, when an append is acknowledged; applying an entry to the lock
@@ -20,17 +21,20 @@
 //!   its records are kept and when they are flushed.
 //! - `runtime`: [`Runtime`], openraft's tokio runtime with a random source a simulation can seed.
 //!
-//! # Layout
+//! # Layout (format 2)
 //!
-//! One `sled::Db` per node, at the directory given to [`open`], with three trees. Every value is
-//! bincode 1.
+//! Under the directory given to [`open`]:
 //!
-//! - `log`: the Raft log. Key: the entry's index as a big-endian `u64` (so sled's key order is log
-//!   order); value: the whole `openraft::Entry<TypeConfig>`.
-//! - `meta`: `format` (this layout's version, checked on open), `vote`, `committed` and
-//!   `last_purged` (the log id of the last entry removed by a purge).
-//! - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `data` (the bytes of
-//!   [`holdfast_core::LockState::snapshot`]), written together in one batch.
+//! - `raft-log/`: the Raft log, as segment files of CRC-checked records, one `openraft::Entry` (bincode 1)
+//!   each; see the `wal` module for the record format and how a crash's torn tail is cut.
+//! - one `sled::Db` with two trees, every value bincode 1:
+//!   - `meta`: `format` (this layout's version, checked on open), `vote`, `committed` and
+//!     `last_purged` (the log id of the last entry removed by a purge);
+//!   - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `data` (the bytes of
+//!     [`holdfast_core::LockState::snapshot`]), written together in one batch.
+//!
+//! Format 1 kept the log in a third sled tree, `log` (key: the index, big-endian). [`open`] moves such a
+//! log into `raft-log/` and records format 2; a crash part-way starts the move again on the next open.
 //!
 //! The lock state itself lives in memory ([`SharedState`]). It is not written on apply: it is
 //! rebuilt on [`open`] from the snapshot, and openraft re-applies the log after the snapshot up to
@@ -38,26 +42,30 @@
 //!
 //! # Durability
 //!
-//! Each of these is on disk (sled flushed and fsynced) before the call acknowledges it:
+//! Each of these is on disk before the call acknowledges it:
 //!
-//! - a vote, before `save_vote` returns;
-//! - appended entries, before the append callback fires (and before `append` returns);
-//! - a truncation or a purge, before `truncate`/`purge` returns; a purge records `last_purged`
-//!   before it deletes, so a crash in between never leaves a log that seems to start at 0;
-//! - a snapshot, before `build_snapshot` or `install_snapshot` returns. openraft purges only logs a
-//!   snapshot covers, so the snapshot and the log after it always rebuild the state.
+//! - appended entries: written and `fdatasync`ed, on the calling thread, before the append callback fires
+//!   (and before `append` returns);
+//! - a truncation: later segment files deleted and the directory synced, the segment holding the first
+//!   removed entry cut and synced, before `truncate` returns;
+//! - a purge: `last_purged` flushed to sled first, then the segment files it covers deleted, before `purge`
+//!   returns; entries at or below `last_purged` are never read back, so a crash in between never leaves a
+//!   log that seems to start at 0;
+//! - a vote, flushed to sled (write and fsync), before `save_vote` returns;
+//! - a snapshot, flushed to sled, before `build_snapshot` or `install_snapshot` returns. openraft purges
+//!   only logs a snapshot covers, so the snapshot and the log after it always rebuild the state.
 //!
-//! `committed` is written but not flushed on its own (it rides on the next flush, and sled's
+//! `committed` is written to sled but not flushed on its own (it rides on the next sled flush, and sled's
 //! background flush runs every 500 ms): it only lets a restarted node re-apply at once; losing the
 //! latest one delays that until the leader's next message and is otherwise harmless.
 //!
-//! Flushes run sled's blocking flush on tokio's blocking pool rather than sled's `flush_async`,
+//! sled flushes run sled's blocking flush on tokio's blocking pool rather than sled's `flush_async`,
 //! which hangs with eight or more flushes in flight in one process (see `flush`).
 //!
 //! # The memory store
 //!
 //! [`open_memory`] opens a node's storage on a [`MemDisk`], which models what a crash keeps: every
-//! call makes durable exactly what the sled store flushes, and [`MemDisk::crash`] forgets the rest
+//! call makes durable exactly what the disk store flushes, and [`MemDisk::crash`] forgets the rest
 //! (only the latest `committed`, with no background flush to save it). Reopening the disk is a
 //! restart, and restores as [`open`] does. It never blocks, spawns or reads a clock, so whole
 //! clusters run on it in one thread in simulated time; flushes are reported as taking no time.
@@ -78,11 +86,13 @@ mod machine;
 pub mod memory;
 mod runtime;
 mod state_machine;
+mod wal;
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use holdfast_core::{Applied, LockState, Outcome};
+use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
@@ -141,12 +151,14 @@ impl ApplyObserver for NoObserver {
     fn restored(&self, _state: &LockState) {}
 }
 
-/// The version of the layout described in the crate docs; a directory with another one is refused.
-const FORMAT: u32 = 1;
+/// The version of the layout described in the crate docs. A directory of format 1 (the log in sled's `log`
+/// tree) is converted when opened; any other is refused.
+const FORMAT: u32 = 2;
 
 /// Tree names and the keys of the fixed records in them.
 mod keys {
-    pub const LOG_TREE: &str = "log";
+    /// Format 1 kept the Raft log here; format 2 keeps it in files (see `wal`).
+    pub const LOG_TREE_FORMAT_1: &str = "log";
     pub const META_TREE: &str = "meta";
     pub const SNAPSHOT_TREE: &str = "snapshot";
 
@@ -181,23 +193,53 @@ pub fn open_with_cache(
     std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
     let db = sled::Config::new().path(dir).cache_capacity(cache_bytes).open()?;
     let meta = db.open_tree(keys::META_TREE)?;
+    let purged: Option<LogId<NodeId>> = match meta.get(keys::LAST_PURGED)? {
+        Some(bytes) => Some(bincode::deserialize(&bytes)?),
+        None => None,
+    };
+    let wal_dir = dir.join(wal::DIR);
     match meta.get(keys::FORMAT)? {
-        Some(bytes) => {
-            let found: u32 = bincode::deserialize(&bytes)?;
-            if found != FORMAT {
-                return Err(StoreError::Format { found, expected: FORMAT });
-            }
-        }
+        Some(bytes) => match bincode::deserialize::<u32>(&bytes)? {
+            FORMAT => {}
+            1 => convert_format_1(&db, &meta, &wal_dir)?,
+            found => return Err(StoreError::Format { found, expected: FORMAT }),
+        },
         // A new directory. Not flushed here: if it is lost, the next open writes it again.
         None => {
             meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
         }
     }
-    let log = db.open_tree(keys::LOG_TREE)?;
+    let wal = wal::Wal::open(&wal_dir, purged)?;
     let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
-    let log_store = LogStore::new(db.clone(), log, meta, observer.clone());
+    let log_store = LogStore::new(db.clone(), wal, meta, purged, observer.clone());
     let state_machine = StateMachineStore::open(db, snapshots, observer)?;
     Ok((log_store, state_machine))
+}
+
+/// Moves a format-1 directory's log, kept in sled's `log` tree, into the log files, then records format 2 and
+/// drops the tree, each step durable before the next. A crash part-way leaves format 1 recorded and the tree
+/// whole, and the next open starts the move again from the beginning.
+fn convert_format_1(db: &sled::Db, meta: &sled::Tree, wal_dir: &Path) -> Result<(), StoreError> {
+    if wal_dir.exists() {
+        std::fs::remove_dir_all(wal_dir).map_err(StoreError::Io)?;
+    }
+    let wal = wal::Wal::open(wal_dir, None)?;
+    let tree = db.open_tree(keys::LOG_TREE_FORMAT_1)?;
+    let mut batch = Vec::new();
+    for value in tree.iter().values() {
+        batch.push(bincode::deserialize::<openraft::Entry<TypeConfig>>(&value?)?);
+        if batch.len() == 1024 {
+            wal.append(std::mem::take(&mut batch))?;
+        }
+    }
+    wal.append(batch)?;
+    drop(wal);
+    meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
+    db.flush()?;
+    db.drop_tree(keys::LOG_TREE_FORMAT_1)?;
+    db.flush()?;
+    tracing::info!("converted the storage directory from format 1 (log in sled) to format {FORMAT} (log files)");
+    Ok(())
 }
 
 /// Makes everything written to `db` so far durable: sled's blocking flush (write and fsync), run on

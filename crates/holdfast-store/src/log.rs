@@ -1,4 +1,4 @@
-//! The Raft log's backend-independent half, shared by the sled store ([`crate::LogStore`]) and the
+//! The Raft log's backend-independent half, shared by the disk store ([`crate::LogStore`]) and the
 //! memory store ([`crate::MemLogStore`]): reading a range of indexes, the log state, and when an append
 //! is acknowledged.
 

@@ -1,4 +1,4 @@
-//! The state machine's backend-independent half, shared by the sled store ([`crate::StateMachineStore`])
+//! The state machine's backend-independent half, shared by the disk store ([`crate::StateMachineStore`])
 //! and the memory store ([`crate::MemStateMachine`]): applying entries to the lock state (and telling the
 //! observer), tracking how far the state has got (last applied log id, membership), turning the state into
 //! snapshot bytes and back, and the order of a snapshot build and install. A backend adds only where the

@@ -1,11 +1,11 @@
-//! The memory store, for simulations: [`MemLogStore`] and [`MemStateMachine`] keep the sled store's
+//! The memory store, for simulations: [`MemLogStore`] and [`MemStateMachine`] keep the disk store's
 //! behaviour and contract (see "Durability" in the crate docs) on a [`MemDisk`] in memory.
 //!
 //! A simulation runs whole clusters in one thread, in simulated time, so nothing here blocks, spawns,
 //! or reads a clock: every call does its work at once, and reports its flushes as taking no time.
 //!
 //! A [`MemDisk`] models what a crash keeps. Every write goes first to what reads see, and is durable
-//! only once flushed; each call flushes exactly where the sled store flushes, so a correct disk that
+//! only once flushed; each call flushes exactly where the disk store flushes, so a correct disk that
 //! crashes loses only the `committed` record written since the last flush. [`MemDisk::crash`] forgets
 //! what was not yet durable; opening the disk again is the node's restart.
 
@@ -46,7 +46,7 @@ struct Disk {
     acks_before_flush: bool,
 }
 
-/// What the sled store keeps in its trees.
+/// What the disk store keeps in its trees.
 #[derive(Clone, Default)]
 struct Records {
     /// The Raft log, by index.
@@ -290,7 +290,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
-        // Not flushed on its own, as in the sled store: see "Durability" in the crate docs.
+        // Not flushed on its own, as in the disk store: see "Durability" in the crate docs.
         self.committed_index.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
         Ok(self.opened.write(Write::Committed(committed)).map_err(|e| StorageIOError::write(&e))?)
     }

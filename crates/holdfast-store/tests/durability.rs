@@ -1,4 +1,4 @@
-//! What the sled store keeps across a restart (drop every handle, open the same directory again),
+//! What the disk store keeps across a restart (drop every handle, open the same directory again),
 //! and what a snapshot carries from one node to another.
 
 mod common;
@@ -255,5 +255,61 @@ async fn flush_from_many_stores() -> Result {
     while let Some(done) = tasks.join_next().await {
         assert_eq!(done??, Some(log_id(10, 10)));
     }
+    Ok(())
+}
+
+/// A directory written by format 1 (the Raft log in sled's `log` tree, keyed by big-endian index) opens with
+/// its log, vote and purge point intact, the log now in the log files; sled's `log` tree is gone, and the
+/// directory opens as format 2 from then on.
+#[tokio::test]
+async fn a_format_1_directory_is_converted_when_opened() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![acquire(1, 3, "alpha", "a", 1), membership(1, 4), blank(2, 5)];
+    let vote = Vote::new_committed(2, 1);
+    {
+        let db = sled::open(dir.path())?;
+        let meta = db.open_tree("meta")?;
+        meta.insert("format", bincode::serialize(&1u32)?)?;
+        meta.insert("vote", bincode::serialize(&vote)?)?;
+        meta.insert("last_purged", bincode::serialize(&log_id(1, 2))?)?;
+        let tree = db.open_tree("log")?;
+        for entry in &entries {
+            tree.insert(entry.log_id.index.to_be_bytes(), bincode::serialize(entry)?)?;
+        }
+        db.flush()?;
+    }
+    for _ in 0..2 {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        assert_eq!(log.try_get_log_entries(..).await?, entries);
+        let state = log.get_log_state().await?;
+        assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(log_id(1, 2)), Some(log_id(2, 5))));
+        assert_eq!(log.read_vote().await?, Some(vote));
+    }
+    let db = sled::open(dir.path())?;
+    assert!(!db.tree_names().iter().any(|name| name.as_ref() == b"log"), "{:?}", db.tree_names());
+    assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&2u32)?[..]));
+    Ok(())
+}
+
+/// A purge removes whole log files once a snapshot covers them: after enough entries to fill several
+/// segments and a purge of all but the last few, the log directory holds one file, and what is left reads
+/// back after a reopen.
+#[tokio::test]
+async fn purge_deletes_log_files_it_covers() -> Result {
+    let dir = tempfile::tempdir()?;
+    let big = |index: u64| acquire(1, index, &"x".repeat(4 << 20), "a", index.into());
+    let last = 20;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        for index in 1..=last {
+            log.blocking_append([big(index)]).await?;
+        }
+        assert!(std::fs::read_dir(dir.path().join("raft-log"))?.count() > 1);
+        log.purge(log_id(1, last - 1)).await?;
+        assert_eq!(std::fs::read_dir(dir.path().join("raft-log"))?.count(), 1);
+    }
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    let ids: Vec<_> = log.try_get_log_entries(..).await?.into_iter().map(|e| e.log_id).collect();
+    assert_eq!(ids, [log_id(1, last)]);
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! What the memory store keeps across a simulated crash (`MemDisk::crash`, then open the disk again):
-//! everything its calls acknowledged, as the sled store keeps it across a restart; and what the
+//! everything its calls acknowledged, as the disk store keeps it across a restart; and what the
 //! deliberately broken disk loses.
 
 mod common;
@@ -48,7 +48,7 @@ async fn acknowledged_appends_and_votes_survive_crash() -> Result {
     Ok(())
 }
 
-/// `committed` is not flushed on its own, as in the sled store: a crash loses the one written since the
+/// `committed` is not flushed on its own, as in the disk store: a crash loses the one written since the
 /// last flush, and keeps one a later flush covered.
 #[tokio::test]
 async fn crash_loses_only_committed_written_since_last_flush() -> Result {
@@ -214,7 +214,7 @@ async fn stores_opened_before_a_crash_or_reopen_are_refused() -> Result {
     Ok(())
 }
 
-/// The observer hears of a flush wherever the sled store flushes (append, vote, truncate, purge,
+/// The observer hears of a flush wherever the disk store flushes (append, vote, truncate, purge,
 /// snapshot), and of none for `committed`, which is not flushed on its own.
 #[tokio::test]
 async fn flushes_are_reported_where_sled_flushes() -> Result {

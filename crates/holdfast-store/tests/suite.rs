@@ -1,4 +1,4 @@
-//! openraft's own storage conformance suite, run against the sled store and the memory store.
+//! openraft's own storage conformance suite, run against the disk store and the memory store.
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for FreshSto
 }
 
 #[test]
-fn sled_store_passes_openraft_storage_suite() -> Result<(), Box<StorageError<NodeId>>> {
+fn disk_store_passes_openraft_storage_suite() -> Result<(), Box<StorageError<NodeId>>> {
     Suite::test_all(FreshStore).map_err(Box::new)
 }
 
