@@ -137,8 +137,7 @@ pub fn fenced_resource(accesses: &[Access]) -> Vec<Violation> {
 
 /// Every pair of grants whose fences break the order fences promise. Fences are log indexes, so:
 /// - no two grants of one lock share a fence (grants of different locks may: one entry can grant several
-///   locks, a batch of one-lock commands or an expiry that hands several locks over, but never one lock
-///   twice);
+///   locks, a batch of one-lock commands or an expiry that hands several locks over);
 /// - a grant that completed strictly before a one-call acquire was invoked has the lower fence (the later
 ///   one was committed at a later log index). A session's acquire is not judged so: it may be given the
 ///   session's own earlier claim, granted before the call was sent.
