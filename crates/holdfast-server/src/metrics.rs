@@ -223,7 +223,7 @@ impl Metrics {
         let storage = root.sub_registry_with_prefix("storage");
         storage.register_with_unit(
             "fsync_duration",
-            "Time of each flush (write and fsync) the log, vote or snapshot waited for",
+            "Time of each sync (write and fdatasync or fsync) the log, vote or snapshot waited for",
             Unit::Seconds,
             m.fsync.clone(),
         );

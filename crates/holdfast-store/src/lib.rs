@@ -136,7 +136,8 @@ pub trait ApplyObserver: Send + Sync + 'static {
     fn applied(&self, state: &LockState, index: u64, cmd: &holdfast_core::Command, applied: &Applied);
     /// `state` was replaced whole, from a snapshot (installed from the leader, or restored at start).
     fn restored(&self, state: &LockState);
-    /// A flush (sled's write and fsync) that a log append, a vote or a snapshot waited for took `took`.
+    /// A sync that a log append, truncation or purge, a vote or a snapshot waited for took `took` (the log
+    /// file's write and fdatasync, or sled's flush).
     /// Called without the state's lock held.
     fn flushed(&self, _took: std::time::Duration) {}
 }

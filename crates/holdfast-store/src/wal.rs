@@ -266,6 +266,11 @@ impl Wal {
             last = Some(entry.log_id);
         }
         let (Some(first), Some(last)) = (first, last) else { return Ok(()) };
+        // openraft truncates before it appends over entries it has; an append that does not come after the
+        // last entry would make segments overlap, which no later open could read back.
+        if let Some(before) = self.last().filter(|before| first <= before.index) {
+            return Err(corrupt(format!("append of index {first} over the log's last entry {}", before.index)));
+        }
 
         // Where the batch goes, decided under the lock; written and synced without it, beyond the end
         // that readers see.
@@ -459,6 +464,18 @@ mod tests {
             let wal = Wal::open(dir.path(), None).unwrap();
             assert_eq!(indexes(&wal, 0, None), (1..=whole + 1).collect::<Vec<_>>(), "cut at {cut}, appended");
         }
+    }
+
+    #[test]
+    fn an_append_over_the_last_entry_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), None).unwrap();
+        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        assert!(matches!(wal.append([entry(2, 3)]), Err(StoreError::LogCorrupt(_))));
+        assert!(matches!(wal.append([entry(2, 5), entry(2, 7)]), Err(StoreError::LogCorrupt(_))));
+        assert_eq!(wal.read(0, None).unwrap(), (1..=3).map(|i| entry(1, i)).collect::<Vec<_>>());
+        wal.append([entry(2, 4)]).unwrap();
+        assert_eq!(wal.last(), Some(entry(2, 4).log_id));
     }
 
     #[test]
