@@ -144,23 +144,33 @@ fn decode(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize)> {
 
 /// Reads a segment's records from its start: the segment and the last log id it holds. Stops at the first
 /// record that is not whole and intact or does not follow the one before; `torn` is set when that is
-/// something other than the zeros after the end.
+/// something other than the zeros after the end. Reads record by record, not the allocated space after.
 fn scan(seq: u64, path: PathBuf) -> Result<(Segment, Option<LogId<NodeId>>, bool), StoreError> {
     let file = OpenOptions::new().read(true).write(true).open(&path).map_err(StoreError::Io)?;
-    let bytes = std::fs::read(&path).map_err(StoreError::Io)?;
+    let size = file.metadata().map_err(StoreError::Io)?.len();
     let mut records = vec![0u64];
     let (mut first, mut last) = (None, None::<LogId<NodeId>>);
-    let mut at = 0usize;
-    while let Some((entry, len)) = decode(&bytes[at..]) {
+    let mut at = 0u64;
+    let mut record = Vec::new();
+    let torn = loop {
+        let mut header = [0u8; HEADER];
+        let available = size.saturating_sub(at).min(HEADER as u64) as usize;
+        file.read_exact_at(&mut header[..available], at).map_err(StoreError::Io)?;
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as u64;
+        if available < HEADER || len == 0 || at + HEADER as u64 + len > size {
+            break header.iter().any(|&b| b != 0);
+        }
+        record.resize(HEADER + len as usize, 0);
+        file.read_exact_at(&mut record, at).map_err(StoreError::Io)?;
+        let Some((entry, _)) = decode(&record) else { break true };
         if last.is_some_and(|last| entry.log_id.index != last.index + 1) {
-            break;
+            break true;
         }
         first.get_or_insert(entry.log_id.index);
         last = Some(entry.log_id);
-        at += len;
-        records.push(at as u64);
-    }
-    let torn = bytes[at..].iter().take(HEADER).any(|&b| b != 0);
+        at += record.len() as u64;
+        records.push(at);
+    };
     Ok((Segment { seq, path, file: Arc::new(file), first, records }, last, torn))
 }
 
@@ -535,6 +545,96 @@ mod tests {
         wal.purge(12).unwrap();
         assert_eq!(wal.segment_count(), 1);
         assert_eq!(wal.last(), Some(entry(1, 12).log_id));
+    }
+
+    /// Random runs of appends, truncations and purges (past the end too), each ending in a crash part-way
+    /// through one more append: either a random prefix of its bytes reached the file, then garbage, or all
+    /// of it but its first record (pages written out of order). Reopened, the log is exactly what was
+    /// acknowledged plus whole records of the torn batch, and after one more append it is that plus the
+    /// new entry, with nothing stale behind it. 300 seeded runs; a failure names its seed.
+    #[test]
+    fn random_runs_ending_in_a_torn_append_reopen_to_what_was_acknowledged() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..300u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let dir = tempfile::tempdir().unwrap();
+            let wal = Wal::open(dir.path(), None).unwrap();
+            // The model: every entry acknowledged and not truncated, and the purge point.
+            let (mut model, mut purged) = (Vec::<Entry<TypeConfig>>::new(), None::<LogId<NodeId>>);
+            let mut term = 1;
+            for _ in 0..rng.gen_range(1..40) {
+                let next = model.last().map_or(purged.map_or(1, |p| p.index + 1), |e| e.log_id.index + 1);
+                match rng.gen_range(0..10) {
+                    0..=5 => {
+                        let batch: Vec<_> = (next..next + rng.gen_range(1..5)).map(|i| entry(term, i)).collect();
+                        wal.append(batch.clone()).unwrap();
+                        model.extend(batch);
+                    }
+                    6 | 7 if !model.is_empty() => {
+                        let since = rng.gen_range(model[0].log_id.index..=next);
+                        wal.truncate(since).unwrap();
+                        model.retain(|e| e.log_id.index < since);
+                        term += 1;
+                    }
+                    _ => {
+                        // Up to a few past the end, as a snapshot install does.
+                        let upto = rng.gen_range(purged.map_or(0, |p| p.index)..next + 3);
+                        let id = LogId::new(CommittedLeaderId::new(term, 1), upto);
+                        purged = Some(id);
+                        wal.purge(upto).unwrap();
+                        model.retain(|e| e.log_id.index > upto);
+                    }
+                }
+            }
+            // The torn append: where it would go, and a prefix of its bytes, then garbage.
+            let next = model.last().map_or(purged.map_or(1, |p| p.index + 1), |e| e.log_id.index + 1);
+            let torn: Vec<_> = (next..next + rng.gen_range(1..4)).map(|i| entry(term, i)).collect();
+            let mut bytes = Vec::new();
+            for e in &torn {
+                encode(e, &mut bytes).unwrap();
+            }
+            let (file, at) = {
+                let segments = wal.segments();
+                let active = segments.last().unwrap();
+                let follows = active.next().is_none_or(|n| n == next);
+                // A torn append into a segment it would not go to is not a case; skip the seed's crash.
+                (follows.then(|| active.file.clone()), active.end())
+            };
+            if let Some(file) = file {
+                let written = if rng.gen_bool(0.3) {
+                    // The disk wrote the batch's later pages but not its first: the first record is still
+                    // zeros, the ones after it whole. Nothing of the batch may come back, now or after the
+                    // next append (the same size, so a stale record would line up behind it).
+                    let first_len = HEADER + bincode::serialized_size(&torn[0]).unwrap() as usize;
+                    let mut written = bytes.clone();
+                    written[..first_len].fill(0);
+                    written
+                } else {
+                    let cut = rng.gen_range(0..=bytes.len());
+                    let mut written = bytes[..cut].to_vec();
+                    written.extend((0..rng.gen_range(0..20)).map(|_| rng.gen::<u8>() | 1));
+                    written
+                };
+                file.write_all_at(&written, at).unwrap();
+            }
+            drop(wal);
+
+            let wal = Wal::open(dir.path(), purged).unwrap();
+            let floor = purged.map_or(0, |p| p.index + 1);
+            let read = wal.read(floor, None).unwrap();
+            assert!(read.len() >= model.len(), "seed {seed}: lost acknowledged entries");
+            assert_eq!(read[..model.len()], model[..], "seed {seed}");
+            let survived = &read[model.len()..];
+            assert_eq!(survived, &torn[..survived.len()], "seed {seed}: only whole records of the torn append");
+            // It takes appends again, after what it kept.
+            let after = read.last().map_or(next, |e| e.log_id.index + 1);
+            wal.append([entry(term + 1, after)]).unwrap();
+            drop(wal);
+            let wal = Wal::open(dir.path(), purged).unwrap();
+            let mut expected = read.clone();
+            expected.push(entry(term + 1, after));
+            assert_eq!(wal.read(floor, None).unwrap(), expected, "seed {seed}: after one more append");
+        }
     }
 
     #[test]
