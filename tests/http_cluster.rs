@@ -293,6 +293,46 @@ async fn killing_every_node_mid_write_loses_no_acknowledged_grant() {
     assert_eq!(renewed.fence, last.fence);
 }
 
+/// A follower that missed more than the leader keeps behind its snapshots catches up by installing a
+/// snapshot: it purges its own log past its end and appends after the gap (a log that refused such an
+/// append fails here). Killed with SIGKILL and restarted, it opens its log files and catches up again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_the_snapshots_catches_up_and_restarts_on_its_log() {
+    let mut cluster = Cluster::start_with(NODES, &["--snapshot-every", "20"]).await;
+    let leader = cluster.leader().await;
+    let behind = cluster.other_than(&[leader]);
+    cluster.kill(behind);
+    // Enough entries for several snapshots; the leader keeps at most 20 entries behind the latest.
+    for i in 0..120 {
+        cluster.acquire(leader, &format!("snap-{i}"), "s", "300").await.ok("acquire while a follower is down");
+    }
+    let caught_up = async |cluster: &Cluster, what: &str| {
+        let target = cluster.cluster_info(leader).await["last_log_index"].as_u64().unwrap_or(u64::MAX);
+        wait_for(Duration::from_secs(20), what, async || {
+            let info = cluster.cluster_info(behind).await;
+            match info["applied_index"].as_u64() {
+                Some(applied) if applied >= target => Ok(info),
+                _ => Err(format!("{info}")),
+            }
+        })
+        .await
+    };
+    cluster.restart(behind).await;
+    let info = caught_up(&cluster, "the follower installs a snapshot and catches up").await;
+    assert!(info["snapshot_index"].as_u64().is_some_and(|i| i > 20), "no snapshot installed: {info}");
+    // Entries after the snapshot, appended after the gap the install left in its log.
+    for i in 120..130 {
+        cluster.acquire(leader, &format!("snap-{i}"), "s", "300").await.ok("acquire after the catch-up");
+    }
+    caught_up(&cluster, "the follower applies the entries after the snapshot").await;
+
+    cluster.kill(behind);
+    cluster.restart(behind).await;
+    caught_up(&cluster, "the follower restarts on its log files and catches up").await;
+    let reply = cluster.lock(behind, "snap-0").await;
+    assert_eq!(holder(&reply, "snap-0 after the restart")["owner"].as_str(), Some("s"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unrenewed_lock_goes_to_the_next_acquirer_after_its_ttl_and_not_before() {
     let cluster = Cluster::start(NODES).await;

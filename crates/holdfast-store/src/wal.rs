@@ -89,6 +89,8 @@ pub(crate) struct Wal {
     segments: Mutex<Vec<Segment>>,
     /// The log id of the last entry written, or `None` for an empty log.
     last: Mutex<Option<LogId<NodeId>>>,
+    /// The index of the last purged entry, as given to [`Wal::open`] and [`Wal::purge`].
+    purged: Mutex<Option<u64>>,
 }
 
 fn corrupt(what: String) -> StoreError {
@@ -219,7 +221,12 @@ impl Wal {
             last = segment_last;
             segments.push(segment);
         }
-        let wal = Wal { dir: dir.to_owned(), segments: Mutex::new(segments), last: Mutex::new(last) };
+        let wal = Wal {
+            dir: dir.to_owned(),
+            segments: Mutex::new(segments),
+            last: Mutex::new(last),
+            purged: Mutex::new(purged.map(|p| p.index)),
+        };
         let mut segments = wal.segments();
         match segments.last() {
             // Cut what follows the last intact record, so that nothing after it is ever read back.
@@ -276,10 +283,16 @@ impl Wal {
             last = Some(entry.log_id);
         }
         let (Some(first), Some(last)) = (first, last) else { return Ok(()) };
-        // openraft truncates before it appends over entries it has; an append that does not come after the
-        // last entry would make segments overlap, which no later open could read back.
-        if let Some(before) = self.last().filter(|before| first <= before.index) {
-            return Err(corrupt(format!("append of index {first} over the log's last entry {}", before.index)));
+        // openraft truncates before it appends over entries it has, and appends past the end only after a
+        // purge that covers the gap. Anything else would leave segments that overlap or a gap, which no
+        // later open would accept: refused here, as open would.
+        if let Some(before) = self.last() {
+            let purged = *self.purged.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let follows = first == before.index + 1;
+            let after_purge = first > before.index && purged.is_some_and(|p| first <= p + 1);
+            if !follows && !after_purge {
+                return Err(corrupt(format!("append of index {first} after the log's last entry {}", before.index)));
+            }
         }
 
         // Where the batch goes, decided under the lock; written and synced without it, beyond the end
@@ -386,6 +399,9 @@ impl Wal {
     /// Deletes the segments all of whose entries are at or below `upto` (never the last one). The caller
     /// has already recorded `upto` as purged, durably, and reads nothing at or below it.
     pub(crate) fn purge(&self, upto: u64) -> Result<(), StoreError> {
+        let mut purged = self.purged.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *purged = Some(purged.map_or(upto, |p| p.max(upto)));
+        drop(purged);
         let mut segments = self.segments();
         let mut removed = false;
         while segments.len() > 1 && segments[0].next().is_none_or(|next| next <= upto + 1) {
@@ -477,12 +493,14 @@ mod tests {
     }
 
     #[test]
-    fn an_append_over_the_last_entry_is_refused_and_changes_nothing() {
+    fn an_append_over_or_past_the_last_entry_is_refused_and_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
         wal.append((1..=3).map(|i| entry(1, i))).unwrap();
         assert!(matches!(wal.append([entry(2, 3)]), Err(StoreError::LogCorrupt(_))));
         assert!(matches!(wal.append([entry(2, 5), entry(2, 7)]), Err(StoreError::LogCorrupt(_))));
+        // A gap after the last entry, with no purge to cover it.
+        assert!(matches!(wal.append([entry(2, 5)]), Err(StoreError::LogCorrupt(_))));
         assert_eq!(wal.read(0, None).unwrap(), (1..=3).map(|i| entry(1, i)).collect::<Vec<_>>());
         wal.append([entry(2, 4)]).unwrap();
         assert_eq!(wal.last(), Some(entry(2, 4).log_id));
@@ -509,6 +527,7 @@ mod tests {
         let wal = Wal::open(dir.path(), None).unwrap();
         wal.append((1..=3).map(|i| entry(1, i))).unwrap();
         // A purge past the end (a snapshot install) makes the next append start a new segment.
+        wal.purge(9).unwrap();
         wal.append((10..=12).map(|i| entry(1, i))).unwrap();
         assert_eq!(wal.segment_count(), 2);
         wal.truncate(11).unwrap();
@@ -532,6 +551,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
         wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        wal.purge(9).unwrap();
         wal.append((10..=12).map(|i| entry(1, i))).unwrap();
         drop(wal);
         // Nothing says entries 4..=9 were purged: the gap is refused.
