@@ -83,14 +83,43 @@ impl Segment {
     }
 }
 
-/// The log's segments; the last is the one appended to, and there is always one.
+/// The Raft log's directory of segment files.
 pub(crate) struct Wal {
     dir: PathBuf,
-    segments: Mutex<Vec<Segment>>,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    /// The segments in order; the last is the one appended to, and there is always one.
+    segments: Vec<Segment>,
     /// The log id of the last entry written, or `None` for an empty log.
-    last: Mutex<Option<LogId<NodeId>>>,
+    last: Option<LogId<NodeId>>,
     /// The index of the last purged entry, as given to [`Wal::open`] and [`Wal::purge`].
-    purged: Mutex<Option<u64>>,
+    purged: Option<u64>,
+}
+
+/// Whether a run of entries starting at `first` may come after the entry at index `before`: right after it,
+/// or past it where a purge (up to `purged`) covers the gap, as after a snapshot install. Anything else
+/// would leave segments that overlap or a gap.
+fn may_follow(before: u64, first: u64, purged: Option<u64>) -> bool {
+    first == before + 1 || (first > before && purged.is_some_and(|purged| first <= purged + 1))
+}
+
+/// The entries with indexes in `from..to` of `segment`, which holds them all, read in one go.
+fn segment_entries(segment: &Segment, from: u64, to: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+    let first = segment.first.expect("the segment holds the entries");
+    let (lo, hi) = (segment.records[(from - first) as usize], segment.records[(to - first) as usize]);
+    let mut bytes = vec![0; (hi - lo) as usize];
+    segment.file.read_exact_at(&mut bytes, lo).map_err(StoreError::Io)?;
+    let mut entries = Vec::with_capacity((to - from) as usize);
+    let mut at = 0;
+    while at < bytes.len() {
+        let (entry, len) = decode(&bytes[at..])
+            .ok_or_else(|| corrupt(format!("segment {} has a bad record at byte {}", segment.seq, lo + at as u64)))?;
+        entries.push(entry);
+        at += len;
+    }
+    Ok(entries)
 }
 
 fn corrupt(what: String) -> StoreError {
@@ -209,9 +238,7 @@ impl Wal {
                 continue;
             };
             if let Some(before) = last {
-                let follows = first == before.index + 1;
-                let after_purge = first > before.index && purged.is_some_and(|p| first <= p.index + 1);
-                if !follows && !after_purge {
+                if !may_follow(before.index, first, purged.map(|p| p.index)) {
                     return Err(corrupt(format!(
                         "segment {seq} starts at index {first}, after index {}",
                         before.index
@@ -221,13 +248,10 @@ impl Wal {
             last = segment_last;
             segments.push(segment);
         }
-        let wal = Wal {
-            dir: dir.to_owned(),
-            segments: Mutex::new(segments),
-            last: Mutex::new(last),
-            purged: Mutex::new(purged.map(|p| p.index)),
-        };
-        let mut segments = wal.segments();
+        let wal =
+            Wal { dir: dir.to_owned(), inner: Mutex::new(Inner { segments, last, purged: purged.map(|p| p.index) }) };
+        let mut inner = wal.inner();
+        let segments = &mut inner.segments;
         match segments.last() {
             // Cut what follows the last intact record, so that nothing after it is ever read back.
             Some(active) => {
@@ -236,23 +260,19 @@ impl Wal {
                 allocate(&active.file, end);
                 active.file.sync_all().map_err(StoreError::Io)?;
             }
-            None => wal.start_segment(&mut segments, 0)?,
+            None => wal.start_segment(segments, 0)?,
         }
-        drop(segments);
+        drop(inner);
         Ok(wal)
     }
 
-    fn segments(&self) -> MutexGuard<'_, Vec<Segment>> {
-        self.segments.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The log id of the last entry in the log (purged ones included), if any.
     pub(crate) fn last(&self) -> Option<LogId<NodeId>> {
-        *self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn set_last(&self, last: Option<LogId<NodeId>>) {
-        *self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = last;
+        self.inner().last
     }
 
     /// Creates segment `seq`, allocated and durable, as the last one.
@@ -283,28 +303,22 @@ impl Wal {
             last = Some(entry.log_id);
         }
         let (Some(first), Some(last)) = (first, last) else { return Ok(()) };
-        // openraft truncates before it appends over entries it has, and appends past the end only after a
-        // purge that covers the gap. Anything else would leave segments that overlap or a gap, which no
-        // later open would accept: refused here, as open would.
-        if let Some(before) = self.last() {
-            let purged = *self.purged.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let follows = first == before.index + 1;
-            let after_purge = first > before.index && purged.is_some_and(|p| first <= p + 1);
-            if !follows && !after_purge {
-                return Err(corrupt(format!("append of index {first} after the log's last entry {}", before.index)));
-            }
-        }
-
         // Where the batch goes, decided under the lock; written and synced without it, beyond the end
         // that readers see.
         let (file, at) = {
-            let mut segments = self.segments();
+            let mut inner = self.inner();
+            // openraft truncates before it appends over entries it has, and appends past the end only after
+            // a purge that covers the gap; anything else, no later open would accept.
+            if let Some(before) = inner.last.filter(|before| !may_follow(before.index, first, inner.purged)) {
+                return Err(corrupt(format!("append of index {first} after the log's last entry {}", before.index)));
+            }
+            let segments = &mut inner.segments;
             let active = segments.last().expect("a log always has a segment");
             let follows = active.next().is_none_or(|next| next == first);
             let fits = active.end() + buf.len() as u64 <= SEGMENT_BYTES;
             if active.first.is_some() && (!follows || !fits) {
                 let seq = active.seq + 1;
-                self.start_segment(&mut segments, seq)?;
+                self.start_segment(segments, seq)?;
             }
             let active = segments.last().expect("a log always has a segment");
             (active.file.clone(), active.end())
@@ -312,37 +326,25 @@ impl Wal {
         file.write_all_at(&buf, at).map_err(StoreError::Io)?;
         file.sync_data().map_err(StoreError::Io)?;
 
-        let mut segments = self.segments();
-        let active = segments.last_mut().expect("a log always has a segment");
+        let mut inner = self.inner();
+        let active = inner.segments.last_mut().expect("a log always has a segment");
         active.first.get_or_insert(first);
         active.records.extend(ends.into_iter().map(|end| at + end));
-        drop(segments);
-        self.set_last(Some(last));
+        inner.last = Some(last);
         Ok(())
     }
 
     /// The entries with indexes in `start..end` (`end` `None`: to the last), in order; fewer if the log
     /// does not hold them all.
     pub(crate) fn read(&self, start: u64, end: Option<u64>) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
-        let segments = self.segments();
+        let inner = self.inner();
         let mut entries = Vec::new();
-        for segment in segments.iter() {
+        for segment in &inner.segments {
             let (Some(first), Some(next)) = (segment.first, segment.next()) else { continue };
             let from = start.max(first);
             let to = end.map_or(next, |end| end.min(next));
-            if from >= to {
-                continue;
-            }
-            let (lo, hi) = (segment.records[(from - first) as usize], segment.records[(to - first) as usize]);
-            let mut bytes = vec![0; (hi - lo) as usize];
-            segment.file.read_exact_at(&mut bytes, lo).map_err(StoreError::Io)?;
-            let mut at = 0;
-            while at < bytes.len() {
-                let (entry, len) = decode(&bytes[at..]).ok_or_else(|| {
-                    corrupt(format!("segment {} has a bad record at byte {}", segment.seq, lo + at as u64))
-                })?;
-                entries.push(entry);
-                at += len;
+            if from < to {
+                entries.extend(segment_entries(segment, from, to)?);
             }
         }
         Ok(entries)
@@ -350,7 +352,8 @@ impl Wal {
 
     /// Removes the entries from index `since` on, durably, before it returns. Blocks on disk IO.
     pub(crate) fn truncate(&self, since: u64) -> Result<(), StoreError> {
-        let mut segments = self.segments();
+        let mut inner = self.inner();
+        let segments = &mut inner.segments;
         // Whole segments first, the highest first, so that a crash part-way leaves a prefix of the log.
         let mut removed = false;
         while segments.len() > 1 && segments.last().is_some_and(|s| s.first.is_none_or(|first| first >= since)) {
@@ -375,34 +378,19 @@ impl Wal {
                 }
             }
         }
-        let last = match segments.iter().rev().find_map(|s| s.next().map(|next| (s, next))) {
-            Some((segment, next)) => Some(self.read_one(segment, next - 1)?),
+        inner.last = match inner.segments.iter().rev().find_map(|s| s.next().map(|next| (s, next))) {
+            Some((segment, next)) => segment_entries(segment, next - 1, next)?.pop().map(|entry| entry.log_id),
             None => None,
         };
-        drop(segments);
-        self.set_last(last);
         Ok(())
-    }
-
-    /// The log id of entry `index` of `segment`.
-    fn read_one(&self, segment: &Segment, index: u64) -> Result<LogId<NodeId>, StoreError> {
-        let first = segment.first.expect("the segment holds the entry");
-        let i = (index - first) as usize;
-        let (lo, hi) = (segment.records[i], segment.records[i + 1]);
-        let mut bytes = vec![0; (hi - lo) as usize];
-        segment.file.read_exact_at(&mut bytes, lo).map_err(StoreError::Io)?;
-        let (entry, _) =
-            decode(&bytes).ok_or_else(|| corrupt(format!("segment {} has a bad record at byte {lo}", segment.seq)))?;
-        Ok(entry.log_id)
     }
 
     /// Deletes the segments all of whose entries are at or below `upto` (never the last one). The caller
     /// has already recorded `upto` as purged, durably, and reads nothing at or below it.
     pub(crate) fn purge(&self, upto: u64) -> Result<(), StoreError> {
-        let mut purged = self.purged.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *purged = Some(purged.map_or(upto, |p| p.max(upto)));
-        drop(purged);
-        let mut segments = self.segments();
+        let mut inner = self.inner();
+        inner.purged = Some(inner.purged.map_or(upto, |purged| purged.max(upto)));
+        let segments = &mut inner.segments;
         let mut removed = false;
         while segments.len() > 1 && segments[0].next().is_none_or(|next| next <= upto + 1) {
             let segment = segments.remove(0);
@@ -418,7 +406,7 @@ impl Wal {
     /// How many segment files the log has (for tests).
     #[cfg(test)]
     fn segment_count(&self) -> usize {
-        self.segments().len()
+        self.inner().segments.len()
     }
 }
 
@@ -471,9 +459,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
         wal.append((1..=3).map(|i| entry(1, i))).unwrap();
-        let segments = wal.segments();
-        let ends = segments[0].records.clone();
-        drop(segments);
+        let ends = wal.inner().segments[0].records.clone();
         drop(wal);
         let path = only_segment(dir.path());
         let written = std::fs::read(&path).unwrap()[..ends[3] as usize].to_vec();
@@ -511,7 +497,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
         wal.append((1..=3).map(|i| entry(1, i))).unwrap();
-        let second = wal.segments()[0].records[1];
+        let second = wal.inner().segments[0].records[1];
         drop(wal);
         let path = only_segment(dir.path());
         let mut bytes = std::fs::read(&path).unwrap();
@@ -614,8 +600,8 @@ mod tests {
                 encode(e, &mut bytes).unwrap();
             }
             let (file, at) = {
-                let segments = wal.segments();
-                let active = segments.last().unwrap();
+                let inner = wal.inner();
+                let active = inner.segments.last().unwrap();
                 let follows = active.next().is_none_or(|n| n == next);
                 // A torn append into a segment it would not go to is not a case; skip the seed's crash.
                 (follows.then(|| active.file.clone()), active.end())
