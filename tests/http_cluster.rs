@@ -176,16 +176,8 @@ async fn restarting_every_node_keeps_holders_tokens_and_fences() {
     cluster.release(1, "gone", &gone.token).await.ok("C releases gone");
     let highest = a.fence.max(b.fence).max(gone.fence);
 
-    for id in cluster.ids() {
-        cluster.kill(id);
-    }
-    for id in cluster.ids() {
-        cluster.respawn(id);
-    }
-    cluster
-        .wait_all_ready()
-        .await
-        .unwrap_or_else(|reason| panic!("the restarted cluster did not become ready: {reason}"));
+    cluster.kill_all();
+    cluster.restart_all("after killing every node").await;
     cluster.leader().await;
 
     // Every node knows the holders as they were, with their fences and deadlines.
@@ -263,22 +255,14 @@ async fn killing_every_node_mid_write_loses_no_acknowledged_grant() {
     })
     .await;
     // The writers keep going while every node dies.
-    for id in cluster.ids() {
-        cluster.kill(id);
-    }
+    cluster.kill_all();
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
         writer.await.expect("a writer panicked");
     }
     let acknowledged = std::mem::take(&mut *acknowledged.lock().unwrap());
 
-    for id in cluster.ids() {
-        cluster.respawn(id);
-    }
-    cluster
-        .wait_all_ready()
-        .await
-        .unwrap_or_else(|reason| panic!("the cluster did not come back after the kill: {reason}"));
+    cluster.restart_all("after killing every node mid-write").await;
     cluster.leader().await;
     for (i, grant) in acknowledged.iter().enumerate() {
         let id = 1 + i % NODES;
@@ -594,16 +578,8 @@ async fn waiters_whose_requests_died_in_a_full_restart_leave_the_queue() {
     let via_leader = queue_waiter(&cluster, leader, "orphans", "B").await;
     let via_follower = queue_waiter(&cluster, follower, "orphans", "C").await;
 
-    for id in cluster.ids() {
-        cluster.kill(id);
-    }
-    for id in cluster.ids() {
-        cluster.respawn(id);
-    }
-    cluster
-        .wait_all_ready()
-        .await
-        .unwrap_or_else(|reason| panic!("the restarted cluster did not become ready: {reason}"));
+    cluster.kill_all();
+    cluster.restart_all("after killing every node with waiters queued").await;
     for waiter in [via_leader, via_follower] {
         let outcome = waiter.await.expect("a waiter's task");
         assert!(outcome.is_err(), "a waiter's request must fail with its node: {outcome:?}");

@@ -504,13 +504,8 @@ async fn holders_and_queues_survive_a_restart_of_every_node() {
     let mut waiting = tokio::spawn(async move { queued.lock("restartable", None).await });
     wait_for_queue(&cluster, "restartable", held.fence(), &["waiter"]).await;
 
-    for id in cluster.ids() {
-        cluster.kill(id);
-    }
-    for id in cluster.ids() {
-        cluster.respawn(id);
-    }
-    cluster.wait_all_ready().await.expect("every node comes back");
+    cluster.kill_all();
+    cluster.restart_all("after killing every node with a hold and a waiter").await;
     // The same hold and the same queue, read through the new leader.
     wait_for_queue(&cluster, "restartable", held.fence(), &["waiter"]).await;
     assert!(!held.is_lost(), "the holder's lock was lost across the restart");

@@ -414,6 +414,24 @@ impl Cluster {
         }
     }
 
+    /// Kills every node with SIGKILL, as a power cut would stop them all at once.
+    pub fn kill_all(&mut self) {
+        for id in self.ids() {
+            self.kill(id);
+        }
+    }
+
+    /// Starts every node again on its data and waits until all are ready; fails the test, with `what`,
+    /// if one is not.
+    pub async fn restart_all(&mut self, what: &str) {
+        for id in self.ids() {
+            self.respawn(id);
+        }
+        if let Err(reason) = self.wait_all_ready().await {
+            panic!("{what}: the restarted cluster did not become ready: {reason}");
+        }
+    }
+
     /// Waits (bounded by [`START_BOUND`]) until every running node answers `/readyz` with 200.
     pub async fn wait_all_ready(&mut self) -> Result<(), String> {
         let ids = self.running();
