@@ -7,7 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Read when the script runs, not baked in when it was compiled: a build script binary may be reused
     // for a copy of the repository elsewhere (a worktree sharing the target directory).
     let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let protos = [root.join("holdfast/v1/peer.proto"), root.join("holdfast/v1/locks.proto")];
+    let protos = [root.join("holdfast/v1/locks.proto")];
     tonic_prost_build::configure().compile_protos(&protos, std::slice::from_ref(&root))?;
     println!("cargo:rerun-if-changed={}", root.display());
     Ok(())

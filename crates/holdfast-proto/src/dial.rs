@@ -1,5 +1,6 @@
-//! How a gRPC channel reaches a node: by default tonic's own TCP connector; a [`Dialer`] replaces it, so
-//! that the same client and peer code runs over a simulated network (turmoil) in the simulation.
+//! How a connection reaches a node: by default TCP; a [`Dialer`] replaces it (for gRPC channels and peer
+//! connections), so that the same client and peer code runs over a simulated network (turmoil) in the
+//! simulation.
 
 use std::future::Future;
 use std::io;
@@ -34,6 +35,11 @@ impl Dialer {
     /// A dialer that calls `dial` with the `host:port` of every connection a channel makes.
     pub fn new(dial: impl Fn(String) -> Dialing + Send + Sync + 'static) -> Self {
         Dialer(Arc::new(dial))
+    }
+
+    /// Connects to `addr` (`host:port`).
+    pub fn dial(&self, addr: String) -> Dialing {
+        (self.0)(addr)
     }
 
     /// A channel to `endpoint` that connects (lazily, and again after a failure) through this dialer.

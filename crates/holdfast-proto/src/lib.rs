@@ -1,14 +1,16 @@
 //! holdfast's gRPC messages and services, generated at build time from the repository's `proto/` folder.
 //!
 //! - [`v1`]: the public API (`proto/holdfast/v1/locks.proto`): lock sessions and one-shot calls.
-//! - [`peer`]: the internal API between nodes (Raft messages and forwarded client requests).
-//! - [`dial`]: how a channel reaches a node, replaceable so the simulation runs the same code on its network.
+//! - [`dial`]: how a connection reaches a node, replaceable so the simulation runs the same code on its
+//!   network.
+//!
+//! Nodes talk to each other in their own wire format, not gRPC (`holdfast-server`'s `wire` module).
 //!
 //! This crate holds generated code and the dialer; it must not depend on any other holdfast crate.
 
 pub mod dial;
 
-/// The public API and the peer API share the package `holdfast.v1`.
+/// The package `holdfast.v1`.
 mod generated {
     tonic::include_proto!("holdfast.v1");
 }
@@ -25,11 +27,4 @@ pub mod v1 {
         ReleaseRequest, ReleaseResponse, Released, RemoveMemberRequest, RenewRequest, Resume, SessionAcquire,
         SessionError, SessionEvent, SessionRelease, SessionRequest, Waiter, Waiting,
     };
-}
-
-/// The peer API (`proto/holdfast/v1/peer.proto`), internal to a cluster.
-pub mod peer {
-    pub use super::generated::peer_client;
-    pub use super::generated::peer_server;
-    pub use super::generated::Blob;
 }

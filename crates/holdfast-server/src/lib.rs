@@ -1,4 +1,4 @@
-//! A holdfast node: openraft wired to the disk store and the gRPC peer network, the leader's lease
+//! A holdfast node: openraft wired to the disk store and the peer network, the leader's lease
 //! keeper, and the client port's two fronts, HTTP/JSON and gRPC, served side by side.
 //!
 //! Layout:
@@ -6,7 +6,8 @@
 //!   heartbeats (batched leadership confirmation) and waiter pings.
 //! - [`keeper`]: deadlines of TTL holds, sessions and one-shot waiters; the leader's batched expiry;
 //!   watchers of grants and session streams (the apply observer).
-//! - [`network`]: openraft's RPCs and forwarded requests over gRPC on the peer port.
+//! - [`network`]: openraft's RPCs and forwarded requests to peers; [`wire`]: their wire format, and the
+//!   peer port's server.
 //! - [`ops`]: the one-shot operations and input checks both fronts share.
 //! - [`http`]: the HTTP/JSON API; [`grpc`]: the gRPC API with lock sessions; [`error`]: how errors
 //!   become HTTP answers and gRPC statuses (one place each).
@@ -28,6 +29,7 @@ pub mod node;
 pub mod ops;
 pub mod proposer;
 pub mod tls;
+pub mod wire;
 
 pub use holdfast_core::limits;
 pub use node::{Bugs, WallClock};
@@ -39,14 +41,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use holdfast_proto::peer::peer_server::PeerServer;
 use holdfast_store::NodeId;
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::keeper::Events;
-use crate::network::{Network, PeerService, Peers, MESSAGE_BYTES_MAX, SNAPSHOT_CHUNK_BYTES};
+use crate::network::{Network, Peers, SNAPSHOT_CHUNK_BYTES};
 use crate::node::{FrontLimits, Node};
 
 /// How long in-flight HTTP requests (long polls) may run on after shutdown begins.
@@ -175,7 +176,7 @@ pub struct Transport<C, P> {
     pub health: Option<TcpListener>,
     /// TLS certificates, for peer connections and reloads; the listeners above already speak TLS.
     pub tls: Option<Arc<tls::Tls>>,
-    /// Makes peer connections; `None`: tonic's TCP connector.
+    /// Makes peer connections; `None`: TCP (with TLS if `tls` is set).
     pub dialer: Option<holdfast_proto::dial::Dialer>,
     /// Told the node once it runs: the simulation watches Raft and reads the lock state through it.
     pub started: Option<tokio::sync::oneshot::Sender<Arc<Node>>>,
@@ -195,8 +196,8 @@ where
     C: axum::serve::Listener,
     C::Addr: std::fmt::Debug,
     P: tokio_stream::Stream<Item = Result<IO, E>> + Send + 'static,
-    IO: tonic::transport::server::Connected + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
 {
     let Transport { client, peer, health, tls, dialer, started } = transport;
     anyhow::ensure!(
@@ -255,17 +256,10 @@ where
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
-    let peer_service = PeerServer::new(PeerService { node: node.clone() })
-        .max_decoding_message_size(MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(MESSAGE_BYTES_MAX);
     // The peer port stops last, after Raft: while client requests drain, this node keeps answering its
     // peers, so a stopping follower does not start an election and a stopping leader keeps its followers.
-    let (peer_stop_tx, mut peer_stop) = tokio::sync::watch::channel(false);
-    let peer_stopped = async move {
-        let _ = peer_stop.changed().await;
-    };
-    let peer_router = tonic::transport::Server::builder().add_service(peer_service);
-    let peer_server = tokio::spawn(peer_router.serve_with_incoming_shutdown(peer, peer_stopped));
+    let (peer_stop_tx, peer_stop) = tokio::sync::watch::channel(false);
+    let peer_server = tokio::spawn(wire::serve(node.clone(), peer, peer_stop));
     let keeper = tokio::spawn(keeper::run(node.clone(), stop_rx.clone()));
     let confirmer_node = node.clone();
     let confirmer_stop = stop_rx.clone();
@@ -328,8 +322,8 @@ where
     Ok(())
 }
 
-/// Reloads the TLS files on SIGHUP or when they change, until shutdown; peer channels are then re-made so
-/// that they present the new certificate.
+/// Reloads the TLS files on SIGHUP or when they change, until shutdown; idle peer connections are then
+/// closed, so that new ones present the new certificate.
 async fn reload_tls(tls: Arc<tls::Tls>, peers: Arc<Peers>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(signal) => Some(signal),

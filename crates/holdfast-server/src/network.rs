@@ -1,17 +1,22 @@
-//! The peer network: openraft's RPCs and forwarded client requests over gRPC on the peer port.
+//! The peer network: openraft's RPCs and forwarded client requests between nodes, on the peer port.
 //!
-//! Every message is a [`Blob`] holding the bincode encoding of the openraft request or response, so a
-//! snapshot chunk travels as raw bytes (not JSON) and fits the message size limit. Channels are made once
-//! per peer and cached; every call is bounded in time.
+//! Each call is one request frame and one answer frame on a connection of its own while it lasts, in the
+//! wire format of [`crate::wire`]. The caller's task writes the request and reads the answer on the socket
+//! itself: no connection task and no channel stand between openraft and the kernel. That is what this
+//! module is for. Over gRPC, a call crossed hyper's and h2's connection tasks on both ends, and the
+//! peer traffic cost the nodes twice the CPU and each write about 0.7 ms more (docs/benchmarks.md).
+//!
+//! Finished calls leave their connection in [`Peers`]' idle pool for the next call to the same peer, so a
+//! replication stream keeps reusing one connection. A connection that failed, timed out or was found
+//! closed while idle is dropped, and the next call makes a new one.
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use holdfast_proto::dial::Dialer;
-use holdfast_proto::peer::peer_client::PeerClient;
-use holdfast_proto::peer::peer_server::Peer;
-use holdfast_proto::peer::Blob;
+use holdfast_proto::dial::{Dialer, Io};
 use holdfast_store::{NodeId, TypeConfig};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;
@@ -22,10 +27,11 @@ use openraft::raft::{
 use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::time::Instant;
 
-use crate::node::{ForwardRequest, Node, NodeError};
 use crate::tls::Tls;
+use crate::wire::{self, Call};
 
 /// Largest peer message: a snapshot chunk ([`SNAPSHOT_CHUNK_BYTES`]) plus its envelope, with room to spare.
 pub const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -34,81 +40,162 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// See [`PeerNetwork::backoff`].
 const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
-/// HTTP/2 pings on peer connections: a connection whose other end vanished (a cut network, a container
-/// disconnected and reconnected) is dropped and re-made within about two intervals, instead of every RPC
-/// on it timing out until the other end resets it.
-const PEER_KEEPALIVE: Duration = Duration::from_secs(1);
+/// Idle connections kept per peer. Replication and votes use one or two; forwarded client requests may
+/// use more at once, and a burst beyond this many just closes the extra ones when it ends.
+const IDLE_PER_PEER: usize = 32;
 
-/// Cached gRPC channels to peers, by node id and address.
+/// Why a call to a peer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No connection could be made: nothing was sent, so the call may safely be made again elsewhere.
+    #[error("cannot connect: {0}")]
+    Connect(io::Error),
+    /// The connection failed after the request may have been sent: it may or may not have been served.
+    #[error("connection failed: {0}")]
+    Broken(io::Error),
+    /// No answer within the call's time.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The answer did not decode.
+    #[error("undecodable answer: {0}")]
+    Undecodable(bincode::Error),
+}
+
+/// A peer's address and its idle connections.
+type Idle = (String, Vec<Box<dyn Io>>);
+
+/// Connections to peers: how they are made, and the idle ones by node id and address.
 pub struct Peers {
-    channels: Mutex<HashMap<NodeId, (String, Channel)>>,
+    idle: Mutex<HashMap<NodeId, Idle>>,
     /// Mutual TLS to peers, if the cluster uses it.
     tls: Option<Arc<Tls>>,
-    /// How connections are made: tonic's TCP connector, or the simulation's network.
+    /// How connections are made: TCP, or the simulation's network.
     dialer: Option<Dialer>,
 }
 
 impl Peers {
     pub fn new(tls: Option<Arc<Tls>>, dialer: Option<Dialer>) -> Self {
-        Peers { channels: Mutex::default(), tls, dialer }
+        Peers { idle: Mutex::default(), tls, dialer }
     }
 
-    /// Forgets every channel, so that the next calls connect anew (with reloaded certificates).
+    /// Closes every idle connection, so that the next calls connect anew (with reloaded certificates).
     pub fn reset(&self) {
-        self.channels.lock().expect("peer channel cache poisoned").clear();
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
     }
 
-    /// The channel to `id` at `addr`: cached, and re-made if the address changed. Channels connect lazily
-    /// and reconnect by themselves.
-    pub fn channel(&self, id: NodeId, addr: &str) -> Result<Channel, tonic::Status> {
-        let mut channels = self.channels.lock().expect("peer channel cache poisoned");
-        if let Some((cached, channel)) = channels.get(&id) {
-            if cached == addr {
-                return Ok(channel.clone());
+    /// Calls `call` with `request` on the peer `id` at `addr` and decodes its answer, all within `ttl`.
+    pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        id: NodeId,
+        addr: &str,
+        call: Call,
+        request: &Req,
+        ttl: Duration,
+    ) -> Result<Resp, CallError> {
+        let deadline = Instant::now() + ttl;
+        let mut request = wire::request(call, request);
+        let mut answer = Vec::new();
+        // A pooled connection may have been closed by the other end since its last call (the peer
+        // restarted) in a way not yet seen when it was taken. Raft's calls are idempotent, so one of them
+        // that fails so on a reused connection is made once more on a new one; a forwarded client
+        // request is not, and fails as it is.
+        let mut retry = call != Call::Forward;
+        loop {
+            let (mut conn, fresh) = match tokio::time::timeout_at(deadline, self.take(id, addr)).await {
+                Err(_) => return Err(CallError::Timeout(ttl)),
+                Ok(Err(e)) => return Err(CallError::Connect(e)),
+                Ok(Ok(taken)) => taken,
+            };
+            let exchange = async {
+                if fresh {
+                    conn.write_all(wire::HELLO).await?;
+                }
+                wire::write_frame(&mut conn, &mut request).await?;
+                match wire::read_frame(&mut conn, &mut answer, MESSAGE_BYTES_MAX).await? {
+                    true => Ok(()),
+                    false => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection")),
+                }
+            };
+            match tokio::time::timeout_at(deadline, exchange).await {
+                Err(_) => return Err(CallError::Timeout(ttl)),
+                Ok(Err(e)) if retry && !fresh && answer.is_empty() => {
+                    tracing::debug!(peer = id, %e, "a reused peer connection failed; calling again on a new one");
+                    retry = false;
+                }
+                Ok(Err(e)) => return Err(CallError::Broken(e)),
+                Ok(Ok(())) => {
+                    self.put(id, addr, conn);
+                    return bincode::deserialize(&answer).map_err(CallError::Undecodable);
+                }
             }
         }
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| tonic::Status::invalid_argument(format!("peer address {addr:?}: {e}")))?;
-        if let Some(tls) = &self.tls {
-            let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_matches(['[', ']']);
-            endpoint = endpoint
-                .tls_config(tls.peer_client(host))
-                .map_err(|e| tonic::Status::invalid_argument(format!("TLS for peer {addr:?}: {e}")))?;
+    }
+
+    /// An idle connection to `id` at `addr` that is still open, or a new one (`true`: new).
+    async fn take(&self, id: NodeId, addr: &str) -> io::Result<(Box<dyn Io>, bool)> {
+        loop {
+            let idle = {
+                let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                match idle.get_mut(&id) {
+                    Some((cached, conns)) if cached == addr => conns.pop(),
+                    _ => None,
+                }
+            };
+            match idle {
+                Some(mut conn) => {
+                    if still_open(&mut conn) {
+                        return Ok((conn, false));
+                    }
+                }
+                None => return Ok((self.connect(addr).await?, true)),
+            }
         }
-        let endpoint = endpoint
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(PEER_KEEPALIVE)
-            .keep_alive_timeout(PEER_KEEPALIVE)
-            .keep_alive_while_idle(true);
-        let channel = match &self.dialer {
-            Some(dialer) => dialer.channel(&endpoint),
-            None => endpoint.connect_lazy(),
-        };
-        channels.insert(id, (addr.to_owned(), channel.clone()));
-        Ok(channel)
     }
 
-    /// A client for `id` at `addr`.
-    pub fn client(&self, id: NodeId, addr: &str) -> Result<PeerClient<Channel>, tonic::Status> {
-        Ok(PeerClient::new(self.channel(id, addr)?)
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX))
+    /// Leaves `conn` to `id` at `addr` for the next call.
+    fn put(&self, id: NodeId, addr: &str, conn: Box<dyn Io>) {
+        let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (cached, conns) = idle.entry(id).or_insert_with(|| (addr.to_owned(), Vec::new()));
+        if cached != addr {
+            // The peer moved: its old connections go.
+            *cached = addr.to_owned();
+            conns.clear();
+        }
+        if conns.len() < IDLE_PER_PEER {
+            conns.push(conn);
+        }
+    }
+
+    async fn connect(&self, addr: &str) -> io::Result<Box<dyn Io>> {
+        if let Some(dialer) = &self.dialer {
+            return dialer.dial(addr.to_owned()).await;
+        }
+        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr}")))??;
+        tcp.set_nodelay(true)?;
+        let Some(tls) = &self.tls else { return Ok(Box::new(tcp)) };
+        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_matches(['[', ']']);
+        let name = rustls_pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("peer address {addr:?}: {e}")))?;
+        let handshake = tls.peer_connector().connect(name, tcp);
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("TLS handshake with {addr}")))??;
+        Ok(Box::new(stream))
     }
 }
 
-/// Encodes a peer message.
-pub fn encode<T: Serialize>(value: &T) -> Blob {
-    Blob { data: bincode::serialize(value).expect("peer messages always encode") }
+/// Whether an idle connection is still open: nothing arrived on it, not even its end. (Nothing may
+/// arrive on an idle connection but its end; anything else is a fault, and the connection goes too.)
+fn still_open(conn: &mut Box<dyn Io>) -> bool {
+    let mut byte = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut byte);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    matches!(std::pin::Pin::new(conn).poll_read(&mut cx, &mut buf), Poll::Pending)
 }
 
-/// Decodes a peer message.
-pub fn decode<T: DeserializeOwned>(blob: &Blob) -> Result<T, tonic::Status> {
-    bincode::deserialize(&blob.data).map_err(|e| tonic::Status::invalid_argument(format!("undecodable message: {e}")))
-}
-
-/// openraft's network factory: one [`PeerNetwork`] per target, sharing the channel cache.
+/// openraft's network factory: one [`PeerNetwork`] per target, sharing the connections.
 #[derive(Clone)]
 pub struct Network {
     pub peers: Arc<Peers>,
@@ -132,41 +219,19 @@ pub struct PeerNetwork {
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
 impl PeerNetwork {
-    async fn call<Req, Resp, E>(&self, kind: Rpc, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
+    async fn call<Req, Resp, E>(&self, call: Call, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let mut client =
-            self.peers.client(self.target, &self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-        let blob = encode(req);
-        let call = async {
-            match kind {
-                Rpc::Append => client.append_entries(blob).await,
-                Rpc::Vote => client.vote(blob).await,
-                Rpc::Snapshot => client.install_snapshot(blob).await,
-            }
-        };
-        let reply = match tokio::time::timeout(ttl, call).await {
-            Err(elapsed) => return Err(RPCError::Network(NetworkError::new(&elapsed))),
-            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
-                return Err(RPCError::Unreachable(Unreachable::new(&status)))
-            }
-            Ok(Err(status)) => return Err(RPCError::Network(NetworkError::new(&status))),
-            Ok(Ok(reply)) => reply.into_inner(),
-        };
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            decode(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        let answer: Result<Resp, RaftError<NodeId, E>> =
+            self.peers.call(self.target, &self.addr, call, req, ttl).await.map_err(|e| match e {
+                CallError::Connect(_) => RPCError::Unreachable(Unreachable::new(&e)),
+                _ => RPCError::Network(NetworkError::new(&e)),
+            })?;
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
-}
-
-#[derive(Clone, Copy)]
-enum Rpc {
-    Append,
-    Vote,
-    Snapshot,
 }
 
 impl RaftNetwork<TypeConfig> for PeerNetwork {
@@ -183,7 +248,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Rpc::Append, &rpc, option.hard_ttl()).await
+        self.call(Call::Append, &rpc, option.hard_ttl()).await
     }
 
     async fn install_snapshot(
@@ -191,7 +256,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await
+        self.call(Call::Snapshot, &rpc, option.hard_ttl()).await
     }
 
     async fn vote(
@@ -199,35 +264,90 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Rpc::Vote, &rpc, option.hard_ttl()).await
+        self.call(Call::Vote, &rpc, option.hard_ttl()).await
     }
 }
 
-/// Serves the peer API: hands Raft messages to openraft and forwarded requests to the node.
-pub struct PeerService {
-    pub node: Arc<Node>,
-}
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
-#[tonic::async_trait]
-impl Peer for PeerService {
-    async fn append_entries(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(tonic::Response::new(encode(&self.node.raft.append_entries(rpc).await)))
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(5);
+
+    /// A peer that answers each `u64` request with the next number, except that it closes its first
+    /// connection, unanswered, at that connection's second request. Returns its address and a count of
+    /// the connections it accepted.
+    async fn peer_closing_its_first_connection() -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let nth = counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut hello = [0u8; 8];
+                    conn.read_exact(&mut hello).await.unwrap();
+                    assert_eq!(&hello, wire::HELLO);
+                    let mut buf = Vec::new();
+                    for answered in 0.. {
+                        if !wire::read_frame(&mut conn, &mut buf, MESSAGE_BYTES_MAX).await.unwrap() {
+                            return;
+                        }
+                        if nth == 0 && answered == 1 {
+                            return;
+                        }
+                        let n: u64 = bincode::deserialize(&buf[1..]).unwrap();
+                        let mut answer = vec![0; 4];
+                        bincode::serialize_into(&mut answer, &(n + 1)).unwrap();
+                        wire::write_frame(&mut conn, &mut answer).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, accepted)
     }
 
-    async fn vote(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
-        let rpc: VoteRequest<NodeId> = decode(req.get_ref())?;
-        Ok(tonic::Response::new(encode(&self.node.raft.vote(rpc).await)))
+    #[tokio::test]
+    async fn a_raft_call_on_a_reused_connection_the_peer_closed_is_made_again_on_a_new_one() {
+        let (addr, accepted) = peer_closing_its_first_connection().await;
+        let peers = Peers::new(None, None);
+        assert_eq!(peers.call::<u64, u64>(2, &addr, Call::Vote, &1, TTL).await.unwrap(), 2);
+        // The same connection again: the peer closes it, and the call goes out once more on a new one.
+        assert_eq!(peers.call::<u64, u64>(2, &addr, Call::Append, &10, TTL).await.unwrap(), 11);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        // And the new connection is kept for the next call.
+        assert_eq!(peers.call::<u64, u64>(2, &addr, Call::Vote, &20, TTL).await.unwrap(), 21);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
-    async fn install_snapshot(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(tonic::Response::new(encode(&self.node.raft.install_snapshot(rpc).await)))
+    #[tokio::test]
+    async fn a_forwarded_request_is_never_sent_twice() {
+        let (addr, accepted) = peer_closing_its_first_connection().await;
+        let peers = Peers::new(None, None);
+        assert_eq!(peers.call::<u64, u64>(2, &addr, Call::Forward, &1, TTL).await.unwrap(), 2);
+        // The peer may have served it before closing: the caller is told, and nothing is sent again.
+        let failed = peers.call::<u64, u64>(2, &addr, Call::Forward, &10, TTL).await.unwrap_err();
+        assert!(matches!(failed, CallError::Broken(_)), "{failed:?}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
-    async fn forward(&self, req: tonic::Request<Blob>) -> Result<tonic::Response<Blob>, tonic::Status> {
-        let request: ForwardRequest = decode(req.get_ref())?;
-        let reply: Result<_, NodeError> = self.node.serve_forwarded(request).await;
-        Ok(tonic::Response::new(encode(&reply)))
+    #[tokio::test]
+    async fn a_peer_that_is_down_is_unreachable_and_one_that_is_silent_times_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let peers = Peers::new(None, None);
+        // Accepted (by the kernel's backlog) but never answered.
+        let silent = peers.call::<u64, u64>(2, &addr, Call::Vote, &1, Duration::from_millis(200)).await.unwrap_err();
+        assert!(matches!(silent, CallError::Timeout(_)), "{silent:?}");
+        drop(listener);
+        let down = peers.call::<u64, u64>(2, &addr, Call::Vote, &1, TTL).await.unwrap_err();
+        assert!(matches!(down, CallError::Connect(_)), "{down:?}");
     }
 }

@@ -16,7 +16,8 @@ use tokio::time::Instant;
 
 use crate::keeper::Events;
 use crate::metrics::{Forwarded, Metrics, ProposalResult};
-use crate::network::{decode, encode, Peers};
+use crate::network::{CallError, Peers};
+use crate::wire::Call;
 
 /// How long a write or a read may take, forwarding and retries included, before the caller is told the
 /// cluster is unavailable.
@@ -487,19 +488,13 @@ impl Node {
             ForwardRequest::Barrier => Forwarded::Barrier,
             ForwardRequest::AddMember { .. } | ForwardRequest::RemoveMember { .. } => Forwarded::Membership,
         });
-        let mut client = self.peers.client(leader, &addr).map_err(|e| NodeError::Unreachable(e.to_string()))?;
         let timeout = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(timeout, client.forward(encode(request))).await {
-            Err(_) => Err(NodeError::Timeout(timeout)),
-            Ok(Err(status)) if status.code() == tonic::Code::Unavailable && is_connect_error(&status) => {
-                Err(NodeError::Unreachable(status.message().to_owned()))
-            }
-            Ok(Err(status)) => Err(NodeError::Unavailable(format!("forwarding to node {leader}: {status}"))),
-            Ok(Ok(reply)) => {
-                let reply: Result<ForwardReply, NodeError> =
-                    decode(reply.get_ref()).map_err(|e| NodeError::Unavailable(e.to_string()))?;
-                reply
-            }
+        match self.peers.call(leader, &addr, Call::Forward, request, timeout).await {
+            Ok(reply) => reply,
+            Err(CallError::Timeout(timeout)) => Err(NodeError::Timeout(timeout)),
+            // Nothing was sent: the request may go to the next leader.
+            Err(e @ CallError::Connect(_)) => Err(NodeError::Unreachable(format!("node {leader}: {e}"))),
+            Err(e) => Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}"))),
         }
     }
 
@@ -887,9 +882,4 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => refused("membership-change", e.to_string()),
         RaftError::Fatal(e) => NodeError::Unavailable(e.to_string()),
     }
-}
-
-fn is_connect_error(status: &tonic::Status) -> bool {
-    let text = format!("{status:?}").to_ascii_lowercase();
-    text.contains("tcp connect error") || text.contains("connection refused")
 }

@@ -6,7 +6,7 @@
 //! client port asks clients for a certificate only with `--tls-client-auth`.
 //!
 //! The files are read again on [`Tls::reload`] (SIGHUP, or a change of their modification times): new
-//! connections use the new certificate, peer channels are re-made, and connections already open keep
+//! connections use the new certificate, idle peer connections are closed, and connections already open keep
 //! theirs. A reload that fails (a half-written file) keeps the old configuration and logs why.
 //!
 //! Handshakes run in their own tasks, so a client that stalls its handshake holds up nobody else.
@@ -32,6 +32,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const RELOAD_CHECK: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting to be served.
 const ACCEPT_BACKLOG: usize = 256;
+/// The TLS application protocol (ALPN) of the peer port: [`crate::wire`]'s, version 1.
+const PEER_ALPN: &[u8] = b"holdfast-peer/1";
 
 /// Where a node's TLS material lives.
 #[derive(Debug, Clone)]
@@ -57,10 +59,8 @@ pub enum Port {
 struct Loaded {
     client: Arc<ServerConfig>,
     peer: Arc<ServerConfig>,
-    /// For connecting to peers (PEM, as tonic takes them).
-    ca_pem: Vec<u8>,
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
+    /// For connecting to peers.
+    peer_client: Arc<rustls::ClientConfig>,
     modified: Vec<Option<SystemTime>>,
 }
 
@@ -73,7 +73,8 @@ pub struct Tls {
 impl Tls {
     /// Reads and checks the files.
     pub fn load(files: TlsFiles) -> anyhow::Result<Tls> {
-        // Both rustls (servers) and tonic (peer clients) use ring; say so once for the process.
+        // rustls (servers, peer connections) and tonic (the client library) use ring; say so once for the
+        // process.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let loaded = load(&files)?;
         Ok(Tls { files, loaded: RwLock::new(loaded) })
@@ -100,13 +101,9 @@ impl Tls {
         }
     }
 
-    /// tonic's client configuration for connecting to the peer at `host`.
-    pub fn peer_client(&self, host: &str) -> tonic::transport::ClientTlsConfig {
-        let loaded = self.loaded.read().expect("tls config poisoned");
-        tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(&loaded.ca_pem))
-            .identity(tonic::transport::Identity::from_pem(&loaded.cert_pem, &loaded.key_pem))
-            .domain_name(host)
+    /// Makes TLS connections to peers: this node's certificate, peers checked against the CA.
+    pub fn peer_connector(&self) -> tokio_rustls::TlsConnector {
+        tokio_rustls::TlsConnector::from(self.loaded.read().expect("tls config poisoned").peer_client.clone())
     }
 
     /// Accepts connections on `listener` and completes their handshakes in their own tasks; the receiver
@@ -206,7 +203,14 @@ fn load(files: &TlsFiles) -> anyhow::Result<Loaded> {
         .with_client_cert_verifier(verifier.clone())
         .with_single_cert(certs.clone(), key.clone_key())
         .map_err(|e| anyhow::anyhow!("{} and {}: {e}", files.cert.display(), files.key.display()))?;
-    peer.alpn_protocols = vec![b"h2".to_vec()];
+    // Nodes of another peer protocol (an older holdfast spoke gRPC to its peers) fail the handshake
+    // with a clear alert instead of exchanging bytes neither understands.
+    peer.alpn_protocols = vec![PEER_ALPN.to_vec()];
+    let mut peer_client = rustls::ClientConfig::builder()
+        .with_root_certificates(roots.clone())
+        .with_client_auth_cert(certs.clone(), key.clone_key())
+        .map_err(|e| anyhow::anyhow!("{} and {}: {e}", files.cert.display(), files.key.display()))?;
+    peer_client.alpn_protocols = vec![PEER_ALPN.to_vec()];
     let builder = ServerConfig::builder();
     let mut client = match files.client_auth {
         true => builder.with_client_cert_verifier(verifier),
@@ -215,5 +219,5 @@ fn load(files: &TlsFiles) -> anyhow::Result<Loaded> {
     .with_single_cert(certs, key)?;
     // gRPC needs HTTP/2; curl and browsers may take either.
     client.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Loaded { client: Arc::new(client), peer: Arc::new(peer), ca_pem, cert_pem, key_pem, modified })
+    Ok(Loaded { client: Arc::new(client), peer: Arc::new(peer), peer_client: Arc::new(peer_client), modified })
 }

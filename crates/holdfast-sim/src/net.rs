@@ -1,14 +1,11 @@
 //! turmoil's simulated sockets, fitted to what the server and the client library take: an axum listener
-//! for the client port, a stream of accepted connections for the peer port, and a dialer for channels.
+//! for the client port, a stream of accepted connections for the peer port, and a dialer for connections.
 
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use holdfast_proto::dial::{Dialer, Io};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use turmoil::net::{TcpListener, TcpStream};
 
 /// The client port: accepts simulated connections for axum.
@@ -36,41 +33,12 @@ impl axum::serve::Listener for ClientListener {
     }
 }
 
-/// An accepted peer connection, as tonic's server takes it.
-pub struct PeerConn(TcpStream);
-
-impl tonic::transport::server::Connected for PeerConn {
-    type ConnectInfo = ();
-
-    fn connect_info(&self) -> Self::ConnectInfo {}
-}
-
-impl AsyncRead for PeerConn {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for PeerConn {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
 /// The peer port's accepted connections, as a stream (accepted in a task of their own).
-pub fn peer_incoming(listener: TcpListener) -> tokio_stream::wrappers::ReceiverStream<io::Result<PeerConn>> {
+pub fn peer_incoming(listener: TcpListener) -> tokio_stream::wrappers::ReceiverStream<io::Result<TcpStream>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         loop {
-            let accepted = listener.accept().await.map(|(stream, _)| PeerConn(stream));
+            let accepted = listener.accept().await.map(|(stream, _)| stream);
             if tx.send(accepted).await.is_err() {
                 return;
             }
@@ -79,7 +47,7 @@ pub fn peer_incoming(listener: TcpListener) -> tokio_stream::wrappers::ReceiverS
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// Connects channels over the simulated network.
+/// Connects (client channels and peer connections) over the simulated network.
 pub fn dialer() -> Dialer {
     Dialer::new(|addr| {
         Box::pin(async move {

@@ -1,0 +1,251 @@
+//! The peer protocol's wire format, and the peer port's server.
+//!
+//! A connection opens with the 8 bytes [`HELLO`], which name the protocol and its version; a node refuses
+//! (closes) a connection that does not. Then each call is a request frame and the answer frame back, one
+//! call at a time per connection. A frame is a `u32` little-endian length and that many bytes. A request
+//! is one byte naming the [`Call`], then the bincode encoding of openraft's request (or of a forwarded
+//! client request); an answer is the bincode encoding of the call's `Result`, openraft's errors included.
+//! Frames are at most [`MESSAGE_BYTES_MAX`] long. On a cluster with TLS, all of it runs inside mutual TLS.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use holdfast_store::{NodeId, TypeConfig};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_stream::{Stream, StreamExt};
+
+use crate::network::MESSAGE_BYTES_MAX;
+use crate::node::{ForwardReply, ForwardRequest, Node, NodeError};
+
+/// The first bytes on every peer connection: the protocol and its version.
+pub const HELLO: &[u8; 8] = b"HFPEER/1";
+/// How long a new connection may take to say [`HELLO`].
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection's buffers that grew past this (for a snapshot chunk) are let go after the call.
+const BUFFER_KEPT_BYTES: usize = 1 << 20;
+
+/// What a request asks of the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// openraft's `append_entries`.
+    Append,
+    /// openraft's `vote`.
+    Vote,
+    /// openraft's `install_snapshot` (one chunk).
+    Snapshot,
+    /// A client request a follower forwards to the leader ([`Node::serve_forwarded`]).
+    Forward,
+}
+
+impl Call {
+    fn byte(self) -> u8 {
+        match self {
+            Call::Append => 1,
+            Call::Vote => 2,
+            Call::Snapshot => 3,
+            Call::Forward => 4,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Call> {
+        [Call::Append, Call::Vote, Call::Snapshot, Call::Forward].into_iter().find(|call| call.byte() == byte)
+    }
+}
+
+/// A request frame for `call` with `value`, ready for [`write_frame`].
+pub fn request(call: Call, value: &impl Serialize) -> Vec<u8> {
+    let mut frame = vec![0, 0, 0, 0, call.byte()];
+    bincode::serialize_into(&mut frame, value).expect("peer messages always encode");
+    frame
+}
+
+/// Writes `frame`: its first 4 bytes are overwritten with the length of the rest.
+pub async fn write_frame(io: &mut (impl AsyncWrite + Unpin + ?Sized), frame: &mut [u8]) -> io::Result<()> {
+    let len = u32::try_from(frame.len() - 4)
+        .ok()
+        .filter(|&len| len as usize <= MESSAGE_BYTES_MAX)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("a {}-byte message", frame.len())))?;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    io.write_all(frame).await?;
+    io.flush().await
+}
+
+/// Reads one frame's body into `buf`. `Ok(false)`: the stream ended cleanly, before a frame began.
+pub async fn read_frame(io: &mut (impl AsyncRead + Unpin + ?Sized), buf: &mut Vec<u8>, max: usize) -> io::Result<bool> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < len.len() {
+        match io.read(&mut len[got..]).await? {
+            0 if got == 0 => return Ok(false),
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a {len}-byte frame; at most {max} are taken")));
+    }
+    buf.resize(len, 0);
+    io.read_exact(buf).await?;
+    Ok(true)
+}
+
+/// Serves peer connections from `incoming` until `stop` changes; then closes them all.
+pub async fn serve<P, IO, E>(node: Arc<Node>, incoming: P, mut stop: tokio::sync::watch::Receiver<bool>)
+where
+    P: Stream<Item = Result<IO, E>>,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    E: std::fmt::Display,
+{
+    let mut incoming = std::pin::pin!(incoming);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            accepted = incoming.next() => match accepted {
+                Some(Ok(io)) => {
+                    let node = node.clone();
+                    conns.spawn(async move {
+                        if let Err(e) = answer_calls(&node, io).await {
+                            tracing::debug!(%e, "peer connection closed");
+                        }
+                    });
+                }
+                Some(Err(e)) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    tracing::warn!(%e, "accepting a peer connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                None => break,
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.shutdown().await;
+}
+
+/// Checks that a new connection speaks this protocol.
+async fn hello(io: &mut (impl AsyncRead + Unpin)) -> io::Result<()> {
+    let mut hello = [0u8; HELLO.len()];
+    tokio::time::timeout(HELLO_TIMEOUT, io.read_exact(&mut hello))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no hello"))??;
+    if &hello != HELLO {
+        tracing::warn!(
+            got = %String::from_utf8_lossy(&hello),
+            "a peer connection opened without holdfast's peer hello: a node of another version, or not a node"
+        );
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not holdfast's peer protocol"));
+    }
+    Ok(())
+}
+
+/// Answers the calls on one connection, in order, until it closes.
+async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) -> io::Result<()> {
+    hello(&mut io).await?;
+    let mut request = Vec::new();
+    let mut answer = Vec::new();
+    while read_frame(&mut io, &mut request, MESSAGE_BYTES_MAX).await? {
+        let Some((&call, body)) = request.split_first() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "an empty request"));
+        };
+        answer.clear();
+        answer.extend_from_slice(&[0; 4]);
+        match Call::from_byte(call) {
+            Some(Call::Append) => {
+                let rpc: AppendEntriesRequest<TypeConfig> = decode(body)?;
+                encode_into(&mut answer, &node.raft.append_entries(rpc).await);
+            }
+            Some(Call::Vote) => {
+                let rpc: VoteRequest<NodeId> = decode(body)?;
+                encode_into(&mut answer, &node.raft.vote(rpc).await);
+            }
+            Some(Call::Snapshot) => {
+                let rpc: InstallSnapshotRequest<TypeConfig> = decode(body)?;
+                encode_into(&mut answer, &node.raft.install_snapshot(rpc).await);
+            }
+            Some(Call::Forward) => {
+                let forwarded: ForwardRequest = decode(body)?;
+                let reply: Result<ForwardReply, NodeError> = node.serve_forwarded(forwarded).await;
+                encode_into(&mut answer, &reply);
+            }
+            None => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown call {call}"))),
+        }
+        write_frame(&mut io, &mut answer).await?;
+        for buf in [&mut request, &mut answer] {
+            if buf.capacity() > BUFFER_KEPT_BYTES {
+                *buf = Vec::new();
+            }
+        }
+    }
+    Ok(())
+}
+
+fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
+    bincode::deserialize(body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable: {e}")))
+}
+
+fn encode_into(buf: &mut Vec<u8>, value: &impl Serialize) {
+    bincode::serialize_into(buf, value).expect("peer messages always encode");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_frame_reads_back_as_written_and_a_clean_end_is_told_from_a_cut_one() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let mut frame = request(Call::Vote, &("vote", 7u64));
+        write_frame(&mut a, &mut frame).await.unwrap();
+        let mut buf = Vec::new();
+        assert!(read_frame(&mut b, &mut buf, MESSAGE_BYTES_MAX).await.unwrap());
+        assert_eq!(Call::from_byte(buf[0]), Some(Call::Vote));
+        assert_eq!(decode::<(String, u64)>(&buf[1..]).unwrap(), ("vote".to_owned(), 7));
+
+        // A frame cut in its body is an error; the end of the stream between frames is not.
+        let mut frame = request(Call::Append, &vec![1u8; 100]);
+        let len = (frame.len() - 4) as u32;
+        frame[..4].copy_from_slice(&len.to_le_bytes());
+        a.write_all(&frame[..50]).await.unwrap();
+        drop(a);
+        let cut = read_frame(&mut b, &mut buf, MESSAGE_BYTES_MAX).await.unwrap_err();
+        assert_eq!(cut.kind(), io::ErrorKind::UnexpectedEof);
+        let (a, mut b) = tokio::io::duplex(1024);
+        drop(a);
+        assert!(!read_frame(&mut b, &mut buf, MESSAGE_BYTES_MAX).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_frame_longer_than_the_limit_is_refused_unread() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        a.write_all(&1_000_000u32.to_le_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let refused = read_frame(&mut b, &mut buf, 1000).await.unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
+        assert!(buf.is_empty(), "nothing was allocated for it");
+    }
+
+    #[tokio::test]
+    async fn every_call_has_its_own_byte() {
+        for call in [Call::Append, Call::Vote, Call::Snapshot, Call::Forward] {
+            assert_eq!(Call::from_byte(call.byte()), Some(call));
+        }
+        assert_eq!(Call::from_byte(0), None);
+        assert_eq!(Call::from_byte(5), None);
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_the_hello_is_refused() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        a.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        assert_eq!(hello(&mut b).await.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        a.write_all(HELLO).await.unwrap();
+        hello(&mut b).await.unwrap();
+    }
+}
