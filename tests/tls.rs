@@ -9,6 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{wait_for, Cluster, Grant, READY_BOUND};
+use holdfast_server::tls::Tls;
+use holdfast_server::wire::Call;
+use openraft::error::RaftError;
+use openraft::raft::{VoteRequest, VoteResponse};
+use openraft::Vote;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 
 /// A CA that signs certificates.
@@ -98,22 +103,21 @@ async fn mutual_tls_cluster_serves_clients_with_certificates_and_refuses_the_res
     }
 
     // The peer port takes only certificates the cluster's CA signed. With TLS 1.3 the server checks the
-    // client's certificate after the client considers the handshake done, so each dial makes a call: with a
-    // node's certificate it reaches the server (which has no health service there: UNIMPLEMENTED), with
-    // someone else's the connection is refused.
+    // client's certificate after the client considers the handshake done, so each dial makes a call, with
+    // the nodes' own connector: a vote of term 0, which a node answers (refusing it) and which changes
+    // nothing. With someone else's certificate the connection is refused.
     let peer = cluster.peer_addr(follower);
     let dial = |cert: &str, key: &str| {
-        let tls = tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem))
-            .identity(tonic::transport::Identity::from_pem(cert, key))
-            .domain_name("127.0.0.1");
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("https://{peer}")).unwrap();
+        let (cert, key) = (write(dir.path(), "dial.pem", cert), write(dir.path(), "dial.key", key));
+        let files = holdfast_server::tls::TlsFiles { cert, key, ca: ca_path.clone(), client_auth: false };
+        let peers = holdfast_server::network::Peers::new(Some(std::sync::Arc::new(Tls::load(files).unwrap())), None);
+        let vote: VoteRequest<u64> = VoteRequest::new(Vote::new(0, 99), None);
         async move {
-            let channel = endpoint.tls_config(tls).unwrap().connect().await.map_err(|e| e.to_string())?;
-            let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
-            let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
-            match client.check(request).await {
-                Err(status) if status.code() == tonic::Code::Unimplemented => Ok(()),
+            let answer: Result<Result<VoteResponse<u64>, RaftError<u64>>, _> = peers
+                .call(follower as u64, &peer.to_string(), Call::Vote, &vote, std::time::Duration::from_secs(5))
+                .await;
+            match answer {
+                Ok(Ok(response)) if !response.vote_granted => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         }

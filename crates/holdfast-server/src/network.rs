@@ -102,8 +102,8 @@ impl Peers {
         let mut retry = call != Call::Forward;
         loop {
             let (mut conn, fresh) = match tokio::time::timeout_at(deadline, self.take(id, addr)).await {
-                Err(_) => return Err(CallError::Timeout(ttl)),
-                Ok(Err(e)) => return Err(CallError::Connect(e)),
+                Err(_) => return Err(self.failed(id, CallError::Timeout(ttl))),
+                Ok(Err(e)) => return Err(self.failed(id, CallError::Connect(e))),
                 Ok(Ok(taken)) => taken,
             };
             let exchange = async {
@@ -117,18 +117,26 @@ impl Peers {
                 }
             };
             match tokio::time::timeout_at(deadline, exchange).await {
-                Err(_) => return Err(CallError::Timeout(ttl)),
+                Err(_) => return Err(self.failed(id, CallError::Timeout(ttl))),
                 Ok(Err(e)) if retry && !fresh && answer.is_empty() => {
                     tracing::debug!(peer = id, %e, "a reused peer connection failed; calling again on a new one");
                     retry = false;
                 }
-                Ok(Err(e)) => return Err(CallError::Broken(e)),
+                Ok(Err(e)) => return Err(self.failed(id, CallError::Broken(e))),
                 Ok(Ok(())) => {
                     self.put(id, addr, conn);
                     return bincode::deserialize(&answer).map_err(CallError::Undecodable);
                 }
             }
         }
+    }
+
+    /// Closes the idle connections to `id` after a call to it failed with `error`, and returns the error.
+    /// They were made and last used alongside the one that failed: after a partition or a restart of the
+    /// peer they are as dead as it was, without looking so, and each would cost a call its whole time.
+    fn failed(&self, id: NodeId, error: CallError) -> CallError {
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&id);
+        error
     }
 
     /// An idle connection to `id` at `addr` that is still open, or a new one (`true`: new).
@@ -280,8 +288,8 @@ mod tests {
     const TTL: Duration = Duration::from_secs(5);
 
     /// A peer that answers each `u64` request with the next number, except that it closes its first
-    /// connection, unanswered, at that connection's second request. Returns its address and a count of
-    /// the connections it accepted.
+    /// connection, unanswered, at that connection's second request, and never answers `u64::MAX`. Returns
+    /// its address and a count of the connections it accepted.
     async fn peer_closing_its_first_connection() -> (String, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -304,6 +312,9 @@ mod tests {
                             return;
                         }
                         let n: u64 = bincode::deserialize(&buf[1..]).unwrap();
+                        if n == u64::MAX {
+                            std::future::pending::<()>().await;
+                        }
                         let mut answer = vec![0; 4];
                         bincode::serialize_into(&mut answer, &(n + 1)).unwrap();
                         wire::write_frame(&mut conn, &mut answer).await.unwrap();
@@ -336,6 +347,33 @@ mod tests {
         let failed = peers.call::<u64, u64>(2, &addr, Call::Forward, &10, TTL).await.unwrap_err();
         assert!(matches!(failed, CallError::Broken(_)), "{failed:?}");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_call_that_timed_out_takes_the_idle_connections_to_its_peer_with_it() {
+        let (addr, accepted) = peer_closing_its_first_connection().await;
+        let peers = Peers::new(None, None);
+        // Past the peer's quirk: its first connection closes at the second call, made again on a new one.
+        peers.call::<u64, u64>(2, &addr, Call::Vote, &1, TTL).await.unwrap();
+        peers.call::<u64, u64>(2, &addr, Call::Vote, &2, TTL).await.unwrap();
+        // Three calls at once leave three idle connections.
+        let calls = [&10, &20, &30].map(|n| peers.call::<u64, u64>(2, &addr, Call::Vote, n, TTL));
+        let answers = futures_join3(calls).await;
+        assert_eq!(answers, [11, 21, 31]);
+        let idle = || peers.idle.lock().unwrap().get(&2).map_or(0, |(_, conns)| conns.len());
+        assert_eq!(idle(), 3);
+        let silent = peers.call::<u64, u64>(2, &addr, Call::Vote, &u64::MAX, Duration::from_millis(200)).await;
+        assert!(matches!(silent, Err(CallError::Timeout(_))), "{silent:?}");
+        assert_eq!(idle(), 0, "the idle connections went with the one that timed out");
+        let before = accepted.load(Ordering::SeqCst);
+        assert_eq!(peers.call::<u64, u64>(2, &addr, Call::Vote, &40, TTL).await.unwrap(), 41);
+        assert_eq!(accepted.load(Ordering::SeqCst), before + 1, "the next call made a new connection");
+    }
+
+    async fn futures_join3<F: std::future::Future<Output = Result<u64, CallError>>>(calls: [F; 3]) -> [u64; 3] {
+        let [a, b, c] = calls;
+        let (a, b, c) = tokio::join!(a, b, c);
+        [a.unwrap(), b.unwrap(), c.unwrap()]
     }
 
     #[tokio::test]
