@@ -3,8 +3,9 @@
 //! Each call is one request frame and one answer frame on a connection of its own while it lasts, in the
 //! wire format of [`crate::wire`]. The caller's task writes the request and reads the answer on the socket
 //! itself: no connection task and no channel stand between openraft and the kernel. That is what this
-//! module is for. Over gRPC, a call crossed hyper's and h2's connection tasks on both ends, and the
-//! peer traffic cost the nodes twice the CPU and each write about 0.7 ms more (docs/benchmarks.md).
+//! module is for. Over gRPC, a call crossed hyper's and h2's connection tasks on both ends: the nodes
+//! spent up to twice the CPU per write, and one client's acquire+release took about twice as long
+//! (docs/benchmarks.md).
 //!
 //! Finished calls leave their connection in [`Peers`]' idle pool for the next call to the same peer, so a
 //! replication stream keeps reusing one connection. A connection that failed, timed out or was found
