@@ -29,6 +29,7 @@ use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::tls::Tls;
@@ -41,9 +42,14 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// See [`PeerNetwork::backoff`].
 const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
-/// Idle connections kept per peer. Replication and votes use one or two; forwarded client requests may
-/// use more at once, and a burst beyond this many just closes the extra ones when it ends.
-const IDLE_PER_PEER: usize = 32;
+/// Forwarded client requests in flight to one peer, at most; more wait for one of them to finish. Each
+/// takes a connection of its own, so this bounds the connections (and file descriptors) a busy follower
+/// holds open to its leader, and lets the pool keep them all instead of making and closing a connection
+/// per request (which would also fill the port range with sockets in TIME_WAIT). Raft's own calls do not
+/// wait for these: replication, votes and leadership checks are few, and must never queue behind clients.
+const FORWARDS_PER_PEER: usize = 64;
+/// Idle connections kept per peer: every forwarding slot, and a few for Raft's calls.
+const IDLE_PER_PEER: usize = FORWARDS_PER_PEER + 8;
 
 /// Why a call to a peer failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +74,8 @@ type Idle = (String, Vec<Box<dyn Io>>);
 /// Connections to peers: how they are made, and the idle ones by node id and address.
 pub struct Peers {
     idle: Mutex<HashMap<NodeId, Idle>>,
+    /// Each peer's forwarding slots ([`FORWARDS_PER_PEER`]).
+    forwards: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
     /// Mutual TLS to peers, if the cluster uses it.
     tls: Option<Arc<Tls>>,
     /// How connections are made: TCP, or the simulation's network.
@@ -76,7 +84,7 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(tls: Option<Arc<Tls>>, dialer: Option<Dialer>) -> Self {
-        Peers { idle: Mutex::default(), tls, dialer }
+        Peers { idle: Mutex::default(), forwards: Mutex::default(), tls, dialer }
     }
 
     /// Closes every idle connection, so that the next calls connect anew (with reloaded certificates).
@@ -94,6 +102,20 @@ impl Peers {
         ttl: Duration,
     ) -> Result<Resp, CallError> {
         let deadline = Instant::now() + ttl;
+        let _slot = match call {
+            Call::Forward => {
+                let slots = self
+                    .forwards
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .entry(id)
+                    .or_insert_with(|| Arc::new(Semaphore::new(FORWARDS_PER_PEER)))
+                    .clone();
+                let slot = tokio::time::timeout_at(deadline, slots.acquire_owned()).await;
+                Some(slot.map_err(|_| CallError::Timeout(ttl))?.expect("forwarding slots are never closed"))
+            }
+            _ => None,
+        };
         let mut request = wire::request(call, request);
         let mut answer = Vec::new();
         // A pooled connection may have been closed by the other end since its last call (the peer
@@ -287,6 +309,8 @@ mod tests {
     use super::*;
 
     const TTL: Duration = Duration::from_secs(5);
+    /// Requests from this number up are answered after 20 ms.
+    const SLOW: u64 = 1_000_000;
 
     /// A peer that answers each `u64` request with the next number, except that it closes its first
     /// connection, unanswered, at that connection's second request, and never answers `u64::MAX`. Returns
@@ -315,6 +339,9 @@ mod tests {
                         let n: u64 = bincode::deserialize(&buf[1..]).unwrap();
                         if n == u64::MAX {
                             std::future::pending::<()>().await;
+                        }
+                        if n >= SLOW {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
                         }
                         let mut answer = vec![0; 4];
                         bincode::serialize_into(&mut answer, &(n + 1)).unwrap();
@@ -375,6 +402,30 @@ mod tests {
         let [a, b, c] = calls;
         let (a, b, c) = tokio::join!(a, b, c);
         [a.unwrap(), b.unwrap(), c.unwrap()]
+    }
+
+    #[tokio::test]
+    async fn forwarded_requests_share_a_bounded_set_of_connections() {
+        let (addr, accepted) = peer_closing_its_first_connection().await;
+        let peers = Arc::new(Peers::new(None, None));
+        // Past the peer's quirk: its first connection closes at the second call.
+        peers.call::<u64, u64>(2, &addr, Call::Vote, &1, TTL).await.unwrap();
+        peers.call::<u64, u64>(2, &addr, Call::Vote, &2, TTL).await.unwrap();
+        let before = accepted.load(Ordering::SeqCst);
+        for wave in 0..2 {
+            let calls: Vec<_> = (0..3 * FORWARDS_PER_PEER as u64)
+                .map(|i| {
+                    let (peers, addr) = (peers.clone(), addr.clone());
+                    tokio::spawn(async move { peers.call::<u64, u64>(2, &addr, Call::Forward, &(SLOW + i), TTL).await })
+                })
+                .collect();
+            for (i, call) in calls.into_iter().enumerate() {
+                assert_eq!(call.await.unwrap().unwrap(), SLOW + i as u64 + 1);
+            }
+            let made = accepted.load(Ordering::SeqCst) - before;
+            // The Raft call's connection is reused for a forward too.
+            assert!(made < FORWARDS_PER_PEER, "wave {wave}: {made} connections for {FORWARDS_PER_PEER} slots");
+        }
     }
 
     #[tokio::test]
