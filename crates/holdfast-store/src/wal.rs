@@ -428,6 +428,16 @@ mod tests {
         wal.read(start, end).unwrap().iter().map(|e| e.log_id.index).collect()
     }
 
+    /// A log in `dir` with entries 1..=3, a purge past its end to 9 (as a snapshot install makes), then
+    /// 10..=12, which start a second segment.
+    fn across_a_purge(dir: &Path) -> Wal {
+        let wal = Wal::open(dir, None).unwrap();
+        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        wal.purge(9).unwrap();
+        wal.append((10..=12).map(|i| entry(1, i))).unwrap();
+        wal
+    }
+
     fn only_segment(dir: &Path) -> PathBuf {
         let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
         assert_eq!(files.len(), 1, "{files:?}");
@@ -510,11 +520,7 @@ mod tests {
     #[test]
     fn truncate_removes_entries_for_good_across_segments() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(dir.path(), None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
-        // A purge past the end (a snapshot install) makes the next append start a new segment.
-        wal.purge(9).unwrap();
-        wal.append((10..=12).map(|i| entry(1, i))).unwrap();
+        let wal = across_a_purge(dir.path());
         assert_eq!(wal.segment_count(), 2);
         wal.truncate(11).unwrap();
         assert_eq!(wal.last(), Some(entry(1, 10).log_id));
@@ -535,11 +541,7 @@ mod tests {
     #[test]
     fn purge_deletes_whole_segments_and_a_gap_is_allowed_only_below_the_purge() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(dir.path(), None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
-        wal.purge(9).unwrap();
-        wal.append((10..=12).map(|i| entry(1, i))).unwrap();
-        drop(wal);
+        drop(across_a_purge(dir.path()));
         // Nothing says entries 4..=9 were purged: the gap is refused.
         assert!(matches!(Wal::open(dir.path(), None), Err(StoreError::LogCorrupt(_))));
         let purged = Some(entry(1, 9).log_id);
