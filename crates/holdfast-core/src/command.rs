@@ -98,6 +98,11 @@ pub enum Command {
     /// granted twice in one entry, so each lock's fences still strictly grow. See
     /// [`Command::batchable`] and [`limits::BATCH_MAX`](crate::limits::BATCH_MAX).
     Batch(Vec<Command>),
+    /// Extend a TTL-leased hold by its own TTL, as the hold has it when the entry applies: a renew that
+    /// names no TTL. The leader cannot fill in the TTL when it proposes: its applied state may not hold
+    /// the grant yet (a new leader still applying its predecessor's entries), and a TTL read from there
+    /// would be wrong. (Last, so that the variants before it keep their encoding in stored logs.)
+    RenewKeepingTtl { name: String, token: Token },
 }
 
 impl Command {
@@ -107,6 +112,7 @@ impl Command {
             Command::Acquire(Acquire { name, .. })
             | Command::Release { name, .. }
             | Command::Renew { name, .. }
+            | Command::RenewKeepingTtl { name, .. }
             | Command::Cancel { name, .. } => Some(name),
             _ => None,
         }

@@ -388,7 +388,8 @@ impl LockState {
                     _ => self.release(name, *token, &mut applied),
                 }
             }
-            Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
+            Command::Renew { name, token, ttl_ms } => self.renew(name, *token, Some(*ttl_ms)),
+            Command::RenewKeepingTtl { name, token } => self.renew(name, *token, None),
             Command::Cancel { name, token } => self.cancel(name, *token, &mut applied),
             Command::OpenSession { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms),
             Command::CloseSession { id } => match self.close_session(*id, &BTreeSet::new(), &mut applied) {
@@ -503,8 +504,9 @@ impl LockState {
         }
     }
 
-    fn renew(&mut self, name: &str, token: Token, ttl_ms: u64) -> Outcome {
-        if !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&ttl_ms) {
+    /// Renews for `ttl_ms`, or for the hold's own TTL if `None`.
+    fn renew(&mut self, name: &str, token: Token, ttl_ms: Option<u64>) -> Outcome {
+        if let Some(ttl_ms) = ttl_ms.filter(|ttl| !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(ttl)) {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let at = self.now_ms;
@@ -524,7 +526,8 @@ impl LockState {
             Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms => {
                 Outcome::Rejected(Reject::Expired { name: name.to_owned() })
             }
-            Lease::Ttl { .. } => {
+            Lease::Ttl { ttl_ms: held, .. } => {
+                let ttl_ms = ttl_ms.unwrap_or(held);
                 lock.holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: at.saturating_add(ttl_ms) };
                 Outcome::Renewed(grant_of(name, &lock.holder))
             }

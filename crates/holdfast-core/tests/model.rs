@@ -150,7 +150,8 @@ impl Model {
                 }
                 _ => self.release(name, *token, &[], fx),
             },
-            Command::Renew { name, token, ttl_ms } => self.renew(name, *token, *ttl_ms),
+            Command::Renew { name, token, ttl_ms } => self.renew(name, *token, Some(*ttl_ms)),
+            Command::RenewKeepingTtl { name, token } => self.renew(name, *token, None),
             Command::Cancel { name, token } => self.cancel(name, *token, fx),
             Command::OpenSession { id, lease_ms, .. } => {
                 if !valid_ttl(*lease_ms) {
@@ -245,8 +246,8 @@ impl Model {
         }
     }
 
-    fn renew(&mut self, name: &str, token: Token, ttl_ms: u64) -> Outcome {
-        if !valid_ttl(ttl_ms) {
+    fn renew(&mut self, name: &str, token: Token, ttl_ms: Option<u64>) -> Outcome {
+        if let Some(ttl_ms) = ttl_ms.filter(|ttl| !valid_ttl(*ttl)) {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let now = self.now_ms;
@@ -259,7 +260,8 @@ impl Model {
             Lease::Ttl { expires_at_ms, .. } if now >= expires_at_ms => {
                 Outcome::Rejected(Reject::Expired { name: name.to_owned() })
             }
-            Lease::Ttl { .. } => {
+            Lease::Ttl { ttl_ms: held, .. } => {
+                let ttl_ms = ttl_ms.unwrap_or(held);
                 holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: now + ttl_ms };
                 Outcome::Renewed(grant_of(name, holder))
             }
@@ -519,7 +521,7 @@ fn lock_op() -> impl Strategy<Value = Op> {
         3 => (name.clone(), 1..=TOKENS, owner(), 0..WAITS.len())
             .prop_map(|(name, token, session, wait)| Op::SessionAcquire { name, token, session, wait }),
         3 => (target(), who([4, 1, 1])).prop_map(|(target, who)| Op::Release { target, who }),
-        2 => (target(), who([4, 1, 1]), 0..TTLS.len())
+        2 => (target(), who([4, 1, 1]), 0..=TTLS.len())
             .prop_map(|(target, who, ttl)| Op::Renew { target, who, ttl }),
         2 => (target(), who([1, 3, 1])).prop_map(|(target, who)| Op::Cancel { target, who }),
     ]
@@ -616,7 +618,11 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
         Op::Renew { target: n, who, ttl } => {
             let name = target(n);
             let token = token_of(&name, who);
-            Command::Renew { name, token, ttl_ms: TTLS[*ttl] }
+            // One past the TTLs: a renew that names none, keeping the hold's.
+            match TTLS.get(*ttl) {
+                Some(&ttl_ms) => Command::Renew { name, token, ttl_ms },
+                None => Command::RenewKeepingTtl { name, token },
+            }
         }
         Op::Cancel { target: n, who } => {
             let name = target(n);

@@ -434,6 +434,30 @@ fn release_of_a_hold_that_already_ended_is_not_holder() {
 // --- renew ---
 
 #[test]
+fn a_renew_naming_no_ttl_takes_the_holds_own_when_it_applies() {
+    // worker-1 holds with a 30 s TTL. The renew names none: the leader that proposed it may not have
+    // applied the grant yet, so the TTL is the one the hold has here, at apply.
+    let mut state = held_with_two_waiters();
+    let keeping = Command::RenewKeepingTtl { name: s("job"), token: tok(1) };
+    let applied = state.apply(6, &at(T0 + 20_000, keeping.clone()));
+    let renewed = Grant {
+        name: s("job"),
+        owner: s("worker-1"),
+        token: tok(1),
+        fence: 3,
+        granted_at_ms: T0,
+        lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 20_000 + 30_000 },
+    };
+    assert_eq!(applied, only(T0 + 20_000, Outcome::Renewed(renewed)));
+    // Refused as a renew with a TTL is: not the holder's token, or the hold already ended.
+    let applied = state.apply(7, &at(T0 + 20_001, Command::RenewKeepingTtl { name: s("job"), token: tok(2) }));
+    assert!(matches!(applied.outcome, Outcome::Rejected(Reject::NotHolder { .. })), "{applied:?}");
+    let applied = state.apply(8, &at(T0 + 50_000, keeping));
+    assert_eq!(applied.outcome, Outcome::Rejected(Reject::Expired { name: s("job") }));
+    state.check_invariants();
+}
+
+#[test]
 fn renew_extends_the_hold_from_the_renew_time_and_keeps_the_fence() {
     let mut state = held_with_two_waiters();
     let applied = state.apply(6, &at(T0 + 29_999, renew("job", tok(1), 60_000)));

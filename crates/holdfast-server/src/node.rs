@@ -720,17 +720,10 @@ impl Node {
                 (Command::Acquire(Acquire { name, owner, token, ttl_ms, wait_ms, session: None }), Some(token))
             }
             Request::Release { name, token } => (Command::Release { name, token }, None),
-            Request::Renew { name, token, ttl_ms } => {
-                let ttl_ms = ttl_ms.unwrap_or_else(|| {
-                    let state = self.state.read().expect("lock state poisoned");
-                    match state.grant(&name, token).map(|g| g.lease) {
-                        Some(holdfast_core::Lease::Ttl { ttl_ms, .. }) => ttl_ms,
-                        // Not a TTL hold of this token: the state machine rejects the renew whatever the TTL.
-                        _ => holdfast_core::limits::TTL_MS_MIN,
-                    }
-                });
-                (Command::Renew { name, token, ttl_ms }, None)
-            }
+            // Without a TTL, the state machine takes the hold's own when it applies: this node's state may
+            // not have applied the grant yet (a new leader), so a TTL read here could be wrong.
+            Request::Renew { name, token, ttl_ms: Some(ttl_ms) } => (Command::Renew { name, token, ttl_ms }, None),
+            Request::Renew { name, token, ttl_ms: None } => (Command::RenewKeepingTtl { name, token }, None),
             Request::Cancel { name, token } => (Command::Cancel { name, token }, None),
             Request::OpenSession { owner, lease_ms } => {
                 // Ids are made by the leader, like tokens; 0 is never used so it can mean "none" on the wire.
