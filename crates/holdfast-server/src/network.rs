@@ -11,7 +11,7 @@
 //! replication stream keeps reusing one connection. A connection that failed, timed out or was found
 //! closed while idle is dropped, and the next call makes a new one.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -72,10 +72,13 @@ pub enum CallError {
 type Idle = (String, Vec<Box<dyn Io>>);
 
 /// Connections to peers: how they are made, and the idle ones by node id and address.
+///
+/// Ordered maps, not hash maps: dropping the pool (a node stopping) closes its connections in the same
+/// order every time, which a simulated run of a seed depends on (a hash map's order is drawn per process).
 pub struct Peers {
-    idle: Mutex<HashMap<NodeId, Idle>>,
+    idle: Mutex<BTreeMap<NodeId, Idle>>,
     /// Each peer's forwarding slots ([`FORWARDS_PER_PEER`]).
-    forwards: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
+    forwards: Mutex<BTreeMap<NodeId, Arc<Semaphore>>>,
     /// Mutual TLS to peers, if the cluster uses it.
     tls: Option<Arc<Tls>>,
     /// How connections are made: TCP, or the simulation's network.
