@@ -7,6 +7,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -43,8 +44,12 @@ impl Dialer {
     }
 
     /// A channel to `endpoint` that connects (lazily, and again after a failure) through this dialer.
+    ///
+    /// Its HTTP/2 connections remember a stream they reset (a cancelled call) for good, up to h2's count
+    /// limit, instead of for one second of the machine's clock: h2 reads `std::time::Instant` for nothing
+    /// else, and a run over a simulated network must not depend on how fast the machine ran it.
     pub fn channel(&self, endpoint: &Endpoint) -> Channel {
-        endpoint.connect_with_connector_lazy(self.clone())
+        endpoint.clone().http2_reset_stream_duration(Duration::MAX).connect_with_connector_lazy(self.clone())
     }
 }
 
