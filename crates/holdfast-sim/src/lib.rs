@@ -11,16 +11,17 @@
 //! - [`check`]: the checkers over a history; each returns every violation it finds.
 //! - [`net`]: turmoil's sockets fitted to the server's listeners and the channels' dialer; [`http`]: a
 //!   minimal HTTP/1.1 client on them.
+//! - [`isolated`]: one seed in a process of its own (the `holdfast-sim` binary), as the seeds test runs them.
 //!
-//! A run is a function of its seed: turmoil's, openraft's election timeouts, tokio's scheduler
-//! (`--cfg tokio_unstable`, set in `.cargo/config.toml`), the nodes' tokens and ids, and the clients'
-//! choices all draw from it. One leak remains: h2 expires reset streams on the real clock, so a run can
-//! differ with the machine's speed (docs/testing.md). This crate is for tests: nothing in the service
-//! depends on it.
+//! A run in a fresh process is a function of its seed: turmoil's, openraft's election timeouts, tokio's
+//! scheduler (`--cfg tokio_unstable`, set in `.cargo/config.toml`), the nodes' tokens and ids, and the
+//! clients' choices all draw from it (docs/testing.md says what else had to be pinned down). This crate is
+//! for tests: nothing in the service depends on it.
 
 pub mod check;
 pub mod history;
 pub mod http;
+pub mod isolated;
 pub mod net;
 pub mod record;
 pub mod sim;

@@ -3,15 +3,22 @@
 //! `cargo test -p holdfast-sim --test seeds` runs a fixed set of seeds (a few minutes at most);
 //! `HOLDFAST_SIM_SEEDS=5000` runs that many for a soak; `HOLDFAST_SIM_SEED=N` replays seed N alone, with
 //! its fault schedule and every violation printed.
+//!
+//! Each seed runs in a process of its own (the `holdfast-sim` binary): only then is a run a function of its
+//! seed (`holdfast_sim::isolated` says why), so a seed that fails here fails the same way when replayed.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use holdfast_sim::sim::{run, Plan, Report};
+use holdfast_sim::isolated::{self, Outcome, Run};
 
 /// Seeds the README's test command runs.
 const SEEDS_DEFAULT: u64 = 40;
+
+/// The binary that runs one seed.
+const SIM: &str = env!("CARGO_BIN_EXE_holdfast-sim");
 
 fn env_u64(name: &str) -> Option<u64> {
     let text = std::env::var(name).ok()?;
@@ -22,6 +29,11 @@ fn replay_command(seed: u64) -> String {
     format!("HOLDFAST_SIM_SEED={seed} cargo test -p holdfast-sim --test seeds -- --nocapture")
 }
 
+/// Runs `seed` in a process of its own; panics only if the process cannot be started.
+fn run_alone(seed: u64, trace: bool) -> Run {
+    isolated::run(Path::new(SIM), seed, trace).unwrap_or_else(|e| panic!("starting {SIM}: {e}"))
+}
+
 #[test]
 fn every_seed_keeps_every_guarantee() {
     let seeds: Vec<u64> = match env_u64("HOLDFAST_SIM_SEED") {
@@ -29,12 +41,12 @@ fn every_seed_keeps_every_guarantee() {
         None => (1..=env_u64("HOLDFAST_SIM_SEEDS").unwrap_or(SEEDS_DEFAULT)).collect(),
     };
     let verbose = seeds.len() == 1;
-    holdfast_sim::record::log_if_asked();
     let next = AtomicUsize::new(0);
-    let failed: Mutex<Vec<Report>> = Mutex::default();
+    // Seeds that broke a guarantee, or whose process ended without an outcome, with what they printed.
+    let failed: Mutex<Vec<(u64, String)>> = Mutex::default();
     let simulated = Mutex::new(Duration::ZERO);
     let started = std::time::Instant::now();
-    // Seeds run side by side, one per thread; each run is deterministic on its own thread.
+    // Seeds run side by side, one process each.
     let threads = env_u64("HOLDFAST_SIM_THREADS")
         .map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |n| n.max(1) as usize)
         .min(seeds.len());
@@ -42,17 +54,20 @@ fn every_seed_keeps_every_guarantee() {
         for _ in 0..threads {
             scope.spawn(|| loop {
                 let Some(&seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
-                // Each seed on a thread of its own, so that nothing an earlier run left in thread-local state
-                // can reach it.
-                let report = std::thread::spawn(move || run(&Plan::random(seed))).join().expect("the run panicked");
-                *simulated.lock().unwrap() += report.simulated;
-                println!("{}", report.summary());
-                if verbose {
-                    println!("{}", report.trace.join("\n"));
-                }
-                if !report.violations.is_empty() {
-                    println!("  replay: {}", replay_command(seed));
-                    failed.lock().unwrap().push(report);
+                let run = run_alone(seed, verbose);
+                print!("{}", run.output);
+                match run.outcome {
+                    Some(Outcome { simulated: took, violations: 0, .. }) => *simulated.lock().unwrap() += took,
+                    Some(Outcome { simulated: took, .. }) => {
+                        *simulated.lock().unwrap() += took;
+                        println!("  replay: {}", replay_command(seed));
+                        failed.lock().unwrap().push((seed, run.output));
+                    }
+                    None => {
+                        println!("seed {seed}: the run ended without an outcome:\n{}", run.errors);
+                        println!("  replay: {}", replay_command(seed));
+                        failed.lock().unwrap().push((seed, format!("{}{}", run.output, run.errors)));
+                    }
                 }
             });
         }
@@ -73,23 +88,27 @@ fn every_seed_keeps_every_guarantee() {
         seeds.len(),
         failed
             .iter()
-            .map(|r| format!("{}\n  replay: {}", r.summary(), replay_command(r.seed)))
+            .map(|(seed, output)| format!("{}  replay: {}", output, replay_command(*seed)))
             .collect::<Vec<_>>()
             .join("\n")
     );
 }
 
-/// A run is a function of its seed: the same seed gives the same history, call for call (docs/testing.md
-/// has the one known leak, h2's real-time reset streams, which this seed's runs do not meet).
+/// A run is a function of its seed: two processes running the same seed print the same summary and fault
+/// trace, and the same history fingerprint (a hash of every call and its outcome, in simulated time).
 #[test]
 fn the_same_seed_gives_the_same_history() {
     let seed = 3;
-    let first = run(&Plan::random(seed));
-    let second = run(&Plan::random(seed));
-    assert!(!first.history.ops.is_empty(), "the run made no calls");
-    assert_eq!(first.trace, second.trace);
-    assert_eq!(format!("{:?}", first.history), format!("{:?}", second.history));
+    let (first, second) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| run_alone(seed, true));
+        let second = scope.spawn(|| run_alone(seed, true));
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    let outcome = first.outcome.unwrap_or_else(|| panic!("seed {seed} ended without an outcome:\n{}", first.errors));
+    assert!(outcome.calls > 0, "the run made no calls");
+    assert_eq!(first.output, second.output);
+    assert_eq!(Some(outcome), second.outcome);
     // And another seed gives another history, or the seed decides nothing.
-    let other = run(&Plan::random(seed + 1));
-    assert_ne!(format!("{:?}", first.history), format!("{:?}", other.history));
+    let other = run_alone(seed + 1, false).outcome.expect("seed 4 ended without an outcome");
+    assert_ne!(outcome.digest, other.digest);
 }
