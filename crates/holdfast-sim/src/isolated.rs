@@ -85,16 +85,15 @@ pub fn run(exe: &Path, seed: u64, trace: bool) -> io::Result<Run> {
     }
     let out = command.output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let mut outcome = None;
-    let mut output = String::new();
-    for line in stdout.lines() {
-        match Outcome::parse(line) {
-            Some(parsed) if outcome.is_none() => outcome = Some(parsed),
-            _ => {
-                output.push_str(line);
-                output.push('\n');
-            }
-        }
+    // The outcome is the last line; anything else (a log line) is output.
+    let body = stdout.strip_suffix('\n').unwrap_or(&stdout);
+    let (before, last) = body.rsplit_once('\n').unwrap_or(("", body));
+    let (mut output, outcome) = match Outcome::parse(last) {
+        Some(outcome) => (before.to_owned(), Some(outcome)),
+        None => (body.to_owned(), None),
+    };
+    if !output.is_empty() {
+        output.push('\n');
     }
     // An outcome from a process that then failed (other than by reporting violations) is not one.
     let clean = out.status.success() || out.status.code() == Some(EXIT_VIOLATIONS);
