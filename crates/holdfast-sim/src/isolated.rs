@@ -100,6 +100,33 @@ pub fn run(exe: &Path, seed: u64, trace: bool) -> io::Result<Run> {
     Ok(Run { output, outcome: outcome.filter(|_| clean), errors: String::from_utf8_lossy(&out.stderr).into_owned() })
 }
 
+/// The environment variable that tells a test binary it runs one test in a process of its own.
+const TEST_PROCESS: &str = "HOLDFAST_SIM_TEST_PROCESS";
+
+/// Runs `body`, the body of the test named `name` (its path in the test binary), in a process of its own:
+/// the test binary started again to run that test alone. For scenario tests, whose plans hold closures and
+/// cannot go through the `holdfast-sim` binary: in a process shared with other tests, a scenario's path
+/// would depend on what else the process ran (see the module's text). Panics, with the process's output,
+/// if the test failed there or if no test of that name ran.
+pub fn test_in_own_process(name: &str, body: impl FnOnce()) {
+    if std::env::var(TEST_PROCESS).as_deref() == Ok(name) {
+        body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(TEST_PROCESS, name)
+        .output()
+        .unwrap_or_else(|e| panic!("starting the test binary again for {name}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    assert!(out.status.success(), "{name} failed in its own process");
+    assert!(stdout.contains("running 1 test"), "no test named {name} ran in its own process");
+}
+
 /// The binary's exit code when the run broke a guarantee.
 pub const EXIT_VIOLATIONS: i32 = 1;
 

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use holdfast_server::Bugs;
+use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::sim::{run, script, Fault, Plan, Report, Role};
 use holdfast_sim::workload::{
     http_acquire, http_release, leader_of, session_hold, until, FENCED_LOCK, FENCED_TTL_MS, MODEL_TTL_MS,
@@ -45,145 +46,157 @@ fn trace(report: &Report) -> String {
 /// to a waiter.
 #[test]
 fn mutual_exclusion_catches_a_leader_without_promotion_grace() {
-    let mut plan = Plan::quiet(SEED, 3, secs(9.0));
-    plan.scripts.push(script(|ctx| async move {
-        until(secs(0.5)).await;
-        session_hold(&ctx, ctx.nodes.clone(), LEASE, "grace", secs(5.0), secs(8.0)).await
-    }));
-    plan.scripts.push(script(|ctx| async move {
-        // Opened less than a lease before the crash, so that even the broken new leader keeps it.
-        until(secs(2.5)).await;
-        session_hold(&ctx, ctx.nodes.clone(), LEASE, "grace", secs(6.0), secs(8.5)).await
-    }));
-    plan.faults.push((secs(4.0), Fault::CrashLeader));
-    plan.healed_at = secs(6.0);
-    caught(plan, Bugs { no_promotion_grace: true, ..Bugs::default() }, "mutual_exclusion");
+    test_in_own_process("mutual_exclusion_catches_a_leader_without_promotion_grace", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(9.0));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(0.5)).await;
+            session_hold(&ctx, ctx.nodes.clone(), LEASE, "grace", secs(5.0), secs(8.0)).await
+        }));
+        plan.scripts.push(script(|ctx| async move {
+            // Opened less than a lease before the crash, so that even the broken new leader keeps it.
+            until(secs(2.5)).await;
+            session_hold(&ctx, ctx.nodes.clone(), LEASE, "grace", secs(6.0), secs(8.5)).await
+        }));
+        plan.faults.push((secs(4.0), Fault::CrashLeader));
+        plan.healed_at = secs(6.0);
+        caught(plan, Bugs { no_promotion_grace: true, ..Bugs::default() }, "mutual_exclusion");
+    });
 }
 
 /// The leader is cut off from the other nodes but not from its clients: it must not acknowledge
 /// heartbeats it cannot confirm, or its client goes on believing in a lease the new leader lets run out.
 #[test]
 fn mutual_exclusion_catches_heartbeats_acknowledged_without_confirmation() {
-    let mut plan = Plan::quiet(SEED, 3, secs(10.0));
-    plan.scripts.push(script(|ctx| async move {
-        until(secs(0.5)).await;
-        let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-        // The holder talks to the leader only: its session stays on the side the leader is cut off on.
-        session_hold(&ctx, vec![format!("n{leader}:7070")], LEASE, "isolated", secs(2.0), secs(9.0)).await
-    }));
-    plan.scripts.push(script(|ctx| async move {
-        until(secs(1.0)).await;
-        let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-        let others: Vec<String> =
-            ctx.nodes.iter().filter(|n| !n.starts_with(&format!("n{leader}:"))).cloned().collect();
-        session_hold(&ctx, others, LEASE, "isolated", secs(7.0), secs(9.5)).await
-    }));
-    plan.faults.push((secs(2.5), Fault::IsolateLeader));
-    plan.healed_at = secs(7.0);
-    caught(plan, Bugs { unconfirmed_heartbeats: true, ..Bugs::default() }, "mutual_exclusion");
+    test_in_own_process("mutual_exclusion_catches_heartbeats_acknowledged_without_confirmation", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(10.0));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(0.5)).await;
+            let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+            // The holder talks to the leader only: its session stays on the side the leader is cut off on.
+            session_hold(&ctx, vec![format!("n{leader}:7070")], LEASE, "isolated", secs(2.0), secs(9.0)).await
+        }));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(1.0)).await;
+            let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+            let others: Vec<String> =
+                ctx.nodes.iter().filter(|n| !n.starts_with(&format!("n{leader}:"))).cloned().collect();
+            session_hold(&ctx, others, LEASE, "isolated", secs(7.0), secs(9.5)).await
+        }));
+        plan.faults.push((secs(2.5), Fault::IsolateLeader));
+        plan.healed_at = secs(7.0);
+        caught(plan, Bugs { unconfirmed_heartbeats: true, ..Bugs::default() }, "mutual_exclusion");
+    });
 }
 
 /// Clients told the leader's term as their fence: fences repeat, and a holder that stalled past its TTL
 /// gets its stale write accepted over a newer holder's.
 #[test]
 fn fence_checkers_catch_fences_that_repeat() {
-    let mut plan = Plan::quiet(SEED, 3, secs(15.0));
-    plan.roles = vec![Role::FencedHttp, Role::FencedHttp, Role::FencedHttp, Role::Model];
-    caught(plan.clone(), Bugs { term_as_fence: true, ..Bugs::default() }, "fence_order");
-    caught(plan, Bugs { term_as_fence: true, ..Bugs::default() }, "fenced_resource");
+    test_in_own_process("fence_checkers_catch_fences_that_repeat", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(15.0));
+        plan.roles = vec![Role::FencedHttp, Role::FencedHttp, Role::FencedHttp, Role::Model];
+        caught(plan.clone(), Bugs { term_as_fence: true, ..Bugs::default() }, "fence_order");
+        caught(plan, Bugs { term_as_fence: true, ..Bugs::default() }, "fenced_resource");
+    });
 }
 
 /// Disks that acknowledge appends before they are durable: when every node crashes at once, a grant the
 /// client was told about is gone.
 #[test]
 fn acknowledged_catches_disks_that_ack_before_flushing() {
-    let mut plan = Plan::quiet(SEED, 3, secs(8.0));
-    plan.scripts.push(script(|ctx| async move {
-        until(secs(1.0)).await;
-        for attempt in 0..20 {
-            let node = &ctx.nodes[attempt % ctx.nodes.len()];
-            if let (holdfast_sim::history::Outcome::Granted { .. }, _) =
-                http_acquire(&ctx, node, "kept-durable", MODEL_TTL_MS).await
-            {
-                break;
+    test_in_own_process("acknowledged_catches_disks_that_ack_before_flushing", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(8.0));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(1.0)).await;
+            for attempt in 0..20 {
+                let node = &ctx.nodes[attempt % ctx.nodes.len()];
+                if let (holdfast_sim::history::Outcome::Granted { .. }, _) =
+                    http_acquire(&ctx, node, "kept-durable", MODEL_TTL_MS).await
+                {
+                    break;
+                }
+                tokio::time::sleep(secs(0.2)).await;
             }
-            tokio::time::sleep(secs(0.2)).await;
-        }
-        // Nothing else is written after the grant until every node crashed.
-        until(ctx.stop_at).await;
-        Ok(())
-    }));
-    plan.faults.push((secs(3.0), Fault::CrashAll));
-    plan.faults.push((secs(3.5), Fault::Heal));
-    plan.healed_at = secs(3.5);
-    let real = run(&plan);
-    println!("real:   {}", real.summary());
-    assert!(real.violations.is_empty(), "{}\n{}", real.summary(), trace(&real));
-    let broken = run(&Plan { broken_disks: true, ..plan });
-    println!("broken: {}", broken.summary());
-    assert!(
-        broken.violations.iter().any(|v| v.checker == "acknowledged"),
-        "the acknowledged checker did not catch a disk that acks before flushing:\n{}\n{}",
-        broken.summary(),
-        trace(&broken)
-    );
+            // Nothing else is written after the grant until every node crashed.
+            until(ctx.stop_at).await;
+            Ok(())
+        }));
+        plan.faults.push((secs(3.0), Fault::CrashAll));
+        plan.faults.push((secs(3.5), Fault::Heal));
+        plan.healed_at = secs(3.5);
+        let real = run(&plan);
+        println!("real:   {}", real.summary());
+        assert!(real.violations.is_empty(), "{}\n{}", real.summary(), trace(&real));
+        let broken = run(&Plan { broken_disks: true, ..plan });
+        println!("broken: {}", broken.summary());
+        assert!(
+            broken.violations.iter().any(|v| v.checker == "acknowledged"),
+            "the acknowledged checker did not catch a disk that acks before flushing:\n{}\n{}",
+            broken.summary(),
+            trace(&broken)
+        );
+    });
 }
 
 /// A deposed leader that answers "busy" from its own state without confirming its leadership answers from
 /// the past: a try-lock told "busy" after the holder's release was acknowledged is not linearizable.
 #[test]
 fn linearizable_catches_busy_answered_without_confirming_leadership() {
-    let mut plan = Plan::quiet(SEED, 3, secs(9.0));
-    plan.scripts.push(script(|ctx| async move {
-        until(secs(0.5)).await;
-        let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-        let old = format!("n{leader}:7070");
-        let (granted, token) = http_acquire(&ctx, &old, "model-a", MODEL_TTL_MS).await;
-        let (holdfast_sim::history::Outcome::Granted { fence }, Some(token)) = (granted, token) else {
-            return Err("the first acquire was not granted".into());
-        };
-        // The old leader is cut off at 2 s; release through the others once they elected a new one.
-        until(secs(3.5)).await;
-        let others: Vec<String> = ctx.nodes.iter().filter(|n| **n != old).cloned().collect();
-        for attempt in 0..20 {
-            let outcome = http_release(&ctx, &others[attempt % others.len()], "model-a", fence, &token).await;
-            if outcome != holdfast_sim::history::Outcome::Unknown {
-                break;
+    test_in_own_process("linearizable_catches_busy_answered_without_confirming_leadership", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(9.0));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(0.5)).await;
+            let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+            let old = format!("n{leader}:7070");
+            let (granted, token) = http_acquire(&ctx, &old, "model-a", MODEL_TTL_MS).await;
+            let (holdfast_sim::history::Outcome::Granted { fence }, Some(token)) = (granted, token) else {
+                return Err("the first acquire was not granted".into());
+            };
+            // The old leader is cut off at 2 s; release through the others once they elected a new one.
+            until(secs(3.5)).await;
+            let others: Vec<String> = ctx.nodes.iter().filter(|n| **n != old).cloned().collect();
+            for attempt in 0..20 {
+                let outcome = http_release(&ctx, &others[attempt % others.len()], "model-a", fence, &token).await;
+                if outcome != holdfast_sim::history::Outcome::Unknown {
+                    break;
+                }
+                tokio::time::sleep(secs(0.2)).await;
             }
-            tokio::time::sleep(secs(0.2)).await;
-        }
-        // Now ask the old leader (a moment later, so the two calls do not overlap in time).
-        tokio::time::sleep(secs(0.05)).await;
-        http_acquire(&ctx, &old, "model-a", MODEL_TTL_MS).await;
-        Ok(())
-    }));
-    plan.faults.push((secs(2.0), Fault::IsolateLeader));
-    plan.faults.push((secs(7.0), Fault::Heal));
-    plan.healed_at = secs(7.0);
-    caught(plan, Bugs { unconfirmed_busy: true, ..Bugs::default() }, "linearizable");
+            // Now ask the old leader (a moment later, so the two calls do not overlap in time).
+            tokio::time::sleep(secs(0.05)).await;
+            http_acquire(&ctx, &old, "model-a", MODEL_TTL_MS).await;
+            Ok(())
+        }));
+        plan.faults.push((secs(2.0), Fault::IsolateLeader));
+        plan.faults.push((secs(7.0), Fault::Heal));
+        plan.healed_at = secs(7.0);
+        caught(plan, Bugs { unconfirmed_busy: true, ..Bugs::default() }, "linearizable");
+    });
 }
 
 /// A cluster that never expires anything leaves a waiter waiting for a holder that went away.
 #[test]
 fn liveness_catches_leases_that_never_run_out() {
-    let mut plan = Plan::quiet(SEED, 3, secs(20.0));
-    plan.liveness_bound = secs(10.0);
-    plan.scripts.push(script(|ctx| async move {
-        until(secs(1.0)).await;
-        // Takes the lock and goes away without releasing it.
-        for attempt in 0..20 {
-            let node = &ctx.nodes[attempt % ctx.nodes.len()];
-            if let (holdfast_sim::history::Outcome::Granted { .. }, _) =
-                http_acquire(&ctx, node, FENCED_LOCK, FENCED_TTL_MS).await
-            {
-                break;
+    test_in_own_process("liveness_catches_leases_that_never_run_out", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(20.0));
+        plan.liveness_bound = secs(10.0);
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(1.0)).await;
+            // Takes the lock and goes away without releasing it.
+            for attempt in 0..20 {
+                let node = &ctx.nodes[attempt % ctx.nodes.len()];
+                if let (holdfast_sim::history::Outcome::Granted { .. }, _) =
+                    http_acquire(&ctx, node, FENCED_LOCK, FENCED_TTL_MS).await
+                {
+                    break;
+                }
             }
-        }
-        Ok(())
-    }));
-    plan.scripts.push(script(|ctx| async move {
-        until(secs(4.0)).await;
-        session_hold(&ctx, ctx.nodes.clone(), LEASE, FENCED_LOCK, secs(14.0), secs(19.0)).await
-    }));
-    caught(plan, Bugs { never_expire: true, ..Bugs::default() }, "liveness");
+            Ok(())
+        }));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(4.0)).await;
+            session_hold(&ctx, ctx.nodes.clone(), LEASE, FENCED_LOCK, secs(14.0), secs(19.0)).await
+        }));
+        caught(plan, Bugs { never_expire: true, ..Bugs::default() }, "liveness");
+    });
 }
