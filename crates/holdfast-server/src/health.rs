@@ -114,23 +114,30 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: 
     response
 }
 
-/// Follows Raft's metrics until `shutdown`: logs every change of role, leader or term, counts leader
-/// changes, and keeps `grpc.health.v1` in step with `/readyz` (for the whole server, `""`, and for
+/// Follows Raft's role until `shutdown`: logs every change of role, leader or term, counts leader changes,
+/// and keeps `grpc.health.v1` in step with `/readyz` (for the whole server, `""`, and for
 /// `holdfast.v1.Locks`).
+///
+/// It watches openraft's server metrics (role, vote, leader, membership), which change only with them, and
+/// not `Raft::metrics`: openraft 0.9 sends those on every turn of its core's loop, several times per write,
+/// and a watcher of them is woken as often, on every node. Readiness also depends on how far the log is
+/// applied, which is re-checked every [`HEALTH_RECHECK`].
 pub async fn watch_raft(node: Arc<Node>, health: HealthReporter, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut raft = node.raft.metrics();
+    let mut raft = node.raft.server_metrics();
     let mut seen: Option<(ServerState, Option<u64>, u64)> = None;
     let mut serving = None;
+    let mut recheck = tokio::time::interval(HEALTH_RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         {
             let m = raft.borrow_and_update();
-            let now = (m.state, m.current_leader, m.current_term);
+            let now = (m.state, m.current_leader, m.vote.leader_id().get_term());
             if seen != Some(now) {
                 let leader_before = seen.and_then(|(_, leader, _)| leader);
                 if m.current_leader.is_some() && m.current_leader != leader_before {
                     node.metrics.leader_changes.inc();
                 }
-                tracing::info!(state = ?m.state, leader = ?m.current_leader, term = m.current_term, "raft role");
+                tracing::info!(state = ?now.0, leader = ?now.1, term = now.2, "raft role");
                 seen = Some(now);
             }
         }
@@ -144,7 +151,7 @@ pub async fn watch_raft(node: Arc<Node>, health: HealthReporter, mut shutdown: t
         tokio::select! {
             changed = raft.changed() => if changed.is_err() { return },
             _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(HEALTH_RECHECK) => {}
+            _ = recheck.tick() => {}
         }
     }
 }
