@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Compares holdfast builds on this machine: for each round, each build in turn gets a fresh local 3-node
+# cluster (separate processes on 127.0.0.1, fsync on) and the same `holdfast bench` workloads. On a small
+# virtual machine two fresh clusters of one build differ by up to ±15 %, so a change is judged over
+# alternating runs, and by the nodes' CPU time and context switches per operation, which are steadier
+# than rates.
+#
+#   cluster/compare.sh old=/tmp/holdfast-old new=target/release/holdfast
+#   ROUNDS=3 DURATION=8s WORKLOADS="uncontended-1 contended-8" cluster/compare.sh a=BIN b=BIN
+#
+# Settings (environment):
+#   ROUNDS=2                how many times every build runs, alternating
+#   DURATION=6s             each workload's duration
+#   WORKLOADS="uncontended-1 uncontended-64 contended-8"   uncontended-N or contended-N (N clients)
+#   GENERATOR=              the binary that runs `holdfast bench` (default: the first build), the same
+#                           for every build so that only the nodes differ
+#   SERVER_ARGS=            more flags for every node
+#   COMPARE_BASE_PORT=29070 node i's client port is this + 100*(i-1), its peer port one more
+#   COMPARE_DIR=target/compare  the clusters' data (COMPARE_DIR/run) and results (COMPARE_DIR/results-TIME)
+#
+# Copy a build before comparing it if it is target/release/holdfast: another build would replace it under
+# the running nodes. Prints one line per run and a summary per build and workload; every run's JSON line
+# goes to results.jsonl.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+COMPARE_DIR=${COMPARE_DIR:-$TARGET_DIR/compare}
+ROUNDS=${ROUNDS:-2}
+DURATION=${DURATION:-6s}
+WORKLOADS=${WORKLOADS:-uncontended-1 uncontended-64 contended-8}
+BASE_PORT=${COMPARE_BASE_PORT:-29070}
+CLUSTER=$ROOT/cluster/cluster.sh
+RUN_DIR=$COMPARE_DIR/run
+RESULTS=$COMPARE_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
+
+die() {
+    echo "compare.sh: $*" >&2
+    exit 1
+}
+
+(($# >= 1)) || die "usage: $(basename "$0") LABEL=BINARY [LABEL=BINARY ...]"
+labels=()
+declare -A binaries
+for arg in "$@"; do
+    [[ $arg == *=* ]] || die "'$arg' is not LABEL=BINARY"
+    label=${arg%%=*} bin=${arg#*=}
+    [[ -x $bin ]] || die "$bin is not an executable"
+    [[ -z ${binaries[$label]:-} ]] || die "label '$label' is given twice"
+    labels+=("$label")
+    binaries[$label]=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+done
+GENERATOR=${GENERATOR:-${binaries[${labels[0]}]}}
+for tool in curl jq; do
+    command -v "$tool" >/dev/null || die "$tool is needed"
+done
+for workload in $WORKLOADS; do
+    [[ $workload =~ ^(uncontended|contended)-[0-9]+$ ]] || die "unknown workload '$workload'"
+done
+
+export HOLDFAST_RUN_DIR=$RUN_DIR HOLDFAST_BASE_PORT=$BASE_PORT HOLDFAST_SERVER_ARGS=${SERVER_ARGS:-}
+ENDPOINTS=$(for i in 1 2 3; do printf '127.0.0.1:%s,' $((BASE_PORT + 100 * (i - 1))); done)
+ENDPOINTS=${ENDPOINTS%,}
+mkdir -p "$RESULTS"
+
+cleanup() {
+    "$CLUSTER" clean >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# CPU time (clock ticks) and context switches (voluntary and not) of every thread of the three nodes.
+node_pids() { cat "$RUN_DIR"/node{1,2,3}/pid; }
+cpu_ticks() {
+    local total=0 pid
+    for pid in $(node_pids); do
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat")))
+    done
+    echo "$total"
+}
+switches() {
+    local total=0 pid
+    for pid in $(node_pids); do
+        total=$((total + $(cat /proc/"$pid"/task/*/status | awk '/ctxt_switches/ { s += $2 } END { print s }')))
+    done
+    echo "$total"
+}
+
+ticks_per_s=$(getconf CLK_TCK)
+for round in $(seq 1 "$ROUNDS"); do
+    for label in "${labels[@]}"; do
+        cleanup
+        HOLDFAST_BIN=${binaries[$label]} "$CLUSTER" start 3 >"$RESULTS/cluster.log" 2>&1 ||
+            die "the cluster of '$label' did not start: $(tail -3 "$RESULTS/cluster.log")"
+        for workload in $WORKLOADS; do
+            kind=${workload%-*} clients=${workload##*-}
+            ticks_before=$(cpu_ticks) switches_before=$(switches)
+            out=$("$GENERATOR" bench --endpoints "$ENDPOINTS" --json "$kind" --clients "$clients" \
+                --duration "$DURATION" 2>>"$RESULTS/bench.log") || out='{"ops": 0, "failed": true}'
+            ticks=$(($(cpu_ticks) - ticks_before)) switches=$(($(switches) - switches_before))
+            echo "$out" | jq -c --arg build "$label" --arg workload "$workload" --argjson round "$round" \
+                --argjson ticks "$ticks" --argjson hz "$ticks_per_s" --argjson switches "$switches" \
+                '{build: $build, workload: $workload, round: $round, rate: .rate_per_s, p50_ms: .p50_ms,
+                  p99_ms: .p99_ms, errors: .errors, commands_per_entry: .commands_per_entry,
+                  cpu_us_per_op: (if .ops > 0 then $ticks * 1e6 / $hz / .ops else null end),
+                  switches_per_op: (if .ops > 0 then $switches / .ops else null end)}' |
+                tee -a "$RESULTS/results.jsonl" |
+                jq -r '"\(.build) \(.workload) round \(.round): \(.rate // 0 | floor)/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, errors \(.errors), nodes \(.cpu_us_per_op // 0 | floor) us CPU and \(.switches_per_op // 0 | . * 10 | floor / 10) switches per op"'
+        done
+    done
+done
+
+echo "== per build and workload, over $ROUNDS rounds (min-max)"
+jq -rs 'group_by(.workload, .build)[] |
+    "\(.[0].workload) \(.[0].build): \(map(.rate // 0 | floor) | "\(min)-\(max)")/s, p50 \(map(.p50_ms) | "\(min)-\(max)") ms, nodes \(map(.cpu_us_per_op // 0 | floor) | "\(min)-\(max)") us CPU and \(map(.switches_per_op // 0 | . * 10 | floor / 10) | "\(min)-\(max)") switches per op"' \
+    "$RESULTS/results.jsonl"
+echo "== results in $RESULTS"
