@@ -126,6 +126,7 @@ pub async fn watch_raft(node: Arc<Node>, health: HealthReporter, mut shutdown: t
     let mut raft = node.raft.server_metrics();
     let mut seen: Option<(ServerState, Option<u64>, u64)> = None;
     let mut serving = None;
+    let mut raft_running = true;
     let mut recheck = tokio::time::interval(HEALTH_RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -141,15 +142,20 @@ pub async fn watch_raft(node: Arc<Node>, health: HealthReporter, mut shutdown: t
                 seen = Some(now);
             }
         }
-        let ready = crate::readiness(&node).is_ok();
+        let ready = raft_running && crate::readiness(&node).is_ok();
         if serving != Some(ready) {
             let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
             health.set_service_status("", status).await;
             health.set_service_status(holdfast_proto::v1::LOCKS_SERVICE, status).await;
             serving = Some(ready);
         }
+        if !raft_running {
+            return;
+        }
         tokio::select! {
-            changed = raft.changed() => if changed.is_err() { return },
+            // An error: openraft's core stopped (a fatal error, or shutdown) and dropped the sender, so
+            // the node is not ready from now on.
+            changed = raft.changed() => raft_running = changed.is_ok(),
             _ = shutdown.changed() => return,
             _ = recheck.tick() => {}
         }
