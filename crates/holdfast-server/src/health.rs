@@ -20,7 +20,8 @@ use tracing::Instrument;
 use crate::metrics::{self, Api, Metrics};
 use crate::node::Node;
 
-/// How often readiness is re-checked for `grpc.health.v1` when Raft's metrics do not change.
+/// How often readiness is re-checked for `grpc.health.v1` between changes of role: it also depends on how
+/// far the log is applied, which does not wake the watcher (so a node that caught up serves within this).
 const HEALTH_RECHECK: Duration = Duration::from_secs(1);
 
 /// `/livez`, `/readyz` and `/metrics`: the client port serves them too, and the optional health port
