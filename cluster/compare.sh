@@ -18,8 +18,8 @@
 #   COMPARE_BASE_PORT=29070 node i's client port is this + 100*(i-1), its peer port one more
 #   COMPARE_DIR=target/compare  the clusters' data (COMPARE_DIR/run) and results (COMPARE_DIR/results-TIME)
 #
-# Copy a build before comparing it if it is target/release/holdfast: another build would replace it under
-# the running nodes. Prints one line per run and a summary per build and workload; every run's JSON line
+# Keep a copy of the build before a change (cp target/release/holdfast /tmp/holdfast-old), and do not
+# rebuild a binary while it is being compared: the build would replace it under the running nodes. Prints one line per run and a summary per build and workload; every run's JSON line
 # goes to results.jsonl.
 set -euo pipefail
 
