@@ -110,7 +110,7 @@ pub enum Outcome {
     },
     /// Nothing changed, for this reason.
     Rejected(Reject),
-    /// A [`Command::Batch`]: each command's outcome, in order.
+    /// A [`Command::Batch`] or [`Command::Group`]: each command's outcome, in order.
     Batch(Vec<Outcome>),
 }
 
@@ -173,7 +173,8 @@ pub enum Reject {
     #[error("expire batch of {0} items is too large")]
     BatchTooLarge(usize),
     /// A [`Command::Batch`] that is empty, longer than [`limits::BATCH_MAX`], holds a command that is not a
-    /// one-lock command, or names a lock twice: none of its commands is applied.
+    /// one-lock command, or names a lock twice; or a [`Command::Group`] that breaks its own rule: none of
+    /// its commands is applied.
     #[error("invalid batch of commands")]
     InvalidBatch,
 }
@@ -227,6 +228,21 @@ fn valid_batch(cmds: &[Command]) -> bool {
     let mut names = BTreeSet::new();
     (1..=limits::BATCH_MAX).contains(&cmds.len())
         && cmds.iter().all(|cmd| cmd.lock_name().is_some_and(|name| names.insert(name)))
+}
+
+/// Whether `cmds` may be applied as one [`Command::Group`]: 1 to [`limits::BATCH_MAX`] one-lock commands,
+/// and per lock at most one that is not an acquire, before that lock's acquires. Then a lock is granted at
+/// most once in the entry: the one command that can free it comes first, and of the acquires after it only
+/// the first can find it free.
+fn valid_group(cmds: &[Command]) -> bool {
+    let mut seen = BTreeSet::new();
+    (1..=limits::BATCH_MAX).contains(&cmds.len())
+        && cmds.iter().all(|cmd| {
+            cmd.lock_name().is_some_and(|name| {
+                let first = seen.insert(name);
+                first || cmd.is_acquire()
+            })
+        })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,12 +345,16 @@ impl LockState {
         );
         self.applied_index = index;
         self.now_ms = self.now_ms.max(entry.at_ms);
-        let Command::Batch(cmds) = &entry.cmd else {
-            let applied = self.apply_command(&entry.cmd);
-            each(self, &entry.cmd, &applied);
-            return applied.outcome;
+        let (cmds, valid) = match &entry.cmd {
+            Command::Batch(cmds) => (cmds, valid_batch(cmds)),
+            Command::Group(cmds) => (cmds, valid_group(cmds)),
+            cmd => {
+                let applied = self.apply_command(cmd);
+                each(self, cmd, &applied);
+                return applied.outcome;
+            }
         };
-        if !valid_batch(cmds) {
+        if !valid {
             return Outcome::Rejected(Reject::InvalidBatch);
         }
         let mut outcomes = Vec::with_capacity(cmds.len());
@@ -398,7 +418,7 @@ impl LockState {
             },
             Command::Expire(expire) => self.expire(expire, &mut applied),
             // Only at the top of an entry, where `apply_each` takes it apart.
-            Command::Batch(_) => Outcome::Rejected(Reject::InvalidBatch),
+            Command::Batch(_) | Command::Group(_) => Outcome::Rejected(Reject::InvalidBatch),
         };
         if let Outcome::Rejected(_) = outcome {
             assert!(applied.grants.is_empty() && applied.ended.is_empty() && applied.dropped.is_empty());

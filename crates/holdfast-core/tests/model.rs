@@ -136,6 +136,11 @@ impl Model {
         let outcome = match &entry.cmd {
             // A batch is its commands one after the other, under one index and time.
             Command::Batch(cmds) => Outcome::Batch(cmds.iter().map(|cmd| self.apply_cmd(cmd, &mut fx)).collect()),
+            // A group is a batch whose lock may repeat under a rule; one that breaks it changes nothing.
+            Command::Group(cmds) if cmds.iter().enumerate().all(|(i, cmd)| follows_group_rule(&cmds[..i], cmd)) => {
+                Outcome::Batch(cmds.iter().map(|cmd| self.apply_cmd(cmd, &mut fx)).collect())
+            }
+            Command::Group(_) => Outcome::Rejected(Reject::InvalidBatch),
             cmd => self.apply_cmd(cmd, &mut fx),
         };
         Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
@@ -173,7 +178,7 @@ impl Model {
             Command::Expire(e) => self.expire(e, fx),
             // The generator below makes no key commands (and no tenant names); outcomes.rs covers keys.
             Command::CreateKey { .. } | Command::RevokeKey { .. } => unreachable!("the model makes no key commands"),
-            Command::Batch(_) => unreachable!("the model nests no batches"),
+            Command::Batch(_) | Command::Group(_) => unreachable!("the model nests no batches"),
         }
     }
 
@@ -487,6 +492,11 @@ enum Op {
     /// One-lock operations proposed together as one `Command::Batch` entry (the ones naming a lock already
     /// in the batch are left out, as the leader's proposer leaves them for the next batch).
     Batch(Vec<Op>),
+    /// One-lock operations proposed together as one `Command::Group` entry. With `true`, the ones breaking
+    /// its rule (a lock's command that is not an acquire, after another command on that lock) are left
+    /// out, as the proposer leaves them for the next entry; with `false` they stay, and the whole entry
+    /// must be refused.
+    Group(Vec<Op>, bool),
 }
 
 /// Whose token: weights for the holder, a waiter, any token.
@@ -532,6 +542,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         15 => lock_op(),
         3 => prop::collection::vec(lock_op(), 2..=4).prop_map(Op::Batch),
+        4 => (prop::collection::vec(lock_op(), 1..=6), prop::bool::weighted(0.75))
+            .prop_map(|(ops, follow_rule)| Op::Group(ops, follow_rule)),
         3 => (1..=SESSIONS, 0..TTLS.len()).prop_map(|(id, lease)| Op::OpenSession { id, lease }),
         1 => (1..=SESSIONS + 1).prop_map(|id| Op::CloseSession { id }),
         3 => (
@@ -575,6 +587,12 @@ fn turned<T>(mut items: Vec<T>, turn: usize) -> Vec<T> {
 }
 
 /// The entry an operation stands for, built from what the model holds now.
+/// Whether `cmd` may follow `before` in a `Command::Group`: it is an acquire, or the first command on its
+/// lock.
+fn follows_group_rule(before: &[Command], cmd: &Command) -> bool {
+    cmd.is_acquire() || before.iter().all(|c| c.lock_name() != cmd.lock_name())
+}
+
 fn command(model: &Model, clock: u64, op: &Op) -> Command {
     let name = |i: usize| NAMES[i].to_owned();
     let target = |t: &Target| match t {
@@ -670,6 +688,15 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
                 1 => cmds.pop().expect("one command"),
                 _ => Command::Batch(cmds),
             }
+        }
+        Op::Group(ops, follow_rule) => {
+            let mut cmds: Vec<Command> = Vec::new();
+            for cmd in ops.iter().map(|op| command(model, clock, op)) {
+                if !follow_rule || follows_group_rule(&cmds, &cmd) {
+                    cmds.push(cmd);
+                }
+            }
+            Command::Group(cmds)
         }
         Op::Clock(_) | Op::ClockToDeadline(..) | Op::SnapshotRestore => {
             unreachable!("not an entry")

@@ -1438,6 +1438,98 @@ fn apply_each_tells_every_command_of_a_batch_with_the_state_after_it() {
 }
 
 #[test]
+fn a_group_hands_a_lock_over_then_queues_the_acquires_behind_it() {
+    let mut state = held_with_two_waiters();
+    // The holder's release, its next acquire (which queues last), and a free lock's acquire.
+    let entry = at(
+        T0 + 100,
+        Command::Group(vec![
+            release("job", tok(1)),
+            acquire("job", "worker-1", tok(10), 30_000, 60_000),
+            acquire("other", "worker-4", tok(11), 10_000, 0),
+        ]),
+    );
+    let applied = state.apply(9, &entry);
+    let next = ttl_grant("job", "worker-2", tok(2), 9, T0 + 100, 20_000);
+    let other = ttl_grant("other", "worker-4", tok(11), 9, T0 + 100, 10_000);
+    assert_eq!(
+        applied,
+        Applied {
+            at_ms: T0 + 100,
+            outcome: Outcome::Batch(vec![
+                Outcome::Released { name: s("job"), fence: 3 },
+                Outcome::Queued { position: 2, holder: holder(&next) },
+                Outcome::Granted(other.clone()),
+            ]),
+            grants: vec![next.clone(), other.clone()],
+            ended: vec![(s("job"), 3)],
+            dropped: vec![],
+        }
+    );
+    let waiters = vec![waiter("worker-3", T0 + 2, None), waiter("worker-1", T0 + 100, None)];
+    assert_eq!(state.get("job"), Some(view(&next, waiters)));
+    state.check_invariants();
+}
+
+#[test]
+fn a_group_grants_a_free_lock_once_and_the_acquires_after_it_queue() {
+    let mut state = LockState::new();
+    let entry = at(
+        T0,
+        Command::Group(vec![
+            acquire("job", "worker-1", tok(1), 30_000, 60_000),
+            acquire("job", "worker-2", tok(2), 30_000, 60_000),
+            acquire("job", "worker-3", tok(3), 30_000, 0),
+        ]),
+    );
+    let applied = state.apply(4, &entry);
+    let first = ttl_grant("job", "worker-1", tok(1), 4, T0, 30_000);
+    assert_eq!(
+        applied.outcome,
+        Outcome::Batch(vec![
+            Outcome::Granted(first.clone()),
+            Outcome::Queued { position: 1, holder: holder(&first) },
+            Outcome::Busy { holder: holder(&first) },
+        ])
+    );
+    assert_eq!(applied.grants, vec![first.clone()]);
+    assert_eq!(state.get("job"), Some(view(&first, vec![waiter("worker-2", T0, None)])));
+    state.check_invariants();
+}
+
+#[test]
+fn a_group_that_breaks_its_rule_is_rejected_whole_and_changes_nothing() {
+    let one_lock = |i: usize| acquire(&format!("lock-{i}"), "w", tok(i as u128 + 100), 30_000, 0);
+    let invalid = [
+        vec![],
+        // A lock's command that is not an acquire after one of its acquires: a grant made earlier in the
+        // entry could be ended, and the lock granted again, under the same fence.
+        vec![acquire("job", "w", tok(7), 30_000, 60_000), release("job", tok(1))],
+        vec![acquire("job", "w", tok(7), 30_000, 60_000), cancel("job", tok(2))],
+        // Two commands on a lock that are not acquires.
+        vec![release("job", tok(1)), cancel("job", tok(2))],
+        vec![renew("job", tok(1), 10_000), release("job", tok(1))],
+        // Commands that act on more than one lock, or on none, and nested entries.
+        vec![one_lock(0), close(5)],
+        vec![one_lock(0), Command::Group(vec![one_lock(1)])],
+        vec![one_lock(0), Command::Batch(vec![one_lock(1)])],
+        (0..holdfast_core::limits::BATCH_MAX + 1).map(one_lock).collect(),
+    ];
+    let mut state = held_with_two_waiters();
+    for (i, cmds) in invalid.into_iter().enumerate() {
+        assert_rejected(&mut state, 10 + i as u64, at(T0 + 100, Command::Group(cmds)), Reject::InvalidBatch);
+    }
+    // A group nested in a batch is refused too.
+    assert_rejected(
+        &mut state,
+        30,
+        at(T0 + 100, Command::Batch(vec![one_lock(0), Command::Group(vec![one_lock(1)])])),
+        Reject::InvalidBatch,
+    );
+    state.check_invariants();
+}
+
+#[test]
 fn an_invalid_batch_is_rejected_whole_and_changes_nothing() {
     let one_lock = |i: usize| acquire(&format!("lock-{i}"), "w", tok(i as u128 + 100), 30_000, 0);
     let invalid = [
