@@ -21,7 +21,7 @@
 //!   its records are kept and when they are flushed.
 //! - `runtime`: [`Runtime`], openraft's tokio runtime with a random source a simulation can seed.
 //!
-//! # Layout (format 2)
+//! # Layout (format 3)
 //!
 //! Under the directory given to [`open`]:
 //!
@@ -34,7 +34,10 @@
 //!     [`holdfast_core::LockState::snapshot`]), written together in one batch.
 //!
 //! Format 1 kept the log in a third sled tree, `log` (key: the index, big-endian). [`open`] moves such a
-//! log into `raft-log/` and records format 2; a crash part-way starts the move again on the next open.
+//! log into `raft-log/` and records format 3; a crash part-way starts the move again on the next open.
+//! Format 2 is this layout too; format 3 says that the log may hold entries a build of format 2 cannot
+//! decode (`Command::Group`), which such a build would take for a torn tail and cut off. [`open`] records
+//! format 3 over 2, durably, before anything is appended, so that an older build refuses the directory.
 //!
 //! The lock state itself lives in memory ([`SharedState`]). It is not written on apply: it is
 //! rebuilt on [`open`] from the snapshot, and openraft re-applies the log after the snapshot up to
@@ -153,8 +156,8 @@ impl ApplyObserver for NoObserver {
 }
 
 /// The version of the layout described in the crate docs. A directory of format 1 (the log in sled's `log`
-/// tree) is converted when opened; any other is refused.
-const FORMAT: u32 = 2;
+/// tree) is converted when opened, one of format 2 marked 3; any other is refused.
+const FORMAT: u32 = 3;
 
 /// Tree names and the keys of the fixed records in them.
 mod keys {
@@ -203,6 +206,11 @@ pub fn open_with_cache(
         Some(bytes) => match bincode::deserialize::<u32>(&bytes)? {
             FORMAT => {}
             1 => convert_format_1(&db, &meta, &wal_dir)?,
+            2 => {
+                meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
+                db.flush()?;
+                tracing::info!("marked the storage directory as format {FORMAT} (format 2 builds cannot read it)");
+            }
             found => return Err(StoreError::Format { found, expected: FORMAT }),
         },
         // A new directory. Not flushed here: if it is lost, the next open writes it again.
@@ -217,7 +225,7 @@ pub fn open_with_cache(
     Ok((log_store, state_machine))
 }
 
-/// Moves a format-1 directory's log, kept in sled's `log` tree, into the log files, then records format 2 and
+/// Moves a format-1 directory's log, kept in sled's `log` tree, into the log files, then records format 3 and
 /// drops the tree, each step durable before the next. A crash part-way leaves format 1 recorded and the tree
 /// whole, and the next open starts the move again from the beginning.
 fn convert_format_1(db: &sled::Db, meta: &sled::Tree, wal_dir: &Path) -> Result<(), StoreError> {

@@ -114,7 +114,7 @@ fn segment_entries(segment: &Segment, from: u64, to: u64) -> Result<Vec<Entry<Ty
     let mut entries = Vec::with_capacity((to - from) as usize);
     let mut at = 0;
     while at < bytes.len() {
-        let (entry, len) = decode(&bytes[at..])
+        let (entry, len) = decode(&bytes[at..])?
             .ok_or_else(|| corrupt(format!("segment {} has a bad record at byte {}", segment.seq, lo + at as u64)))?;
         entries.push(entry);
         at += len;
@@ -159,18 +159,21 @@ fn encode(entry: &Entry<TypeConfig>, buf: &mut Vec<u8>) -> Result<(), StoreError
     Ok(())
 }
 
-/// Decodes the record at the start of `bytes`: its entry and its whole length; `None` if there is no whole,
-/// intact record there.
-fn decode(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize)> {
-    let header = bytes.get(..HEADER)?;
-    let len = u32::from_le_bytes(header[..4].try_into().ok()?) as usize;
-    let crc = u32::from_le_bytes(header[4..].try_into().ok()?);
-    let payload = bytes.get(HEADER..HEADER.checked_add(len)?)?;
+/// Decodes the record at the start of `bytes`: its entry and its whole length; `Ok(None)` if there is no
+/// whole, intact record there (a torn write). A record that is intact (its checksum matches) but does not
+/// decode is an error, not a tail to cut: it was written whole, by a build that knows an entry this one
+/// does not (a newer `Command`), and cutting it would drop entries that may be committed.
+fn decode(bytes: &[u8]) -> Result<Option<(Entry<TypeConfig>, usize)>, StoreError> {
+    let Some(header) = bytes.get(..HEADER) else { return Ok(None) };
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    let Some(payload) = HEADER.checked_add(len).and_then(|end| bytes.get(HEADER..end)) else { return Ok(None) };
     if len == 0 || crc32fast::hash(payload) != crc {
-        return None;
+        return Ok(None);
     }
-    let entry = bincode::deserialize(payload).ok()?;
-    Some((entry, HEADER + len))
+    let entry = bincode::deserialize(payload)
+        .map_err(|e| corrupt(format!("an intact record does not decode ({e}): written by a newer build?")))?;
+    Ok(Some((entry, HEADER + len)))
 }
 
 /// Reads a segment's records from its start: the segment and the last log id it holds. Stops at the first
@@ -193,7 +196,9 @@ fn scan(seq: u64, path: PathBuf) -> Result<(Segment, Option<LogId<NodeId>>, bool
         }
         record.resize(HEADER + len as usize, 0);
         file.read_exact_at(&mut record, at).map_err(StoreError::Io)?;
-        let Some((entry, _)) = decode(&record) else { break true };
+        let Some((entry, _)) = decode(&record).map_err(|e| corrupt(format!("segment {seq}, byte {at}: {e}")))? else {
+            break true;
+        };
         if last.is_some_and(|last| entry.log_id.index != last.index + 1) {
             break true;
         }
@@ -515,6 +520,32 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
         assert_eq!(indexes(&wal, 0, None), [1]);
+    }
+
+    /// A record whose checksum matches but whose entry this build cannot decode (as a newer build's entry
+    /// would be) makes the log refuse to open, rather than be cut there like a torn write.
+    #[test]
+    fn an_intact_record_that_does_not_decode_is_refused_not_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), None).unwrap();
+        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        let end = wal.inner().segments[0].end();
+        drop(wal);
+        let path = only_segment(dir.path());
+        let mut bytes = std::fs::read(&path).unwrap();
+        // A record after the last: a well-formed header and checksum over bytes that are no entry.
+        let payload = [0xffu8; 24];
+        let mut record = (payload.len() as u32).to_le_bytes().to_vec();
+        record.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        record.extend_from_slice(&payload);
+        bytes[end as usize..end as usize + record.len()].copy_from_slice(&record);
+        std::fs::write(&path, &bytes).unwrap();
+        let Err(StoreError::LogCorrupt(what)) = Wal::open(dir.path(), None) else { panic!("the log opened") };
+        assert!(what.contains("does not decode"), "{what}");
+        // And nothing was cut: without the record, the three entries are all there.
+        bytes[end as usize..end as usize + record.len()].fill(0);
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(indexes(&Wal::open(dir.path(), None).unwrap(), 0, None), [1, 2, 3]);
     }
 
     #[test]

@@ -260,7 +260,7 @@ async fn flush_from_many_stores() -> Result {
 
 /// A directory written by format 1 (the Raft log in sled's `log` tree, keyed by big-endian index) opens with
 /// its log, vote and purge point intact, the log now in the log files; sled's `log` tree is gone, and the
-/// directory opens as format 2 from then on.
+/// directory opens as format 3 from then on.
 #[tokio::test]
 async fn a_format_1_directory_is_converted_when_opened() -> Result {
     let dir = tempfile::tempdir()?;
@@ -287,7 +287,42 @@ async fn a_format_1_directory_is_converted_when_opened() -> Result {
     }
     let db = sled::open(dir.path())?;
     assert!(!db.tree_names().iter().any(|name| name.as_ref() == b"log"), "{:?}", db.tree_names());
-    assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&2u32)?[..]));
+    assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&3u32)?[..]));
+    Ok(())
+}
+
+/// A directory of format 2 (the same layout, from builds that knew no `Command::Group`) opens with its log
+/// and is marked format 3, so that such a build refuses it from then on; a format this build does not know
+/// is refused and left as it was.
+#[tokio::test]
+async fn a_format_2_directory_is_marked_3_and_an_unknown_format_is_refused() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![acquire(1, 1, "alpha", "a", 1), blank(1, 2)];
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.blocking_append(entries.clone()).await?;
+    }
+    let format_of = |dir: &std::path::Path| -> std::result::Result<Option<u32>, Box<dyn std::error::Error>> {
+        let db = sled::open(dir)?;
+        Ok(db.open_tree("meta")?.get("format")?.map(|b| bincode::deserialize(&b)).transpose()?)
+    };
+    let set_format = |dir: &std::path::Path, format: u32| -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let db = sled::open(dir)?;
+        db.open_tree("meta")?.insert("format", bincode::serialize(&format)?)?;
+        db.flush()?;
+        Ok(())
+    };
+    set_format(dir.path(), 2)?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        assert_eq!(log.try_get_log_entries(..).await?, entries);
+    }
+    assert_eq!(format_of(dir.path())?, Some(3));
+
+    set_format(dir.path(), 4)?;
+    let refused = open_quiet(dir.path()).err().map(|e| e.to_string());
+    assert_eq!(refused.as_deref(), Some("storage format 4 is not supported (expected 3)"));
+    assert_eq!(format_of(dir.path())?, Some(4));
     Ok(())
 }
 
