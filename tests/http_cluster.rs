@@ -790,3 +790,45 @@ async fn parallel_writes_share_log_entries_and_each_gets_its_own_answer() {
     let (commands, entries) = (value("holdfast_raft_entry_commands_sum"), value("holdfast_raft_entry_commands_count"));
     assert!(commands > entries, "{commands} commands in {entries} entries: none batched");
 }
+
+/// A crowd's hand-over is one entry: an acquire that will queue (its lock is held) waits in the leader's
+/// proposer for a command on its lock, and goes after the holder's release in the same entry (a
+/// `Command::Group`). With a long `--queue-hold`, the test sees the acquire held back (a gauge) before it
+/// releases the lock, so the two must share an entry; the release, not the hold's end, lets it go; the
+/// waiter gets the lock under a fence above the released one; a try-lock is never held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_and_the_acquire_held_back_for_it_share_an_entry() {
+    let cluster = std::sync::Arc::new(Cluster::start_with(NODES, &["--queue-hold", "10s"]).await);
+    let leader = cluster.leader().await;
+    let metric = async |series: &str| {
+        let metrics = cluster.get(leader, "/metrics").await;
+        let page = metrics.body.as_str().unwrap_or_default().to_owned();
+        sample(&page, series).unwrap_or_else(|| panic!("{series} missing from:\n{page}"))
+    };
+    let held = Grant::from_reply(&cluster.acquire(leader, "crowd", "first", "60").await, "acquire of a free lock");
+    let busy = cluster.acquire(leader, "crowd", "impatient", "60").await;
+    busy.assert_problem(409, "busy", "a try-lock of the held lock, answered at once");
+    let entries_before = metric("holdfast_raft_entry_commands_count").await;
+    let commands_before = metric("holdfast_raft_entry_commands_sum").await;
+    let waiter = tokio::spawn({
+        let cluster = cluster.clone();
+        async move { cluster.acquire_wait(leader, "crowd", "second", "60", 10).await }
+    });
+    wait_for(Duration::from_secs(5), "the waiting acquire to be held back", async || {
+        match metric("holdfast_raft_held_back_acquires").await {
+            1.0 => Ok(()),
+            seen => Err(format!("{seen} held back")),
+        }
+    })
+    .await;
+    cluster.release(leader, "crowd", &held.token).await.ok("release of the held lock");
+    let next = Grant::from_reply(&waiter.await.expect("waiter task"), "the waiter's acquire");
+    assert_eq!(next.owner, "second", "{next:?}");
+    assert!(next.fence > held.fence, "{next:?} after {held:?}");
+    let entries = metric("holdfast_raft_entry_commands_count").await - entries_before;
+    let commands = metric("holdfast_raft_entry_commands_sum").await - commands_before;
+    // One entry: the release let the acquire go (at the hold's end it would have gone alone).
+    assert_eq!((entries, commands), (1.0, 2.0), "the release and the acquire in one entry");
+    assert_eq!(metric("holdfast_raft_held_back_acquires").await, 0.0);
+    cluster.release(leader, "crowd", &next.token).await.ok("the waiter's release");
+}

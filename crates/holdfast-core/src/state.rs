@@ -712,6 +712,11 @@ impl LockState {
             .collect()
     }
 
+    /// Whether anyone holds `name`: cheaper still than [`LockState::holder`].
+    pub fn is_held(&self, name: &str) -> bool {
+        self.locks.contains_key(name)
+    }
+
     /// Who holds `name`, if anyone: a cheaper [`LockState::get`] when the waiters do not matter.
     pub fn holder(&self, name: &str) -> Option<HolderView> {
         self.locks.get(name).map(|lock| view_of(&lock.holder))

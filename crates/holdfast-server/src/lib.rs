@@ -70,6 +70,9 @@ pub struct Config {
     pub election_timeout_ms: u64,
     /// A snapshot is taken after this many entries since the last one.
     pub snapshot_every_entries: u64,
+    /// How long the leader may hold back an acquire that will queue, for its lock's release to share its
+    /// entry ([`proposer::QUEUE_HOLD`] by default; zero: never).
+    pub queue_hold: Duration,
     /// Start without initializing the cluster, to be added by a member (`holdfast cluster add`): for a
     /// node that joins a running cluster, or replaces one whose disk was lost (under a new id).
     pub join: bool,
@@ -249,6 +252,7 @@ where
             .with_admin_key(config.admin_key.clone())
             .with_auth(auth::Auth::new(config.auth.clone()))
             .with_clock(config.clock.clone(), config.rng_seed)
+            .with_queue_hold(config.queue_hold)
             .with_bugs(config.bugs),
     );
     if let Some(started) = started {

@@ -147,6 +147,7 @@ pub struct Metrics {
     pub leader_changes: Counter,
     pub proposals: Family<ProposalLabels, Counter>,
     pub entry_commands: Histogram,
+    pub held_back: Gauge,
     pub fsync: Histogram,
 
     // The lock state, read when scraped.
@@ -187,6 +188,7 @@ impl Metrics {
             leader_changes: Counter::default(),
             proposals: Family::default(),
             entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
+            held_back: Gauge::default(),
             fsync: latency_histogram(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
@@ -219,6 +221,11 @@ impl Metrics {
             "entry_commands",
             "Client commands carried by each entry this node proposed as leader (more than 1: a batch)",
             m.entry_commands.clone(),
+        );
+        raft.register(
+            "held_back_acquires",
+            "Acquires that will queue, held back by the leader's proposer for their lock's release to share its entry",
+            m.held_back.clone(),
         );
         let storage = root.sub_registry_with_prefix("storage");
         storage.register_with_unit(

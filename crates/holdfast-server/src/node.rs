@@ -326,6 +326,13 @@ impl Node {
         Node { clock, rng, ..self }
     }
 
+    /// Holds acquires that will queue for up to `hold`, for their lock's release to share their entry
+    /// (`--queue-hold`; see [`crate::proposer`]).
+    pub fn with_queue_hold(mut self, hold: Duration) -> Self {
+        self.proposer.hold = hold;
+        self
+    }
+
     /// Breaks the rules `bugs` names (simulation only).
     pub fn with_bugs(self, bugs: Bugs) -> Self {
         Node { bugs, ..self }

@@ -21,8 +21,9 @@ use tokio_stream::{Stream, StreamExt};
 use crate::network::MESSAGE_BYTES_MAX;
 use crate::node::{ForwardReply, ForwardRequest, Node, NodeError};
 
-/// The first bytes on every peer connection: the protocol and its version.
-pub const HELLO: &[u8; 8] = b"HFPEER/1";
+/// The first bytes on every peer connection: the protocol and its version. Version 2: log entries may be
+/// a `Command::Group`, which builds of version 1 cannot decode.
+pub const HELLO: &[u8; 8] = b"HFPEER/2";
 /// How long a new connection may take to say [`HELLO`].
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection's buffers that grew past this (for a snapshot chunk) are let go after the call.
@@ -243,6 +244,10 @@ mod tests {
     async fn a_connection_without_the_hello_is_refused() {
         let (mut a, mut b) = tokio::io::duplex(1024);
         a.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        assert_eq!(hello(&mut b).await.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // A node of the version before, which cannot decode every entry this one writes.
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        a.write_all(b"HFPEER/1").await.unwrap();
         assert_eq!(hello(&mut b).await.unwrap_err().kind(), io::ErrorKind::InvalidData);
         let (mut a, mut b) = tokio::io::duplex(1024);
         a.write_all(HELLO).await.unwrap();

@@ -39,6 +39,7 @@ impl Node {
             heartbeat_ms: 50,
             election_timeout_ms: 200,
             snapshot_every_entries: 1000,
+            queue_hold: holdfast_server::proposer::QUEUE_HOLD,
             join: false,
             admin_key: None,
             tls: None,

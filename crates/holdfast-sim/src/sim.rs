@@ -323,6 +323,7 @@ pub fn run(plan: &Plan) -> Report {
                 election_timeout_ms: 250,
                 // Small, so that runs take and install snapshots.
                 snapshot_every_entries: 200,
+                queue_hold: holdfast_server::proposer::QUEUE_HOLD,
                 join,
                 admin_key: None,
                 tls: None,

@@ -325,6 +325,10 @@ struct ServerArgs {
     /// Take a snapshot after this many log entries.
     #[arg(long, env = "HOLDFAST_SNAPSHOT_EVERY", default_value_t = 20_000)]
     snapshot_every: u64,
+    /// How long the leader may hold back an acquire that will queue (its lock is held), so that the lock's
+    /// release and the acquire share one log entry; 0 turns it off. At most 10s.
+    #[arg(long, env = "HOLDFAST_QUEUE_HOLD", default_value = "1ms", value_parser = humantime::parse_duration)]
+    queue_hold: Duration,
     /// Log format on stderr; the level comes from RUST_LOG (default: info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -515,6 +519,9 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
     if ms(args.wait_max) > limits::WAIT_MS_MAX {
         bail!("--wait-max must be at most {} ms", limits::WAIT_MS_MAX);
     }
+    if args.queue_hold > Duration::from_secs(10) {
+        bail!("--queue-hold must be at most 10s");
+    }
     if args.heartbeat_interval.is_zero() || args.election_timeout <= args.heartbeat_interval * 2 {
         bail!("--election-timeout must be more than twice --heartbeat-interval");
     }
@@ -530,6 +537,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         heartbeat_ms: ms(args.heartbeat_interval),
         election_timeout_ms: ms(args.election_timeout),
         snapshot_every_entries: args.snapshot_every.max(1),
+        queue_hold: args.queue_hold,
         join,
         cache_bytes: args.storage_cache,
         clock: holdfast_server::WallClock::system(),
