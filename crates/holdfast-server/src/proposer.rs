@@ -44,7 +44,7 @@ pub const IN_FLIGHT: usize = 2;
 
 /// How long an acquire that will queue may wait in the proposer for a command on its lock to share its
 /// entry, unless configured (timers are as coarse as the runtime's, about a millisecond).
-pub const QUEUE_HOLD: Duration = Duration::from_millis(1);
+pub const QUEUE_HOLD: Duration = Duration::from_millis(5);
 
 /// A command waiting to be proposed, and where its answer goes.
 struct Queued {

@@ -326,8 +326,9 @@ struct ServerArgs {
     #[arg(long, env = "HOLDFAST_SNAPSHOT_EVERY", default_value_t = 20_000)]
     snapshot_every: u64,
     /// How long the leader may hold back an acquire that will queue (its lock is held), so that the lock's
-    /// release and the acquire share one log entry; 0 turns it off. At most 10s.
-    #[arg(long, env = "HOLDFAST_QUEUE_HOLD", default_value = "1ms", value_parser = humantime::parse_duration)]
+    /// release and the acquire share one log entry (about one hand-over: a slow host takes a few ms); 0 turns
+    /// it off. At most 10s.
+    #[arg(long, env = "HOLDFAST_QUEUE_HOLD", default_value = "5ms", value_parser = humantime::parse_duration)]
     queue_hold: Duration,
     /// Log format on stderr; the level comes from RUST_LOG (default: info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
