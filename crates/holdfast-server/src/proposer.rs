@@ -101,13 +101,9 @@ pub async fn run(node: Arc<Node>) {
         while let Ok(queued) = rx.try_recv() {
             waiting.push_back(queued);
         }
-        let taken = {
+        let (taken, held_back) = {
             let state = node.state.read().expect("lock state poisoned");
             take_batch(&mut waiting, &state, Instant::now(), node.proposer.hold)
-        };
-        let held_back = match &taken {
-            Taken::Held { .. } => waiting.len(),
-            _ => 0,
         };
         node.metrics.held_back.set(held_back as i64);
         match taken {
@@ -159,15 +155,16 @@ fn held_back(state: &LockState, queued: &Queued, now: Instant, hold: Duration) -
 
 /// Takes from the front of `waiting` up to [`limits::BATCH_MAX`] commands that may share an entry; a
 /// command that may not stays, in order, for a later batch. Acquires that will queue are held back unless
-/// a command on their lock is taken, which they then follow. A command whose caller went away before it
-/// was proposed (a client that disconnected, a request that timed out) is dropped: as before batching, a
-/// request abandoned before its proposal changes nothing.
-fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, hold: Duration) -> Taken {
+/// a command on their lock is taken, which they then follow; how many stay held back is returned too. A
+/// command whose caller went away before it was proposed (a client that disconnected, a request that
+/// timed out) is dropped: as before batching, a request abandoned before its proposal changes nothing.
+fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, hold: Duration) -> (Taken, usize) {
     // Per lock in the batch: whether it has its one command that is not an acquire.
     let mut taken: BTreeMap<String, bool> = BTreeMap::new();
     let mut batch = Vec::new();
     let mut rest = VecDeque::new();
     let mut until: Option<Instant> = None;
+    let mut held = 0;
     while let Some(queued) = waiting.pop_front() {
         if queued.reply.is_closed() {
             continue;
@@ -180,6 +177,7 @@ fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, h
         if queued.cmd.is_acquire() {
             if !taken.contains_key(name) && held_back(state, &queued, now, hold) {
                 until = Some(until.map_or(queued.since, |u| u.min(queued.since)));
+                held += 1;
                 rest.push_back(queued);
                 continue;
             }
@@ -198,6 +196,8 @@ fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, h
     for queued in rest {
         let name = queued.cmd.lock_name().expect("only one-lock commands are queued");
         if queued.cmd.is_acquire() && taken.contains_key(name) && batch.len() < limits::BATCH_MAX {
+            // Only held-back acquires can be in `rest` with their lock taken.
+            held -= 1;
             batch.push(queued);
         } else {
             kept.push_back(queued);
@@ -205,11 +205,12 @@ fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, h
     }
     kept.append(waiting);
     *waiting = kept;
-    match (batch.is_empty(), until) {
+    let taken = match (batch.is_empty(), until) {
         (false, _) => Taken::Batch(batch),
         (true, Some(since)) => Taken::Held { until: since + hold },
         (true, None) => Taken::Nothing,
-    }
+    };
+    (taken, held)
 }
 
 /// The entry for `cmds`, taken by [`take_batch`]: a [`Command::Batch`] if they name each lock once (the
@@ -302,19 +303,21 @@ mod tests {
 
     /// `take_batch` on a state where nothing is held, now.
     fn take(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
-        match take_batch(waiting, &LockState::new(), Instant::now(), QUEUE_HOLD) {
+        match take_batch(waiting, &LockState::new(), Instant::now(), QUEUE_HOLD).0 {
             Taken::Batch(batch) => batch,
             Taken::Nothing => Vec::new(),
             Taken::Held { .. } => panic!("nothing is held"),
         }
     }
 
-    fn batch(taken: Taken) -> Vec<Queued> {
-        match taken {
+    /// The batch `take_batch` took, and how many it held back.
+    fn batch((taken, held): (Taken, usize)) -> (Vec<Queued>, usize) {
+        let taken = match taken {
             Taken::Batch(batch) => batch,
             Taken::Nothing => panic!("nothing taken"),
             Taken::Held { .. } => panic!("everything held back"),
-        }
+        };
+        (taken, held)
     }
 
     #[test]
@@ -402,28 +405,31 @@ mod tests {
         let mut waiting = VecDeque::from([acquire("a", 5_000)]);
         let since = waiting[0].since;
         match take_batch(&mut waiting, &state, now, QUEUE_HOLD) {
-            Taken::Held { until } => assert_eq!(until, since + QUEUE_HOLD),
+            (Taken::Held { until }, 1) => assert_eq!(until, since + QUEUE_HOLD),
             _ => panic!("the acquire was not held back"),
         }
         assert_eq!(waiting.len(), 1);
-        assert_eq!(names(&batch(take_batch(&mut waiting, &state, since + QUEUE_HOLD, QUEUE_HOLD))), ["a"]);
+        let (taken, held) = batch(take_batch(&mut waiting, &state, since + QUEUE_HOLD, QUEUE_HOLD));
+        assert_eq!((names(&taken), held), (vec!["a"], 0));
 
         // With other locks' commands, those go and it stays.
         let mut waiting = VecDeque::from([acquire("a", 5_000), release("b")]);
-        assert_eq!(names(&batch(take_batch(&mut waiting, &state, now, QUEUE_HOLD))), ["b"]);
+        let (taken, held) = batch(take_batch(&mut waiting, &state, now, QUEUE_HOLD));
+        assert_eq!((names(&taken), held), (vec!["b"], 1));
         assert_eq!(names(waiting.make_contiguous()), ["a"]);
 
         // The holder's release comes: the held-back acquires follow it in the same entry, in order.
         waiting.push_back(acquire("a", 1));
         waiting.push_back(release("a"));
-        let taken = batch(take_batch(&mut waiting, &state, now, QUEUE_HOLD));
-        assert_eq!(names(&taken), ["a", "a", "a"]);
+        let (taken, held) = batch(take_batch(&mut waiting, &state, now, QUEUE_HOLD));
+        assert_eq!((names(&taken), held), (vec!["a", "a", "a"], 0));
         assert!(matches!(taken[0].cmd, Command::Release { .. }));
         assert!(taken[1..].iter().all(|q| q.cmd.is_acquire()));
         assert!(waiting.is_empty());
 
         // A try-lock (no wait) and an acquire of a free lock are never held back.
         let mut waiting = VecDeque::from([acquire("a", 0), acquire("c", 5_000)]);
-        assert_eq!(names(&batch(take_batch(&mut waiting, &state, now, QUEUE_HOLD))), ["a", "c"]);
+        let (taken, held) = batch(take_batch(&mut waiting, &state, now, QUEUE_HOLD));
+        assert_eq!((names(&taken), held), (vec!["a", "c"], 0));
     }
 }
