@@ -196,7 +196,11 @@ fn scan(seq: u64, path: PathBuf) -> Result<(Segment, Option<LogId<NodeId>>, bool
         }
         record.resize(HEADER + len as usize, 0);
         file.read_exact_at(&mut record, at).map_err(StoreError::Io)?;
-        let Some((entry, _)) = decode(&record).map_err(|e| corrupt(format!("segment {seq}, byte {at}: {e}")))? else {
+        let Some((entry, _)) = decode(&record).map_err(|e| match e {
+            StoreError::LogCorrupt(what) => corrupt(format!("segment {seq}, byte {at}: {what}")),
+            other => other,
+        })?
+        else {
             break true;
         };
         if last.is_some_and(|last| entry.log_id.index != last.index + 1) {
@@ -541,7 +545,7 @@ mod tests {
         bytes[end as usize..end as usize + record.len()].copy_from_slice(&record);
         std::fs::write(&path, &bytes).unwrap();
         let Err(StoreError::LogCorrupt(what)) = Wal::open(dir.path(), None) else { panic!("the log opened") };
-        assert!(what.contains("does not decode"), "{what}");
+        assert!(what.starts_with(&format!("segment 0, byte {end}: an intact record does not decode")), "{what}");
         // And nothing was cut: without the record, the three entries are all there.
         bytes[end as usize..end as usize + record.len()].fill(0);
         std::fs::write(&path, &bytes).unwrap();
