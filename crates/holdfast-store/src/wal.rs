@@ -114,7 +114,7 @@ fn segment_entries(segment: &Segment, from: u64, to: u64) -> Result<Vec<Entry<Ty
     let mut entries = Vec::with_capacity((to - from) as usize);
     let mut at = 0;
     while at < bytes.len() {
-        let (entry, len) = decode(&bytes[at..])?
+        let (entry, len) = decode(&bytes[at..], segment.seq, lo + at as u64)?
             .ok_or_else(|| corrupt(format!("segment {} has a bad record at byte {}", segment.seq, lo + at as u64)))?;
         entries.push(entry);
         at += len;
@@ -159,11 +159,12 @@ fn encode(entry: &Entry<TypeConfig>, buf: &mut Vec<u8>) -> Result<(), StoreError
     Ok(())
 }
 
-/// Decodes the record at the start of `bytes`: its entry and its whole length; `Ok(None)` if there is no
-/// whole, intact record there (a torn write). A record that is intact (its checksum matches) but does not
-/// decode is an error, not a tail to cut: it was written whole, by a build that knows an entry this one
-/// does not (a newer `Command`), and cutting it would drop entries that may be committed.
-fn decode(bytes: &[u8]) -> Result<Option<(Entry<TypeConfig>, usize)>, StoreError> {
+/// Decodes the record at the start of `bytes` (byte `at` of segment `seq`, for the error): its entry and
+/// its whole length; `Ok(None)` if there is no whole, intact record there (a torn write). A record that is
+/// intact (its checksum matches) but does not decode is an error, not a tail to cut: it was written whole,
+/// by a build that knows an entry this one does not (a newer `Command`), and cutting it would drop
+/// entries that may be committed.
+fn decode(bytes: &[u8], seq: u64, at: u64) -> Result<Option<(Entry<TypeConfig>, usize)>, StoreError> {
     let Some(header) = bytes.get(..HEADER) else { return Ok(None) };
     let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
@@ -171,8 +172,9 @@ fn decode(bytes: &[u8]) -> Result<Option<(Entry<TypeConfig>, usize)>, StoreError
     if len == 0 || crc32fast::hash(payload) != crc {
         return Ok(None);
     }
-    let entry = bincode::deserialize(payload)
-        .map_err(|e| corrupt(format!("an intact record does not decode ({e}): written by a newer build?")))?;
+    let entry = bincode::deserialize(payload).map_err(|e| {
+        corrupt(format!("segment {seq}, byte {at}: an intact record does not decode ({e}): written by a newer build?"))
+    })?;
     Ok(Some((entry, HEADER + len)))
 }
 
@@ -196,13 +198,7 @@ fn scan(seq: u64, path: PathBuf) -> Result<(Segment, Option<LogId<NodeId>>, bool
         }
         record.resize(HEADER + len as usize, 0);
         file.read_exact_at(&mut record, at).map_err(StoreError::Io)?;
-        let Some((entry, _)) = decode(&record).map_err(|e| match e {
-            StoreError::LogCorrupt(what) => corrupt(format!("segment {seq}, byte {at}: {what}")),
-            other => other,
-        })?
-        else {
-            break true;
-        };
+        let Some((entry, _)) = decode(&record, seq, at)? else { break true };
         if last.is_some_and(|last| entry.log_id.index != last.index + 1) {
             break true;
         }
