@@ -27,7 +27,7 @@
 //! before it is told it queues; it was going to wait for a hand-over in any case. A hold of zero turns
 //! this off.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -159,8 +159,8 @@ fn held_back(state: &LockState, queued: &Queued, now: Instant, hold: Duration) -
 /// command whose caller went away before it was proposed (a client that disconnected, a request that
 /// timed out) is dropped: as before batching, a request abandoned before its proposal changes nothing.
 fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, hold: Duration) -> (Taken, usize) {
-    // Per lock in the batch: whether it has its one command that is not an acquire.
-    let mut taken: BTreeMap<String, bool> = BTreeMap::new();
+    // The locks the batch has a command on.
+    let mut taken: BTreeSet<String> = BTreeSet::new();
     let mut batch = Vec::new();
     let mut rest = VecDeque::new();
     let mut until: Option<Instant> = None;
@@ -175,19 +175,19 @@ fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, h
         }
         let name = queued.cmd.lock_name().expect("only one-lock commands are queued");
         if queued.cmd.is_acquire() {
-            if !taken.contains_key(name) && held_back(state, &queued, now, hold) {
+            if !taken.contains(name) && held_back(state, &queued, now, hold) {
                 until = Some(until.map_or(queued.since, |u| u.min(queued.since)));
                 held += 1;
                 rest.push_back(queued);
                 continue;
             }
-            taken.entry(name.to_owned()).or_insert(false);
+            taken.insert(name.to_owned());
             batch.push(queued);
-        } else if taken.contains_key(name) {
+        } else if taken.contains(name) {
             // A lock's second command that is not an acquire, or one after an acquire of its lock.
             rest.push_back(queued);
         } else {
-            taken.insert(name.to_owned(), true);
+            taken.insert(name.to_owned());
             batch.push(queued);
         }
     }
@@ -195,7 +195,7 @@ fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, h
     let mut kept = VecDeque::new();
     for queued in rest {
         let name = queued.cmd.lock_name().expect("only one-lock commands are queued");
-        if queued.cmd.is_acquire() && taken.contains_key(name) && batch.len() < limits::BATCH_MAX {
+        if queued.cmd.is_acquire() && taken.contains(name) && batch.len() < limits::BATCH_MAX {
             // Only held-back acquires can be in `rest` with their lock taken.
             held -= 1;
             batch.push(queued);
@@ -213,8 +213,8 @@ fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, h
     (taken, held)
 }
 
-/// The entry for `cmds`, taken by [`take_batch`]: a [`Command::Batch`] if they name each lock once (the
-/// entry older builds know too), else a [`Command::Group`].
+/// The entry for `cmds`, taken by [`take_batch`]: a [`Command::Batch`] if they name each lock once, else a
+/// [`Command::Group`].
 fn entry_of(cmds: Vec<Command>) -> Command {
     let mut names: Vec<&str> = cmds.iter().filter_map(Command::lock_name).collect();
     names.sort_unstable();
