@@ -25,7 +25,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
     VoteResponse,
 };
-use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
+use openraft::{BasicNode, LogId, RaftNetwork, RaftNetworkFactory, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
@@ -42,6 +42,11 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// See [`PeerNetwork::backoff`].
 const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
+/// How long the leader may hold back telling a follower of a newer commit index, for the next entries to
+/// carry it instead ([`PeerNetwork::is_commit_notice`]). It delays a follower's apply of the last entries
+/// of a burst (and what clients attached to that follower hear of them) by this, at most; tokio's timers
+/// round it up to the next millisecond.
+pub const COMMIT_NOTICE_HOLD: Duration = Duration::from_millis(1);
 /// Forwarded client requests in flight to one peer, at most; more wait for one of them to finish. Each
 /// takes a connection of its own, so this bounds the connections (and file descriptors) a busy follower
 /// holds open to its leader, and lets the pool keep them all instead of making and closing a connection
@@ -239,7 +244,14 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        PeerNetwork { target, addr: node.addr.clone(), peers: self.peers.clone() }
+        PeerNetwork {
+            target,
+            addr: node.addr.clone(),
+            peers: self.peers.clone(),
+            acked: None,
+            commit_told: None,
+            held: None,
+        }
     }
 }
 
@@ -248,11 +260,54 @@ pub struct PeerNetwork {
     target: NodeId,
     addr: String,
     peers: Arc<Peers>,
+    /// What the peer last answered `Success` to on this connection: the vote it accepted, and the last log
+    /// id it then held from that leader.
+    acked: Option<(Vote<NodeId>, Option<LogId<NodeId>>)>,
+    /// The newest commit index sent to the peer on this connection, or held back to be sent.
+    commit_told: Option<LogId<NodeId>>,
+    /// A commit notice held back ([`COMMIT_NOTICE_HOLD`]), and the task that sends it if nothing else does.
+    held: Option<(Arc<Mutex<Option<AppendEntriesRequest<TypeConfig>>>>, tokio::task::JoinHandle<()>)>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
 impl PeerNetwork {
+    /// Whether `rpc` only tells the peer of a newer commit index: no entries, from the leader and after the
+    /// log id the peer last acknowledged on this connection, with a commit index not yet sent here.
+    ///
+    /// openraft 0.9 sends such a request to every follower as soon as an entry commits, and waits for its
+    /// answer before it sends the next entries; one client's write thus cost each follower two requests
+    /// (the entry, then its commit) and the leader two round trips per follower (docs/benchmarks.md). Its
+    /// answer tells the leader nothing it does not know: the follower acknowledged that log id already, in
+    /// this leader's term, after flushing it; a follower that since voted for another leader will say so
+    /// to the next request with entries, or to the next heartbeat, which still go out and wait for their
+    /// answers. openraft uses such an answer for nothing but its `millis_since_quorum_ack` metric, and
+    /// leadership checks (`ensure_linearizable`) send requests of their own on connections of their own.
+    fn is_commit_notice(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> bool {
+        rpc.entries.is_empty()
+            && rpc.leader_commit > self.commit_told
+            && self.acked.as_ref().is_some_and(|(vote, last)| *vote == rpc.vote && *last == rpc.prev_log_id)
+    }
+
+    /// Holds back the commit notice `rpc`: the next request on this connection carries its commit index;
+    /// if none goes within [`COMMIT_NOTICE_HOLD`], a task sends it alone (and drops its answer).
+    fn hold(&mut self, rpc: AppendEntriesRequest<TypeConfig>, ttl: Duration) {
+        let slot = Arc::new(Mutex::new(Some(rpc)));
+        let (peers, target, addr) = (self.peers.clone(), self.target, self.addr.clone());
+        let held = slot.clone();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(COMMIT_NOTICE_HOLD).await;
+            let Some(rpc) = held.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() else { return };
+            let answer: Result<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>, _> =
+                peers.call(target, &addr, Call::Append, &rpc, ttl).await;
+            // Nothing to do with a failure: the next request to the peer carries the commit index again.
+            if let Err(e) = answer {
+                tracing::debug!(peer = target, %e, "a held-back commit notice did not reach its peer");
+            }
+        });
+        self.held = Some((slot, sender));
+    }
+
     async fn call<Req, Resp, E>(&self, call: Call, req: &Req, ttl: Duration) -> RpcResult<Resp, E>
     where
         Req: Serialize,
@@ -282,7 +337,28 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Call::Append, &rpc, option.hard_ttl()).await
+        // Whatever goes now carries a commit index at least as new as a notice held back (openraft's
+        // `leader_commit` only grows on a replication stream), so the notice need not go on its own.
+        if let Some((slot, sender)) = self.held.take() {
+            if slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take().is_some() {
+                sender.abort();
+            }
+        }
+        if self.is_commit_notice(&rpc) {
+            self.commit_told = rpc.leader_commit;
+            self.hold(rpc, option.hard_ttl());
+            return Ok(AppendEntriesResponse::Success);
+        }
+        self.commit_told = self.commit_told.max(rpc.leader_commit);
+        let last = rpc.entries.last().map(|entry| entry.log_id).or(rpc.prev_log_id);
+        let vote = rpc.vote;
+        let answer = self.call(Call::Append, &rpc, option.hard_ttl()).await;
+        self.acked = match &answer {
+            Ok(AppendEntriesResponse::Success) => Some((vote, last)),
+            Ok(AppendEntriesResponse::PartialSuccess(matching)) => Some((vote, *matching)),
+            _ => None,
+        };
+        answer
     }
 
     async fn install_snapshot(
@@ -429,6 +505,146 @@ mod tests {
             // The Raft call's connection is reused for a forward too.
             assert!(made < FORWARDS_PER_PEER, "wave {wave}: {made} connections for {FORWARDS_PER_PEER} slots");
         }
+    }
+
+    /// What a recording peer saw of one append_entries request.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Seen {
+        prev: Option<u64>,
+        entries: usize,
+        commit: Option<u64>,
+    }
+
+    /// A peer that answers every append_entries with `Success`, except requests without entries while
+    /// `refuse_empty` holds its vote (then with that vote, as a follower that voted for another leader).
+    /// Sends what it saw, request by request, on the returned channel.
+    async fn recording_peer(
+        refuse_empty: Arc<Mutex<Option<Vote<NodeId>>>>,
+    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let (tx, refuse_empty) = (tx.clone(), refuse_empty.clone());
+                tokio::spawn(async move {
+                    let mut hello = [0u8; 8];
+                    conn.read_exact(&mut hello).await.unwrap();
+                    let mut buf = Vec::new();
+                    while wire::read_frame(&mut conn, &mut buf, MESSAGE_BYTES_MAX).await.unwrap() {
+                        let rpc: AppendEntriesRequest<TypeConfig> = bincode::deserialize(&buf[1..]).unwrap();
+                        let index = |id: Option<LogId<NodeId>>| id.map(|id| id.index);
+                        let seen = Seen {
+                            prev: index(rpc.prev_log_id),
+                            entries: rpc.entries.len(),
+                            commit: index(rpc.leader_commit),
+                        };
+                        let _ = tx.send(seen);
+                        let refused = *refuse_empty.lock().unwrap();
+                        let answer = match refused {
+                            Some(vote) if rpc.entries.is_empty() => AppendEntriesResponse::HigherVote(vote),
+                            _ => AppendEntriesResponse::Success,
+                        };
+                        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = Ok(answer);
+                        let mut frame = vec![0; 4];
+                        bincode::serialize_into(&mut frame, &answer).unwrap();
+                        wire::write_frame(&mut conn, &mut frame).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    const TERM: u64 = 3;
+
+    fn log_id(index: u64) -> LogId<NodeId> {
+        LogId::new(openraft::CommittedLeaderId::new(TERM, 1), index)
+    }
+
+    /// An append_entries of the leader of [`TERM`] after `prev`, with entries `entries` and commit `commit`.
+    fn append(
+        prev: u64,
+        entries: std::ops::RangeInclusive<u64>,
+        commit: Option<u64>,
+    ) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(TERM, 1),
+            prev_log_id: Some(log_id(prev)),
+            entries: entries
+                .map(|index| openraft::Entry { log_id: log_id(index), payload: openraft::EntryPayload::Blank })
+                .collect(),
+            leader_commit: commit.map(log_id),
+        }
+    }
+
+    async fn peer_network(addr: &str) -> PeerNetwork {
+        let mut factory = Network { peers: Arc::new(Peers::new(None, None)) };
+        factory.new_client(2, &BasicNode { addr: addr.to_owned() }).await
+    }
+
+    fn option() -> RPCOption {
+        RPCOption::new(TTL)
+    }
+
+    #[tokio::test]
+    async fn a_commit_notice_is_answered_at_once_and_rides_on_the_next_entries() {
+        let (addr, mut seen) = recording_peer(Arc::default()).await;
+        let mut net = peer_network(&addr).await;
+        let success = |answer: RpcResult<AppendEntriesResponse<NodeId>, _>| {
+            assert!(matches!(answer, Ok(AppendEntriesResponse::Success)), "{answer:?}");
+        };
+        success(net.append_entries(append(4, 5..=6, Some(4)), option()).await);
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(4), entries: 2, commit: Some(4) });
+
+        // 5 and 6 committed: openraft tells the follower with a request of no entries after 6.
+        success(net.append_entries(append(6, 7..=6, Some(6)), option()).await);
+        let (slot, _) = net.held.as_ref().expect("the notice is held back");
+        let slot = slot.clone();
+        assert!(slot.lock().unwrap().is_some());
+        // The next entries go before the hold ends (this runtime has one thread, and nothing yielded to
+        // the task that would send the notice): they carry commit 6, and the notice is not sent alone.
+        success(net.append_entries(append(6, 7..=7, Some(6)), option()).await);
+        assert!(slot.lock().unwrap().is_none(), "the held notice was dropped, not left to its task");
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(6), entries: 1, commit: Some(6) });
+
+        // 7 committed and nothing follows: the notice goes alone when the hold ends.
+        success(net.append_entries(append(7, 8..=7, Some(7)), option()).await);
+        let alone = tokio::time::timeout(TTL, seen.recv()).await.expect("the held notice went out").unwrap();
+        assert_eq!(alone, Seen { prev: Some(7), entries: 0, commit: Some(7) });
+        // A heartbeat after it (no new commit index) is a real call.
+        success(net.append_entries(append(7, 8..=7, Some(7)), option()).await);
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(7), entries: 0, commit: Some(7) });
+    }
+
+    #[tokio::test]
+    async fn only_a_new_commit_index_after_what_the_peer_acknowledged_is_held_back() {
+        let refuse_empty = Arc::new(Mutex::new(None));
+        let (addr, mut seen) = recording_peer(refuse_empty.clone()).await;
+        let mut net = peer_network(&addr).await;
+        // Nothing acknowledged on this connection yet (a leadership check's own connection, or a new
+        // replication stream): a request without entries is a real call.
+        assert!(!net.is_commit_notice(&append(4, 5..=4, Some(4))));
+        net.append_entries(append(4, 5..=5, Some(4)), option()).await.unwrap();
+        assert_eq!(seen.recv().await.unwrap().entries, 1);
+        assert!(net.is_commit_notice(&append(5, 6..=5, Some(5))));
+        assert!(!net.is_commit_notice(&append(5, 6..=5, Some(4))), "no newer commit index: a heartbeat");
+        assert!(!net.is_commit_notice(&append(4, 5..=4, Some(5))), "not after what was acknowledged");
+        assert!(!net.is_commit_notice(&append(5, 6..=6, Some(5))), "it carries entries");
+        let mut newer_vote = append(5, 6..=5, Some(5));
+        newer_vote.vote = Vote::new_committed(TERM + 1, 1);
+        assert!(!net.is_commit_notice(&newer_vote), "acknowledged under another vote");
+
+        // A follower that voted for another leader says so to a heartbeat: that answer is never made up.
+        *refuse_empty.lock().unwrap() = Some(Vote::new_committed(TERM + 1, 3));
+        let answer = net.append_entries(append(5, 6..=5, Some(4)), option()).await;
+        assert!(matches!(answer, Ok(AppendEntriesResponse::HigherVote(_))), "{answer:?}");
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(5), entries: 0, commit: Some(4) });
+        // Nor, after that answer, to a new commit index.
+        assert!(!net.is_commit_notice(&append(5, 6..=5, Some(5))));
+        let answer = net.append_entries(append(5, 6..=5, Some(5)), option()).await;
+        assert!(matches!(answer, Ok(AppendEntriesResponse::HigherVote(_))), "{answer:?}");
     }
 
     #[tokio::test]
