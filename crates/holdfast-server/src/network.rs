@@ -266,8 +266,11 @@ pub struct PeerNetwork {
     /// The newest commit index sent to the peer on this connection, or held back to be sent.
     commit_told: Option<LogId<NodeId>>,
     /// A commit notice held back ([`COMMIT_NOTICE_HOLD`]), and the task that sends it if nothing else does.
-    held: Option<(Arc<Mutex<Option<AppendEntriesRequest<TypeConfig>>>>, tokio::task::JoinHandle<()>)>,
+    held: Option<(HeldNotice, tokio::task::JoinHandle<()>)>,
 }
+
+/// A commit notice held back, until the next request takes it away or its sender takes it to send.
+type HeldNotice = Arc<Mutex<Option<AppendEntriesRequest<TypeConfig>>>>;
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
@@ -292,7 +295,7 @@ impl PeerNetwork {
     /// Holds back the commit notice `rpc`: the next request on this connection carries its commit index;
     /// if none goes within [`COMMIT_NOTICE_HOLD`], a task sends it alone (and drops its answer).
     fn hold(&mut self, rpc: AppendEntriesRequest<TypeConfig>, ttl: Duration) {
-        let slot = Arc::new(Mutex::new(Some(rpc)));
+        let slot: HeldNotice = Arc::new(Mutex::new(Some(rpc)));
         let (peers, target, addr) = (self.peers.clone(), self.target, self.addr.clone());
         let held = slot.clone();
         let sender = tokio::spawn(async move {
@@ -563,16 +566,13 @@ mod tests {
         LogId::new(openraft::CommittedLeaderId::new(TERM, 1), index)
     }
 
-    /// An append_entries of the leader of [`TERM`] after `prev`, with entries `entries` and commit `commit`.
-    fn append(
-        prev: u64,
-        entries: std::ops::RangeInclusive<u64>,
-        commit: Option<u64>,
-    ) -> AppendEntriesRequest<TypeConfig> {
+    /// An append_entries of the leader of [`TERM`] after `prev`, with the entries after it up to `last`
+    /// (none if `last` is `prev`) and commit `commit`.
+    fn append(prev: u64, last: u64, commit: Option<u64>) -> AppendEntriesRequest<TypeConfig> {
         AppendEntriesRequest {
             vote: Vote::new_committed(TERM, 1),
             prev_log_id: Some(log_id(prev)),
-            entries: entries
+            entries: (prev + 1..=last)
                 .map(|index| openraft::Entry { log_id: log_id(index), payload: openraft::EntryPayload::Blank })
                 .collect(),
             leader_commit: commit.map(log_id),
@@ -595,27 +595,27 @@ mod tests {
         let success = |answer: RpcResult<AppendEntriesResponse<NodeId>, _>| {
             assert!(matches!(answer, Ok(AppendEntriesResponse::Success)), "{answer:?}");
         };
-        success(net.append_entries(append(4, 5..=6, Some(4)), option()).await);
+        success(net.append_entries(append(4, 6, Some(4)), option()).await);
         assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(4), entries: 2, commit: Some(4) });
 
         // 5 and 6 committed: openraft tells the follower with a request of no entries after 6.
-        success(net.append_entries(append(6, 7..=6, Some(6)), option()).await);
+        success(net.append_entries(append(6, 6, Some(6)), option()).await);
         let (slot, _) = net.held.as_ref().expect("the notice is held back");
         let slot = slot.clone();
         assert!(slot.lock().unwrap().is_some());
         // The next entries go before the hold ends (this runtime has one thread, and nothing yielded to
         // the task that would send the notice): they carry commit 6, and the notice is not sent alone.
-        success(net.append_entries(append(6, 7..=7, Some(6)), option()).await);
+        success(net.append_entries(append(6, 7, Some(6)), option()).await);
         assert!(slot.lock().unwrap().is_none(), "the held notice was dropped, not left to its task");
         assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(6), entries: 1, commit: Some(6) });
 
         // 7 committed and nothing follows: the notice goes alone when the hold ends.
-        success(net.append_entries(append(7, 8..=7, Some(7)), option()).await);
+        success(net.append_entries(append(7, 7, Some(7)), option()).await);
         let alone = tokio::time::timeout(TTL, seen.recv()).await.expect("the held notice went out").unwrap();
         assert_eq!(alone, Seen { prev: Some(7), entries: 0, commit: Some(7) });
-        // A heartbeat after it (no new commit index) is a real call.
-        success(net.append_entries(append(7, 8..=7, Some(7)), option()).await);
-        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(7), entries: 0, commit: Some(7) });
+        // A heartbeat after it (no new commit index) is a real call: the peer saw it before it was answered.
+        success(net.append_entries(append(7, 7, Some(7)), option()).await);
+        assert_eq!(seen.try_recv().unwrap(), Seen { prev: Some(7), entries: 0, commit: Some(7) });
     }
 
     #[tokio::test]
@@ -625,25 +625,25 @@ mod tests {
         let mut net = peer_network(&addr).await;
         // Nothing acknowledged on this connection yet (a leadership check's own connection, or a new
         // replication stream): a request without entries is a real call.
-        assert!(!net.is_commit_notice(&append(4, 5..=4, Some(4))));
-        net.append_entries(append(4, 5..=5, Some(4)), option()).await.unwrap();
+        assert!(!net.is_commit_notice(&append(4, 4, Some(4))));
+        net.append_entries(append(4, 5, Some(4)), option()).await.unwrap();
         assert_eq!(seen.recv().await.unwrap().entries, 1);
-        assert!(net.is_commit_notice(&append(5, 6..=5, Some(5))));
-        assert!(!net.is_commit_notice(&append(5, 6..=5, Some(4))), "no newer commit index: a heartbeat");
-        assert!(!net.is_commit_notice(&append(4, 5..=4, Some(5))), "not after what was acknowledged");
-        assert!(!net.is_commit_notice(&append(5, 6..=6, Some(5))), "it carries entries");
-        let mut newer_vote = append(5, 6..=5, Some(5));
+        assert!(net.is_commit_notice(&append(5, 5, Some(5))));
+        assert!(!net.is_commit_notice(&append(5, 5, Some(4))), "no newer commit index: a heartbeat");
+        assert!(!net.is_commit_notice(&append(4, 4, Some(5))), "not after what was acknowledged");
+        assert!(!net.is_commit_notice(&append(5, 6, Some(5))), "it carries entries");
+        let mut newer_vote = append(5, 5, Some(5));
         newer_vote.vote = Vote::new_committed(TERM + 1, 1);
         assert!(!net.is_commit_notice(&newer_vote), "acknowledged under another vote");
 
         // A follower that voted for another leader says so to a heartbeat: that answer is never made up.
         *refuse_empty.lock().unwrap() = Some(Vote::new_committed(TERM + 1, 3));
-        let answer = net.append_entries(append(5, 6..=5, Some(4)), option()).await;
+        let answer = net.append_entries(append(5, 5, Some(4)), option()).await;
         assert!(matches!(answer, Ok(AppendEntriesResponse::HigherVote(_))), "{answer:?}");
         assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(5), entries: 0, commit: Some(4) });
         // Nor, after that answer, to a new commit index.
-        assert!(!net.is_commit_notice(&append(5, 6..=5, Some(5))));
-        let answer = net.append_entries(append(5, 6..=5, Some(5)), option()).await;
+        assert!(!net.is_commit_notice(&append(5, 5, Some(5))));
+        let answer = net.append_entries(append(5, 5, Some(5)), option()).await;
         assert!(matches!(answer, Ok(AppendEntriesResponse::HigherVote(_))), "{answer:?}");
     }
 
