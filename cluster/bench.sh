@@ -127,17 +127,26 @@ bench() {
     fi
 }
 
-# After the fill: memory and data size per node, then a follower stopped (SIGTERM, as for an upgrade) and
-# restarted: until it answers /readyz 200, and until it applied the leader's whole log. Writes nodes.json.
+# After the fill: memory and data size per node; a snapshot of every node's state, asked for with
+# POST /v1/cluster/snapshot (the fill is far fewer entries than --snapshot-every), its size and how long it
+# took; then a follower stopped (SIGTERM, as for an upgrade) and restarted, which opens from its snapshot:
+# until it answers /readyz 200, and until it applied the leader's whole log. Writes nodes.json.
 measure_nodes() {
-    say "scale: memory, data size, a follower's restart and catch-up"
+    say "scale: memory, data size, snapshots, a follower's restart and catch-up"
     local leader follower i pid last_index t0 t_ready caught_up=null applied deadline nodes=() fsync=()
+    local snapshots=() answer
     leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
     [[ -n $leader ]] || leader=1
     follower=$((leader % 3 + 1))
     for i in 1 2 3; do
         nodes+=("{\"id\": $i, \"rss_bytes\": $(rss_bytes "$(node_pid "$i")"), \"data_bytes\": $(du -sb "$RUN_DIR/node$i/data" | awk '{ print $1 }')}")
         fsync+=("{\"id\": $i, \"sum\": $(metric "$i" holdfast_storage_fsync_duration_seconds_sum), \"count\": $(metric "$i" holdfast_storage_fsync_duration_seconds_count)}")
+    done
+    for i in 1 2 3; do
+        t0=$(now)
+        answer=$(curl --noproxy '*' -s --max-time 90 -X POST "$(node_url "$i")/v1/cluster/snapshot")
+        jq -e '.snapshot_bytes' <<<"$answer" >/dev/null || die "node $i did not snapshot: $answer"
+        snapshots+=("$(jq -c --argjson s "$(since "$t0" "$(now)")" '. + {seconds: $s}' <<<"$answer")")
     done
     last_index=$(metric "$leader" holdfast_raft_last_log_index)
     pid=$(node_pid "$follower")
@@ -162,7 +171,7 @@ measure_nodes() {
     done
     local IFS=,
     cat <<EOF >"$RESULTS/nodes.json"
-{"nodes": [${nodes[*]}], "fsync": [${fsync[*]}], "restarted": $follower,
+{"nodes": [${nodes[*]}], "fsync": [${fsync[*]}], "snapshots": [${snapshots[*]}], "restarted": $follower,
  "restart_ready_s": $(since "$t0" "$t_ready"), "caught_up_s": $caught_up, "caught_up_to": $last_index,
  "restarted_rss_bytes": $(rss_bytes "$(node_pid "$follower")")}
 EOF
@@ -242,6 +251,8 @@ $run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $f
 $sc[0] as $sc | $nd[0] as $nd |
 ($nd.nodes | map(.rss_bytes) | max) as $rss_max |
 ($nd.nodes | map(.data_bytes) | max) as $data_max |
+($nd.snapshots // [] | map(.snapshot_bytes) | max) as $snapshot_max |
+($nd.snapshots // [] | map(.seconds) | max) as $snapshot_s |
 ($nd.fsync | map(select(.count > 0) | .sum / .count * 1000) | if length > 0 then add / length else null end)
   as $fsync_ms |
 [
@@ -280,7 +291,7 @@ $sc[0] as $sc | $nd[0] as $nd |
                and le($se.cpu_cores_total; 1))
         + (if $se.sessions < 10000 then " (at \(i($se.sessions)), not 10,000)" else "" end))),
   row("\(i($sc.locks)) held locks"; $sc;
-      "filled at \(i($sc.rate_per_s)) locks/s (1,000,000 would take \(i($sc.projected_1m_seconds)) s); the largest node \(mib($rss_max)) resident, data dir \(mib($data_max)); a restarted follower ready in \(r($nd.restart_ready_s)) s, caught up in \(r($nd.caught_up_s)) s";
+      "filled at \(i($sc.rate_per_s)) locks/s (1,000,000 would take \(i($sc.projected_1m_seconds)) s); the largest node \(mib($rss_max)) resident, data dir \(mib($data_max)); a snapshot of every node's state \(mib($snapshot_max)), taken in \(r($snapshot_s)) s at most; a restarted follower ready from it in \(r($nd.restart_ready_s)) s, caught up in \(r($nd.caught_up_s)) s";
       "1,000,000 locks: ≤ 1 GiB per node, restart with catch-up ≤ 10 s";
       (verdict(le($rss_max; 1073741824) and le($nd.caught_up_s; 10))
         + (if $sc.locks < 1000000 then " (at \(i($sc.locks)), not 1,000,000)" else "" end))),

@@ -246,3 +246,61 @@ async fn health_port_systemd_notification_healthcheck_and_json_logs() {
         "no role change to leader in the log: {lines:#?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_asked_for_is_stored_reported_and_found_again_after_a_restart() {
+    const ADMIN_KEY: &str = "snapshot-test-admin-key";
+    let mut cluster = Cluster::start_with(3, &["--admin-key", ADMIN_KEY]).await;
+    let leader = cluster.leader().await;
+    let mut last_fence = 0;
+    for i in 0..20 {
+        let reply = cluster.acquire(leader, &format!("snapshot-{i}"), "w", "1h").await;
+        last_fence = reply.ok("acquire")["fence"].as_u64().expect("a fence");
+    }
+    let follower = cluster.other_than(&[leader]);
+    // The follower snapshots what it has applied when asked: first let it apply the last grant.
+    wait_for(READY_BOUND, "the follower to apply the last grant", async || {
+        let applied = cluster.cluster_info(follower).await["applied_index"].as_u64().unwrap_or(0);
+        if applied >= last_fence {
+            Ok(())
+        } else {
+            Err(format!("applied {applied} < {last_fence}"))
+        }
+    })
+    .await;
+    let snapshot_url = format!("{}/v1/cluster/snapshot", cluster.client_url(follower));
+    let gauges =
+        |page: &str| (sample(page, "holdfast_storage_snapshot_bytes"), sample(page, "holdfast_storage_snapshot_index"));
+
+    // Without the admin key, or with a parameter it does not take: refused, and no snapshot is taken.
+    let refused = cluster.send(cluster.http().post(&snapshot_url), "snapshot without the admin key").await;
+    refused.assert_problem(401, "unauthenticated", "snapshot without the admin key");
+    let typo = cluster.http().post(format!("{snapshot_url}?force=1")).bearer_auth(ADMIN_KEY);
+    cluster.send(typo, "snapshot with an unknown parameter").await.assert_problem(400, "invalid-query", "force=1");
+    let page = metrics(&cluster, follower).await.unwrap();
+    assert_eq!(gauges(&page), (Some(0.0), Some(0.0)), "no snapshot yet (the default is every 20,000 entries)");
+
+    let reply = cluster.send(cluster.http().post(&snapshot_url).bearer_auth(ADMIN_KEY), "snapshot").await;
+    let body = reply.ok("snapshot").clone();
+    let (index, bytes) = (body["snapshot_index"].as_u64().unwrap(), body["snapshot_bytes"].as_u64().unwrap());
+    assert_eq!(body["id"].as_u64(), Some(follower as u64), "{body}");
+    assert!(index >= last_fence, "the snapshot covers every grant the follower had applied: {body}");
+    assert!(bytes > 20 * "snapshot-0".len() as u64, "20 held locks take more than their names: {body}");
+    let page = metrics(&cluster, follower).await.unwrap();
+    assert_eq!(gauges(&page), (Some(bytes as f64), Some(index as f64)), "{page}");
+    let info = cluster.cluster_info(follower).await;
+    assert_eq!(info["snapshot_index"].as_u64(), Some(index), "openraft's view agrees: {info}");
+    // Asked again with nothing new applied: the same snapshot, not another one.
+    let again = cluster.send(cluster.http().post(&snapshot_url).bearer_auth(ADMIN_KEY), "snapshot again").await;
+    assert_eq!(again.ok("snapshot again")["snapshot_index"].as_u64(), Some(index));
+
+    // A restarted follower opens from it, and says so before it takes another.
+    cluster.stop(follower);
+    cluster.restart(follower).await;
+    let page = metrics(&cluster, follower).await.unwrap();
+    assert_eq!(gauges(&page), (Some(bytes as f64), Some(index as f64)), "after the restart: {page}");
+    let lock = cluster
+        .until_available("read a lock after the restart", async || cluster.lock(follower, "snapshot-19").await)
+        .await;
+    assert_eq!(lock.ok("the last lock")["holder"]["fence"].as_u64(), Some(last_fence));
+}

@@ -31,6 +31,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/keys/{tenant}", axum::routing::delete(revoke_key))
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", axum::routing::delete(remove_member))
+        .route("/v1/cluster/snapshot", post(snapshot))
         .merge(crate::health::routes())
         .fallback(|| async { ApiError::NoRoute })
         .method_not_allowed_fallback(|| async { ApiError::NoMethod })
@@ -169,6 +170,13 @@ async fn remove_member(
     let id = id.parse::<u64>().map_err(|_| ApiError::invalid("invalid-member", format!("{id:?} is not a node id")))?;
     ops::remove_member(&node, id).await?;
     Ok(Json(crate::cluster_status(&node)).into_response())
+}
+
+async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
+    ops::check_admin(&node, authorization(&headers))?;
+    Parsed::new(&params, &[])?;
+    let (index, bytes) = node.snapshot().await?;
+    Ok(Json(json!({"id": node.id, "snapshot_index": index, "snapshot_bytes": bytes})).into_response())
 }
 
 // --- parameters ---

@@ -46,6 +46,8 @@ pub struct Events {
     inner: Mutex<Inner>,
     /// Counts grants, hand-overs, expirations and flushes.
     metrics: Arc<Metrics>,
+    /// The last log index this node's current snapshot covers, and its size in bytes.
+    snapshot: Mutex<Option<(u64, u64)>>,
 }
 
 #[derive(Default)]
@@ -146,7 +148,13 @@ impl Inner {
 
 impl Events {
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Events { inner: Mutex::default(), metrics }
+        Events { inner: Mutex::default(), metrics, snapshot: Mutex::default() }
+    }
+
+    /// The last log index this node's current snapshot covers, and its size in bytes; `None` before its
+    /// first snapshot.
+    pub fn snapshot(&self) -> Option<(u64, u64)> {
+        *self.snapshot.lock().expect("snapshot poisoned")
     }
 
     /// The metrics this node's observer counts into.
@@ -359,6 +367,17 @@ impl ApplyObserver for Events {
 
     fn flushed(&self, took: Duration) {
         self.metrics.fsync.observe(took.as_secs_f64());
+    }
+
+    fn snapshot_stored(&self, index: u64, bytes: u64) {
+        let mut snapshot = self.snapshot.lock().expect("snapshot poisoned");
+        // A build stored before an install that covers more may report after it: the newer one stands.
+        if snapshot.is_some_and(|(stored, _)| stored > index) {
+            return;
+        }
+        *snapshot = Some((index, bytes));
+        self.metrics.snapshot_index.set(index as i64);
+        self.metrics.snapshot_bytes.set(bytes as i64);
     }
 
     fn restored(&self, state: &LockState) {

@@ -149,6 +149,8 @@ pub struct Metrics {
     pub entry_commands: Histogram,
     pub held_back: Gauge,
     pub fsync: Histogram,
+    pub snapshot_bytes: Gauge,
+    pub snapshot_index: Gauge,
 
     // The lock state, read when scraped.
     pub locks_held: Gauge,
@@ -190,6 +192,8 @@ impl Metrics {
             entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             held_back: Gauge::default(),
             fsync: latency_histogram(),
+            snapshot_bytes: Gauge::default(),
+            snapshot_index: Gauge::default(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
             sessions: Gauge::default(),
@@ -233,6 +237,17 @@ impl Metrics {
             "Time of each sync (write and fdatasync or fsync) the log, vote or snapshot waited for",
             Unit::Seconds,
             m.fsync.clone(),
+        );
+        storage.register_with_unit(
+            "snapshot",
+            "Size of this node's current snapshot (built here, installed from the leader, or found at start; 0: none)",
+            Unit::Bytes,
+            m.snapshot_bytes.clone(),
+        );
+        storage.register(
+            "snapshot_index",
+            "The last log index this node's current snapshot covers (0: none)",
+            m.snapshot_index.clone(),
         );
         root.register("locks_held", "Locks held now", m.locks_held.clone());
         root.register("lock_waiters", "Claims waiting in lock queues now", m.waiters.clone());
@@ -317,6 +332,8 @@ mod tests {
             "holdfast_requests_total{api=\"http\",endpoint=\"POST /v1/locks/{name}\",code=\"200\"} 1",
             "holdfast_storage_fsync_duration_seconds_count 1",
             "holdfast_raft_apply_lag_entries 0",
+            "holdfast_storage_snapshot_bytes 0",
+            "holdfast_storage_snapshot_index 0",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");

@@ -143,6 +143,9 @@ pub trait ApplyObserver: Send + Sync + 'static {
     /// file's write and fdatasync, or sled's flush).
     /// Called without the state's lock held.
     fn flushed(&self, _took: std::time::Duration) {}
+    /// The node's current snapshot is now the one of the log up to `index`, `bytes` long: built here,
+    /// installed from the leader, or found at start. Called without the state's lock held.
+    fn snapshot_stored(&self, _index: u64, _bytes: u64) {}
 }
 
 /// An observer that ignores every change: for tests and tools that only need the storage.

@@ -32,8 +32,9 @@ pub(crate) trait SnapshotStore: Send + Sync + 'static {
     async fn load(&self) -> Result<Option<(Meta, Vec<u8>)>, StoreError>;
 
     /// Makes `meta` and `data` the current snapshot, durable before this returns, unless `replace`
-    /// keeps the stored one. Saves and loads are serialised: each sees the whole of the one before.
-    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<(), StoreError>;
+    /// keeps the stored one; true if it did. Saves and loads are serialised: each sees the whole of the
+    /// one before.
+    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<bool, StoreError>;
 }
 
 /// Whether a snapshot save replaces a stored snapshot that covers more of the log.
@@ -88,6 +89,8 @@ impl<S: SnapshotStore> Machine<S> {
         stored: Option<(Meta, Vec<u8>)>,
         observer: Arc<dyn ApplyObserver>,
     ) -> Result<Self, StoreError> {
+        let stored_snapshot =
+            stored.as_ref().map(|(meta, data)| (meta.last_log_id.map_or(0, |id| id.index), data.len() as u64));
         let (state, progress) = match stored {
             Some((meta, data)) => (restore(&data)?, Progress::of(&meta)),
             None => (LockState::new(), Progress::default()),
@@ -97,6 +100,9 @@ impl<S: SnapshotStore> Machine<S> {
         if restored {
             let state = machine.state.read().map_err(|_| StoreError::Poisoned)?;
             machine.observer.restored(&state);
+        }
+        if let Some((index, bytes)) = stored_snapshot {
+            machine.observer.snapshot_stored(index, bytes);
         }
         Ok(machine)
     }
@@ -164,10 +170,14 @@ impl<S: SnapshotStore> Machine<S> {
     /// meanwhile) and returns it (`RaftSnapshotBuilder::build_snapshot`).
     pub(crate) async fn build_snapshot(&self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let (meta, data) = self.build().map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-        self.snapshots
+        let saved = self
+            .snapshots
             .save(&meta, &data, Replace::IfNotOlder)
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        if saved {
+            self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), data.len() as u64);
+        }
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 
@@ -201,6 +211,7 @@ impl<S: SnapshotStore> Machine<S> {
             .save(meta, &data, Replace::Always)
             .await
             .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
+        self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), data.len() as u64);
         self.replace(meta, new_state).map_err(|e| StorageIOError::write_state_machine(&e))?;
         Ok(())
     }

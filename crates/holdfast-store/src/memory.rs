@@ -354,18 +354,18 @@ impl SnapshotStore for MemSnapshots {
         self.opened.read(|records| records.snapshot.as_deref().cloned())
     }
 
-    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<(), StoreError> {
+    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<bool, StoreError> {
         // The check and the write happen under one hold of the disk's lock, so saves are serialised.
         let mut disk = self.opened.lock()?;
         let stored = disk.current.snapshot.as_deref().map(|(meta, _)| meta);
         if !replace.replaces(stored, meta) {
-            return Ok(());
+            return Ok(false);
         }
         disk.write(Write::Snapshot(Arc::new((meta.clone(), data.to_vec()))));
         disk.flush();
         drop(disk);
         self.opened.observer.flushed(Duration::ZERO);
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -67,20 +67,21 @@ impl SnapshotStore for SledSnapshots {
         read_snapshot(&self.snapshots)
     }
 
-    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<(), StoreError> {
+    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<bool, StoreError> {
         let _io = self.io.lock().await;
         let stored: Option<Meta> = match self.snapshots.get(keys::SNAPSHOT_META)? {
             Some(bytes) => Some(bincode::deserialize(&bytes)?),
             None => None,
         };
         if !replace.replaces(stored.as_ref(), meta) {
-            return Ok(());
+            return Ok(false);
         }
         let mut batch = sled::Batch::default();
         batch.insert(keys::SNAPSHOT_META, bincode::serialize(meta)?);
         batch.insert(keys::SNAPSHOT_DATA, data);
         self.snapshots.apply_batch(batch)?;
-        flush(&self.db, self.observer.as_ref()).await
+        flush(&self.db, self.observer.as_ref()).await?;
+        Ok(true)
     }
 }
 
