@@ -294,6 +294,32 @@ async fn a_snapshot_asked_for_is_stored_reported_and_found_again_after_a_restart
     let again = cluster.send(cluster.http().post(&snapshot_url).bearer_auth(ADMIN_KEY), "snapshot again").await;
     assert_eq!(again.ok("snapshot again")["snapshot_index"].as_u64(), Some(index));
 
+    // The same through gRPC, with `holdfast cluster snapshot`, on the leader.
+    let cli = |key: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+        command.args(["cluster", "snapshot", "--json", "--endpoints", &cluster.client_addr(leader).to_string()]);
+        command.env_remove("HOLDFAST_ADMIN_KEY");
+        if let Some(key) = key {
+            command.args(["--admin-key", key]);
+        }
+        let output = command.output().expect("run holdfast cluster snapshot");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, _, stderr) = cli(None);
+    assert_ne!(code, Some(0), "refused without the admin key: {stderr}");
+    let (code, stdout, stderr) = cli(Some(ADMIN_KEY));
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer["id"].as_u64(), Some(leader as u64), "{answer}");
+    assert!(answer["snapshot_index"].as_u64().unwrap() >= last_fence, "{answer}");
+    let page = metrics(&cluster, leader).await.unwrap();
+    let (leader_bytes, leader_index) = (answer["snapshot_bytes"].as_f64(), answer["snapshot_index"].as_f64());
+    assert_eq!(gauges(&page), (leader_bytes, leader_index), "{page}");
+
     // A restarted follower opens from it, and says so before it takes another.
     cluster.stop(follower);
     cluster.restart(follower).await;

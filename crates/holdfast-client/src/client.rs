@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use holdfast_proto::v1::{
     AcquireRequest, AddMemberRequest, ClusterStatusRequest, GetRequest, ListRequest, ReleaseRequest,
-    RemoveMemberRequest, RenewRequest,
+    RemoveMemberRequest, RenewRequest, SnapshotRequest,
 };
 use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::pool::{normalize, Config, Pool};
 use crate::session::{HeldLock, Session};
-use crate::types::{millis_ceil, ClusterStatus, Hold, ListPage, LockInfo, Released};
+use crate::types::{millis_ceil, ClusterStatus, Hold, ListPage, LockInfo, Released, SnapshotInfo};
 
 /// Longest owner description the server accepts, in bytes.
 const OWNER_LEN_MAX: usize = 128;
@@ -462,6 +462,27 @@ impl Client {
         .await
     }
 
+    /// Admin: the node that answers (the preferred endpoint's, or the first that answers: give the client
+    /// one endpoint to choose the node) snapshots its lock state now, and answers once its stored snapshot
+    /// covers everything it had applied (up to a minute). Every node keeps a snapshot of its own and takes
+    /// one every `--snapshot-every` entries by itself; nothing is proposed.
+    pub async fn snapshot(&self, admin_key: Option<&str>) -> Result<SnapshotInfo, Error> {
+        let pool = &self.pool;
+        pool.call("snapshot", pool.retry(SNAPSHOT_WAIT), |i, mut client| {
+            let request = admin_request(SnapshotRequest {}, admin_key);
+            async move {
+                let answer = client.snapshot(request?).await?.into_inner();
+                Ok(SnapshotInfo {
+                    endpoint: pool.endpoints()[i].clone(),
+                    id: answer.id,
+                    index: answer.snapshot_index,
+                    bytes: answer.snapshot_bytes,
+                })
+            }
+        })
+        .await
+    }
+
     /// Admin: removes node `id` (a voter or a learner) from the cluster; the answer is the cluster
     /// afterwards.
     pub async fn remove_member(&self, id: u64, admin_key: Option<&str>) -> Result<ClusterStatus, Error> {
@@ -479,6 +500,8 @@ impl Client {
 
 /// How long the server may take over a membership change (it waits for a new node to catch up).
 const MEMBERSHIP_WAIT: Duration = Duration::from_secs(60);
+/// How long the server may take to build and store a snapshot it was asked for.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(60);
 
 /// `message` with `authorization: Bearer KEY` metadata when there is a key.
 fn admin_request<T>(message: T, admin_key: Option<&str>) -> Result<tonic::Request<T>, Error> {

@@ -65,4 +65,4 @@ pub use error::{Error, PROBLEM_METADATA};
 pub use pool::DEFAULT_PORT;
 pub use session::{HeldLock, Session};
 pub use tokio_util::sync::CancellationToken;
-pub use types::{ClusterStatus, Hold, HolderInfo, ListPage, LockInfo, Released, WaiterInfo};
+pub use types::{ClusterStatus, Hold, HolderInfo, ListPage, LockInfo, Released, SnapshotInfo, WaiterInfo};

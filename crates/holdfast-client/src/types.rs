@@ -152,6 +152,19 @@ impl From<v1::ListResponse> for ListPage {
     }
 }
 
+/// A snapshot a node took when asked, from [`Client::snapshot`](crate::Client::snapshot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The endpoint that answered, as the client spells it (`http://host:port`).
+    pub endpoint: String,
+    /// The id of the node that snapshot itself.
+    pub id: u64,
+    /// The last log index the snapshot covers (0: nothing was applied yet, and no snapshot was taken).
+    pub index: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
 /// One node's view of the cluster, from [`Client::cluster_status`](crate::Client::cluster_status).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterStatus {

@@ -313,6 +313,10 @@ impl Locks for Fake {
         let detail = format!("node {} is not a member", request.into_inner().id);
         Err(problem(tonic::Code::FailedPrecondition, "not-a-member", &detail))
     }
+
+    async fn snapshot(&self, _request: Request<v1::SnapshotRequest>) -> Result<Response<v1::SnapshotResponse>, Status> {
+        Err(Status::unimplemented("the fake server keeps no snapshots"))
+    }
 }
 
 fn problem(code: tonic::Code, slug: &str, detail: &str) -> Status {

@@ -25,6 +25,6 @@ pub mod v1 {
         AcquireRequest, Acquired, AddMemberRequest, Busy, Close, ClusterStatusRequest, ClusterStatusResponse,
         GetRequest, Heartbeat, HeartbeatAck, Hold, Holder, ListRequest, ListResponse, Lock, Lost, Open, Opened,
         ReleaseRequest, ReleaseResponse, Released, RemoveMemberRequest, RenewRequest, Resume, SessionAcquire,
-        SessionError, SessionEvent, SessionRelease, SessionRequest, Waiter, Waiting,
+        SessionError, SessionEvent, SessionRelease, SessionRequest, SnapshotRequest, SnapshotResponse, Waiter, Waiting,
     };
 }

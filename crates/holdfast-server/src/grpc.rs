@@ -14,7 +14,7 @@ use holdfast_core::{Grant, HolderView, Lease, LockView, Outcome, SessionId, Sess
 use holdfast_proto::v1::{
     self, AcquireRequest, Acquired, AddMemberRequest, ClusterStatusRequest, ClusterStatusResponse, EventKind,
     GetRequest, Hold, Holder, ListRequest, ListResponse, Locks, ReleaseRequest, ReleaseResponse, RemoveMemberRequest,
-    RenewRequest, RequestKind, SessionEvent, SessionRequest,
+    RenewRequest, RequestKind, SessionEvent, SessionRequest, SnapshotRequest, SnapshotResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -128,6 +128,12 @@ impl Locks for LocksService {
         ops::check_admin(&self.node, authorization(&request))?;
         ops::remove_member(&self.node, request.into_inner().id).await?;
         Ok(GrpcResponse::new(self.status()))
+    }
+
+    async fn snapshot(&self, request: GrpcRequest<SnapshotRequest>) -> Result<GrpcResponse<SnapshotResponse>, Status> {
+        ops::check_admin(&self.node, authorization(&request))?;
+        let (snapshot_index, snapshot_bytes) = self.node.snapshot().await.map_err(ApiError::from)?;
+        Ok(GrpcResponse::new(SnapshotResponse { id: self.node.id, snapshot_index, snapshot_bytes }))
     }
 }
 

@@ -57,6 +57,15 @@ pub async fn cluster_member(client: &Client, command: MemberCommand, admin_key: 
     finish(result.map(|s| status_out(&s)), as_json)
 }
 
+/// Runs `cluster snapshot`; prints what the node stored and answers the exit code.
+pub async fn cluster_snapshot(client: &Client, admin_key: Option<&str>, as_json: bool) -> u8 {
+    let result = client.snapshot(admin_key).await.map(|s| Out {
+        json: json!({"id": s.id, "endpoint": s.endpoint, "snapshot_index": s.index, "snapshot_bytes": s.bytes}),
+        table: format!("node {} at {}: snapshot up to index {}, {} bytes", s.id, s.endpoint, s.index, s.bytes),
+    });
+    finish(result, as_json)
+}
+
 /// What a command prints: a table for people, JSON for scripts.
 struct Out {
     json: Value,

@@ -230,6 +230,11 @@ enum ClusterCli {
         #[command(flatten)]
         admin: AdminKey,
     },
+    /// Have a node snapshot its lock state now (the first of --endpoints that answers: name one). Admin.
+    Snapshot {
+        #[command(flatten)]
+        admin: AdminKey,
+    },
 }
 
 #[derive(clap::Args)]
@@ -427,6 +432,9 @@ fn main() -> anyhow::Result<()> {
                 ClusterCli::Status => return cli::cluster_status(&client, target.json).await,
                 ClusterCli::Add { id, peer_addr, admin } => (cli::MemberCommand::Add { id, peer_addr }, admin),
                 ClusterCli::Remove { id, admin } => (cli::MemberCommand::Remove { id }, admin),
+                ClusterCli::Snapshot { admin } => {
+                    return cli::cluster_snapshot(&client, admin.admin_key.as_deref(), target.json).await
+                }
             };
             cli::cluster_member(&client, member, admin.admin_key.as_deref(), target.json).await
         })),
