@@ -355,6 +355,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         self.commit_told = self.commit_told.max(rpc.leader_commit);
         let last = rpc.entries.last().map(|entry| entry.log_id).or(rpc.prev_log_id);
         let vote = rpc.vote;
+        // Forgotten first: openraft drops this future when its timeout passes, and then nothing may be
+        // answered for the peer until a call has been answered again.
+        self.acked = None;
         let answer = self.call(Call::Append, &rpc, option.hard_ttl()).await;
         self.acked = match &answer {
             Ok(AppendEntriesResponse::Success) => Some((vote, last)),
@@ -369,6 +372,8 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        // The peer's log is replaced: what it acknowledged before says nothing about it any more.
+        self.acked = None;
         self.call(Call::Snapshot, &rpc, option.hard_ttl()).await
     }
 
@@ -535,7 +540,7 @@ mod tests {
                     let mut hello = [0u8; 8];
                     conn.read_exact(&mut hello).await.unwrap();
                     let mut buf = Vec::new();
-                    while wire::read_frame(&mut conn, &mut buf, MESSAGE_BYTES_MAX).await.unwrap() {
+                    while wire::read_frame(&mut conn, &mut buf, MESSAGE_BYTES_MAX).await.unwrap_or(false) {
                         let rpc: AppendEntriesRequest<TypeConfig> = bincode::deserialize(&buf[1..]).unwrap();
                         let index = |id: Option<LogId<NodeId>>| id.map(|id| id.index);
                         let seen = Seen {
@@ -552,7 +557,10 @@ mod tests {
                         let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = Ok(answer);
                         let mut frame = vec![0; 4];
                         bincode::serialize_into(&mut frame, &answer).unwrap();
-                        wire::write_frame(&mut conn, &mut frame).await.unwrap();
+                        // The caller may have given up on the call and closed the connection.
+                        if wire::write_frame(&mut conn, &mut frame).await.is_err() {
+                            return;
+                        }
                     }
                 });
             }
@@ -645,6 +653,24 @@ mod tests {
         assert!(!net.is_commit_notice(&append(5, 5, Some(5))));
         let answer = net.append_entries(append(5, 5, Some(5)), option()).await;
         assert!(matches!(answer, Ok(AppendEntriesResponse::HigherVote(_))), "{answer:?}");
+
+        // A call that openraft gave up on (its timeout dropped the future) leaves nothing acknowledged.
+        *refuse_empty.lock().unwrap() = None;
+        net.append_entries(append(5, 6, Some(5)), option()).await.unwrap();
+        assert!(net.is_commit_notice(&append(6, 6, Some(6))));
+        let started = {
+            let mut call = std::pin::pin!(net.append_entries(append(6, 7, Some(5)), option()));
+            // Polled once, as far as its first wait for the peer, then dropped.
+            futures_poll_once(call.as_mut()).await
+        };
+        assert!(started, "the call was waiting for the peer when it was dropped");
+        assert!(!net.is_commit_notice(&append(6, 6, Some(6))), "nothing acknowledged after a dropped call");
+    }
+
+    /// Polls `future` once; true if it was not done yet.
+    async fn futures_poll_once<F: std::future::Future>(future: std::pin::Pin<&mut F>) -> bool {
+        let mut future = Some(future);
+        std::future::poll_fn(|cx| std::task::Poll::Ready(future.take().unwrap().poll(cx).is_pending())).await
     }
 
     #[tokio::test]
