@@ -214,6 +214,9 @@ pub struct Node {
     last_stamp_ms: AtomicU64,
     /// Batches the leadership confirmations heartbeats need.
     confirmer: Confirmer,
+    /// The term this node leads (as far as it knows) and its last log index when it first confirmed its
+    /// leadership in it since it started: see [`Node::leader_floor`].
+    leader_floor: Mutex<Option<(u64, u64)>>,
     /// Batches one-lock commands into one log entry.
     pub(crate) proposer: crate::proposer::Proposer,
     pub metrics: Arc<Metrics>,
@@ -314,6 +317,7 @@ impl Node {
             committed_index,
             last_stamp_ms,
             confirmer,
+            leader_floor: Mutex::new(None),
             proposer: Default::default(),
             metrics,
             admin_key,
@@ -728,6 +732,9 @@ impl Node {
             let began = Instant::now();
             let confirmed =
                 matches!(tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable()).await, Ok(Ok(_)));
+            // Not confirmed until this node applied its floor: a heartbeat is answered from its state.
+            let confirmed =
+                confirmed && self.state.read().expect("lock state poisoned").applied_index() >= self.leader_floor();
             self.confirmer.rounds.send_replace(Some((began, confirmed)));
             // At most one round per CONFIRM_SPACING: heartbeats that arrive meanwhile share the next one.
             tokio::time::sleep_until(began + CONFIRM_SPACING).await;
@@ -867,14 +874,41 @@ impl Node {
         })
     }
 
+    /// The log index this node must have applied before it answers anything from its state as leader: its
+    /// last log index when it first confirmed its leadership in the current term since it started.
+    ///
+    /// openraft's `ensure_linearizable` waits only until the leader applied its commit index, or its first
+    /// entry of the term. A node that restarts while it leads is leader again at once, in the same term
+    /// (openraft 0.9 restores a committed vote for itself), with the commit index it last stored, which may
+    /// be behind (it is not flushed on its own), and no new entry of its own. Writes that were committed and
+    /// acknowledged before the restart were then not applied yet when it confirmed its leadership, and a
+    /// session resumed through it was told it held a lock its own acknowledged release had let go (seed
+    /// 873 of the simulation, after every node crashed). Every committed entry is in the leader's log, so
+    /// its whole log at its first confirmation covers them.
+    fn leader_floor(&self) -> u64 {
+        let (term, last) = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            (m.current_term, m.last_log_index.unwrap_or(0))
+        };
+        let mut floor = self.leader_floor.lock().expect("leader floor poisoned");
+        match *floor {
+            Some((t, index)) if t == term => index,
+            _ => {
+                *floor = Some((term, last));
+                last
+            }
+        }
+    }
+
     /// Confirms with a quorum that this node is still the leader, and that it applied everything
-    /// committed before now (openraft's `ensure_linearizable`).
+    /// committed before now (openraft's `ensure_linearizable`, and [`Node::leader_floor`]).
     pub async fn confirm_leader(&self) -> Result<(), NodeError> {
         let confirmed = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable())
             .await
             .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
         match confirmed {
-            Ok(_) => Ok(()),
+            Ok(_) => self.wait_applied(self.leader_floor()).await,
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
                 Err(NodeError::NotLeader { leader: f.leader_id })
             }
