@@ -886,11 +886,16 @@ impl Node {
     /// 873 of the simulation, after every node crashed). Every committed entry is in the leader's log, so
     /// its whole log at its first confirmation covers them.
     fn leader_floor(&self) -> u64 {
-        let (term, last) = {
+        let (term, last, leads) = {
             let metrics = self.raft.metrics();
             let m = metrics.borrow();
-            (m.current_term, m.last_log_index.unwrap_or(0))
+            (m.current_term, m.last_log_index.unwrap_or(0), m.current_leader == Some(self.id))
         };
+        if !leads {
+            // Deposed since it confirmed: nothing to wait for (its log's tail may never commit), and no
+            // floor to record for a term it does not lead.
+            return 0;
+        }
         let mut floor = self.leader_floor.lock().expect("leader floor poisoned");
         match *floor {
             Some((t, index)) if t == term => index,
