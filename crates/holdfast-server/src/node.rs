@@ -733,8 +733,7 @@ impl Node {
             let confirmed =
                 matches!(tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable()).await, Ok(Ok(_)));
             // Not confirmed until this node applied its floor: a heartbeat is answered from its state.
-            let confirmed =
-                confirmed && self.state.read().expect("lock state poisoned").applied_index() >= self.leader_floor();
+            let confirmed = confirmed && self.floor_to_apply().is_none();
             self.confirmer.rounds.send_replace(Some((began, confirmed)));
             // At most one round per CONFIRM_SPACING: heartbeats that arrive meanwhile share the next one.
             tokio::time::sleep_until(began + CONFIRM_SPACING).await;
@@ -906,6 +905,12 @@ impl Node {
         }
     }
 
+    /// The leader floor, if this node has not applied it yet.
+    fn floor_to_apply(&self) -> Option<u64> {
+        let floor = self.leader_floor();
+        (self.state.read().expect("lock state poisoned").applied_index() < floor).then_some(floor)
+    }
+
     /// Confirms with a quorum that this node is still the leader, and that it applied everything
     /// committed before now (openraft's `ensure_linearizable`, and [`Node::leader_floor`]).
     pub async fn confirm_leader(&self) -> Result<(), NodeError> {
@@ -913,7 +918,11 @@ impl Node {
             .await
             .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
         match confirmed {
-            Ok(_) => self.wait_applied(self.leader_floor()).await,
+            // Almost always applied already: only a leader restarted in its term waits here.
+            Ok(_) => match self.floor_to_apply() {
+                Some(floor) => self.wait_applied(floor).await,
+                None => Ok(()),
+            },
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
                 Err(NodeError::NotLeader { leader: f.leader_id })
             }

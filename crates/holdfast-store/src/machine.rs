@@ -89,11 +89,9 @@ impl<S: SnapshotStore> Machine<S> {
         stored: Option<(Meta, Vec<u8>)>,
         observer: Arc<dyn ApplyObserver>,
     ) -> Result<Self, StoreError> {
-        let stored_snapshot =
-            stored.as_ref().map(|(meta, data)| (meta.last_log_id.map_or(0, |id| id.index), data.len() as u64));
-        let (state, progress) = match stored {
-            Some((meta, data)) => (restore(&data)?, Progress::of(&meta)),
-            None => (LockState::new(), Progress::default()),
+        let (state, progress, stored) = match stored {
+            Some((meta, data)) => (restore(&data)?, Progress::of(&meta), Some((meta, data.len()))),
+            None => (LockState::new(), Progress::default(), None),
         };
         let restored = progress.last_applied.is_some();
         let machine = Self { state: Arc::new(RwLock::new(state)), progress: Mutex::new(progress), observer, snapshots };
@@ -101,8 +99,8 @@ impl<S: SnapshotStore> Machine<S> {
             let state = machine.state.read().map_err(|_| StoreError::Poisoned)?;
             machine.observer.restored(&state);
         }
-        if let Some((index, bytes)) = stored_snapshot {
-            machine.observer.snapshot_stored(index, bytes);
+        if let Some((meta, len)) = stored {
+            machine.stored(&meta, len);
         }
         Ok(machine)
     }
@@ -176,7 +174,7 @@ impl<S: SnapshotStore> Machine<S> {
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         if saved {
-            self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), data.len() as u64);
+            self.stored(&meta, data.len());
         }
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
@@ -211,9 +209,14 @@ impl<S: SnapshotStore> Machine<S> {
             .save(meta, &data, Replace::Always)
             .await
             .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
-        self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), data.len() as u64);
+        self.stored(meta, data.len());
         self.replace(meta, new_state).map_err(|e| StorageIOError::write_state_machine(&e))?;
         Ok(())
+    }
+
+    /// Tells the observer that the snapshot `meta` describes, `len` bytes, is now this node's current one.
+    fn stored(&self, meta: &Meta, len: usize) {
+        self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), len as u64);
     }
 
     /// Replaces the lock state and progress with a snapshot's.
