@@ -1240,6 +1240,7 @@ mod tests {
             holds: vec![hold(1, "a", 3, 10, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true)],
             end: Some(end(100, &[("a", 3)])),
+            last_membership_change: None,
         };
         assert_eq!(all(&history, ms(0), ms(1_000), &|_| true), vec![]);
     }
@@ -1255,6 +1256,7 @@ mod tests {
             holds: vec![hold(1, "a", 3, 10, 60_000), hold(2, "a", 3, 30, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true), write(2, 3, 35, 0, 1, true)],
             end: Some(end(100, &[])),
+            last_membership_change: None,
         };
         let checkers: Vec<&str> =
             all(&history, ms(0), ms(1_000), &|_| true).iter().map(|violation| violation.checker).collect();

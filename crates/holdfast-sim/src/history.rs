@@ -100,4 +100,7 @@ pub struct History {
     pub holds: Vec<Hold>,
     pub accesses: Vec<Access>,
     pub end: Option<Final>,
+    /// When the last membership change was made: one that removes the leader starts an election, so
+    /// liveness is judged from after it as from after the faults' heal.
+    pub last_membership_change: Option<At>,
 }

@@ -45,6 +45,12 @@ impl Recorder {
         self.history().holds.push(Hold { client, lock: lock.to_owned(), fence, from, until });
     }
 
+    /// Records that a membership change was made at `at`.
+    pub fn membership_changed(&self, at: At) {
+        let mut history = self.history();
+        history.last_membership_change = history.last_membership_change.max(Some(at));
+    }
+
     /// A copy of everything recorded so far.
     pub fn snapshot(&self) -> History {
         self.history().clone()

@@ -389,7 +389,8 @@ pub fn run(plan: &Plan) -> Report {
             Role::Session => sim.client(format!("c{client}"), workload::session_client(ctx)),
             Role::Keeper => sim.client(format!("c{client}"), workload::keeper_client(ctx)),
             Role::Admin { spare, victim } => {
-                // Every change is made well before the heal, so that liveness is judged on a settled cluster.
+                // Changes begin well before the heal; faults may hold the last of them up past it, and
+                // liveness is then judged from after it (see `check::all` below).
                 let changes_by = plan.healed_at.saturating_sub(Duration::from_secs(3));
                 sim.client(format!("c{client}"), workload::admin_client(ctx, *spare, *victim, changes_by))
             }
@@ -432,7 +433,10 @@ pub fn run(plan: &Plan) -> Report {
     let mut history = recorder.snapshot();
     history.end = end;
     let model = |lock: &str| MODEL_LOCKS.contains(&lock) || lock.starts_with(KEPT_PREFIX);
-    violations.extend(check::all(&history, plan.healed_at + SETTLE, plan.liveness_bound, &model));
+    // Liveness is judged on a settled cluster: after the heal and after the last membership change (which
+    // may remove the leader, or have a removed node campaign once), each with time for an election.
+    let settled = plan.healed_at.max(history.last_membership_change.unwrap_or_default()) + SETTLE;
+    violations.extend(check::all(&history, settled, plan.liveness_bound, &model));
     Report {
         seed: plan.seed,
         history,

@@ -319,6 +319,7 @@ pub async fn admin_client(ctx: Ctx, spare: u64, victim: u64, changes_by: At) -> 
             tokio::time::sleep(Duration::from_millis(rng.gen_range(100..500))).await;
         }
         tracing::info!(%method, id, at = ?now(), "membership changed");
+        ctx.recorder.membership_changed(now());
     }
     Ok(())
 }
