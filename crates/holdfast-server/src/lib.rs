@@ -128,12 +128,21 @@ pub async fn run(
     tracing::info!(id = config.id, %client_addr, peer_addr = %peer.local_addr()?, data_dir = %config.data_dir.display(), "starting holdfast node");
     let data_dir = config.data_dir.clone();
     let cache_bytes = config.cache_bytes;
+    let id = config.id;
     let storage = move |observer| {
         std::fs::create_dir_all(&data_dir)
             .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
         let (log, machine) = holdfast_store::open_with_cache(&data_dir, observer, cache_bytes)
             .with_context(|| format!("opening storage in {}", data_dir.display()))?;
-        Ok(Storage { state: machine.state(), committed_index: log.committed_index(), log, machine })
+        // The leader's own entries go to its followers while they are synced: see holdfast-store's `durable`.
+        let log = log.acknowledge_own_appends(id);
+        Ok(Storage {
+            state: machine.state(),
+            committed_index: log.committed_index(),
+            durable: log.durable(),
+            log,
+            machine,
+        })
     };
     match tls {
         Some(tls) => {
@@ -167,6 +176,8 @@ pub struct Storage<LS, SM> {
     pub state: holdfast_store::SharedState,
     /// The last committed index the log store knows of.
     pub committed_index: Arc<std::sync::atomic::AtomicU64>,
+    /// How far the log is durable: the leader tells its followers no commit index past it.
+    pub durable: holdfast_store::Durable,
 }
 
 /// How a node is reached and reaches its peers: real sockets (with or without TLS), or the simulation's.
@@ -210,7 +221,7 @@ where
         config.members
     );
     let events = Arc::new(Events::new(Arc::new(metrics::Metrics::new())));
-    let Storage { log: log_store, machine: sm_store, state, committed_index } = storage(events.clone())?;
+    let Storage { log: log_store, machine: sm_store, state, committed_index, durable } = storage(events.clone())?;
 
     let raft_config = openraft::Config {
         cluster_name: "holdfast".into(),
@@ -231,7 +242,7 @@ where
     };
     let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
-    let network = Network { peers: peers.clone() };
+    let network = Network { peers: peers.clone(), durable: Some(durable) };
     let raft = Raft::new(config.id, raft_config, network, log_store, sm_store).await.context("starting raft")?;
 
     // Every node may initialize with the full member list: the first entry is then the same everywhere,

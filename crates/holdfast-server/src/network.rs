@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use holdfast_proto::dial::{Dialer, Io};
-use holdfast_store::{NodeId, TypeConfig};
+use holdfast_store::{Durable, NodeId, TypeConfig};
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
@@ -238,6 +238,9 @@ fn still_open(conn: &mut Box<dyn Io>) -> bool {
 #[derive(Clone)]
 pub struct Network {
     pub peers: Arc<Peers>,
+    /// How far this node's log is durable: no commit index past it is sent (holdfast-store's `durable`
+    /// module says why). `None`: commit indexes go as openraft gives them.
+    pub durable: Option<Durable>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -248,6 +251,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr: node.addr.clone(),
             peers: self.peers.clone(),
+            durable: self.durable.clone(),
             acked: None,
             commit_told: None,
             held: None,
@@ -260,6 +264,7 @@ pub struct PeerNetwork {
     target: NodeId,
     addr: String,
     peers: Arc<Peers>,
+    durable: Option<Durable>,
     /// What the peer last answered `Success` to on this connection: the vote it accepted, and the last log
     /// id it then held from that leader.
     acked: Option<(Vote<NodeId>, Option<LogId<NodeId>>)>,
@@ -271,6 +276,16 @@ pub struct PeerNetwork {
 
 /// A commit notice held back, until the next request takes it away or its sender takes it to send.
 type HeldNotice = Arc<Mutex<Option<AppendEntriesRequest<TypeConfig>>>>;
+
+/// Lowers `rpc`'s commit index to the end of this node's durable log: a follower applies an entry only
+/// once its leader's copy is durable too (holdfast-store's `durable` module). A follower whose commit
+/// index was held back this way learns the rest from the next request (entries, a commit notice or a
+/// heartbeat).
+fn clamp_commit(durable: Option<&Durable>, rpc: &mut AppendEntriesRequest<TypeConfig>) {
+    if let Some(durable) = durable {
+        rpc.leader_commit = durable.clamp(rpc.leader_commit);
+    }
+}
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
@@ -296,11 +311,12 @@ impl PeerNetwork {
     /// if none goes within [`COMMIT_NOTICE_HOLD`], a task sends it alone (and drops its answer).
     fn hold(&mut self, rpc: AppendEntriesRequest<TypeConfig>, ttl: Duration) {
         let slot: HeldNotice = Arc::new(Mutex::new(Some(rpc)));
-        let (peers, target, addr) = (self.peers.clone(), self.target, self.addr.clone());
+        let (peers, target, addr, durable) = (self.peers.clone(), self.target, self.addr.clone(), self.durable.clone());
         let held = slot.clone();
         let sender = tokio::spawn(async move {
             tokio::time::sleep(COMMIT_NOTICE_HOLD).await;
-            let Some(rpc) = held.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() else { return };
+            let Some(mut rpc) = held.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() else { return };
+            clamp_commit(durable.as_ref(), &mut rpc);
             let answer: Result<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>, _> =
                 peers.call(target, &addr, Call::Append, &rpc, ttl).await;
             // Nothing to do with a failure: the next request to the peer carries the commit index again.
@@ -337,7 +353,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
 
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         // Whatever goes now carries a commit index at least as new as a notice held back (openraft's
@@ -352,7 +368,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
             self.hold(rpc, option.hard_ttl());
             return Ok(AppendEntriesResponse::Success);
         }
+        // What openraft means to have told, not what goes: a request that repeats it is not a new notice.
         self.commit_told = self.commit_told.max(rpc.leader_commit);
+        clamp_commit(self.durable.as_ref(), &mut rpc);
         let last = rpc.entries.last().map(|entry| entry.log_id).or(rpc.prev_log_id);
         let vote = rpc.vote;
         // Forgotten first: openraft drops this future when its timeout passes, and then nothing may be
@@ -588,7 +606,7 @@ mod tests {
     }
 
     async fn peer_network(addr: &str) -> PeerNetwork {
-        let mut factory = Network { peers: Arc::new(Peers::new(None, None)) };
+        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: None };
         factory.new_client(2, &BasicNode { addr: addr.to_owned() }).await
     }
 
@@ -665,6 +683,42 @@ mod tests {
         };
         assert!(started, "the call was waiting for the peer when it was dropped");
         assert!(!net.is_commit_notice(&append(6, 6, Some(6))), "nothing acknowledged after a dropped call");
+    }
+
+    /// A commit index past the end of the leader's durable log is lowered to it on the wire, in requests
+    /// with entries, heartbeats and held-back notices alike; what openraft meant to tell still decides
+    /// what counts as a new notice.
+    #[tokio::test]
+    async fn no_commit_index_past_the_durable_log_is_sent() {
+        use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+        let (addr, mut seen) = recording_peer(Arc::default()).await;
+        // A leader's log, durable through 5, with 6 and 7 written but not yet synced.
+        let disk = holdfast_store::MemDisk::new();
+        let (log, _sm) = holdfast_store::open_memory(&disk, Arc::new(holdfast_store::NoObserver));
+        let mut log = log.acknowledge_own_appends(1);
+        log.save_vote(&Vote::new_committed(TERM, 2)).await.unwrap();
+        let blank = |index| openraft::Entry { log_id: log_id(index), payload: openraft::EntryPayload::Blank };
+        log.blocking_append((1..=5).map(blank)).await.unwrap();
+        log.save_vote(&Vote::new_committed(TERM, 1)).await.unwrap();
+        log.blocking_append((6..=7).map(blank)).await.unwrap();
+        let durable = log.durable();
+        assert_eq!(durable.last(), Some(log_id(5)));
+
+        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: Some(durable) };
+        let mut net = factory.new_client(2, &BasicNode { addr: addr.clone() }).await;
+        net.append_entries(append(4, 7, Some(6)), option()).await.unwrap();
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(4), entries: 3, commit: Some(5) });
+        net.append_entries(append(7, 7, Some(4)), option()).await.unwrap();
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(7), entries: 0, commit: Some(4) });
+        // A notice of 7 is held back and goes alone, lowered to 5.
+        assert!(net.is_commit_notice(&append(7, 7, Some(7))));
+        net.append_entries(append(7, 7, Some(7)), option()).await.unwrap();
+        let alone = tokio::time::timeout(TTL, seen.recv()).await.expect("the held notice went out").unwrap();
+        assert_eq!(alone, Seen { prev: Some(7), entries: 0, commit: Some(5) });
+        // openraft told 7 already: a heartbeat with it is no new notice, and goes out (still lowered).
+        assert!(!net.is_commit_notice(&append(7, 7, Some(7))));
+        net.append_entries(append(7, 7, Some(7)), option()).await.unwrap();
+        assert_eq!(seen.try_recv().unwrap(), Seen { prev: Some(7), entries: 0, commit: Some(5) });
     }
 
     /// Polls `future` once; true if it was not done yet.

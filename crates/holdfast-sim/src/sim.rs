@@ -352,7 +352,15 @@ pub fn run(plan: &Plan) -> Report {
                 });
                 let storage = move |observer| {
                     let (log, machine) = open_memory(&disk, observer);
-                    Ok(Storage { state: machine.state(), committed_index: log.committed_index(), log, machine })
+                    let log = log.acknowledge_own_appends(id);
+                    let durable = log.durable();
+                    Ok(Storage {
+                        state: machine.state(),
+                        committed_index: log.committed_index(),
+                        durable,
+                        log,
+                        machine,
+                    })
                 };
                 let transport = Transport {
                     client: crate::net::ClientListener(client),

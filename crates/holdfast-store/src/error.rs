@@ -41,6 +41,10 @@ pub enum StoreError {
     /// segment's end, or segments that do not follow each other.
     #[error("the raft log is corrupt: {0}")]
     LogCorrupt(String),
+    /// A background sync of the Raft log failed (or its store is gone): whether the entries written
+    /// since the last sync are on disk is unknown, so nothing after them is applied.
+    #[error("the raft log's sync failed: {0}")]
+    SyncFailed(String),
     /// A flush did not run to its end (the runtime is shutting down, or the flush panicked).
     #[error("flush task: {0}")]
     FlushTask(#[from] tokio::task::JoinError),

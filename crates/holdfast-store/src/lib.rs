@@ -11,6 +11,8 @@
 //!
 //! # Modules
 //!
+//! - `durable`: how far a node's log is durable ([`Durable`]), for a leader that acknowledges its own
+//!   appends before their sync.
 //! - `log_store`, `wal` and `state_machine`: the node's store ([`open`]): the log in `wal`'s segment
 //!   files, the rest in sled.
 //! - `memory`: the memory store ([`open_memory`]), the same behaviour and contract on a [`MemDisk`].
@@ -48,7 +50,10 @@
 //! Each of these is on disk before the call acknowledges it:
 //!
 //! - appended entries: written and `fdatasync`ed, on the calling thread, before the append callback fires
-//!   (and before `append` returns);
+//!   (and before `append` returns); except, in a store opened for it
+//!   ([`LogStore::acknowledge_own_appends`]), a leader's own entries, which are written, acknowledged, and
+//!   synced by the log's own thread; the `durable` module ([`Durable`]) says what then waits for that
+//!   sync (apply, the commit index a leader sends, the saved `committed`) and why that is safe;
 //! - a truncation: later segment files deleted and the directory synced, the segment holding the first
 //!   removed entry cut and synced, before `truncate` returns;
 //! - a purge: `last_purged` flushed to sled first, then the segment files it covers deleted, before `purge`
@@ -69,8 +74,9 @@
 //!
 //! [`open_memory`] opens a node's storage on a [`MemDisk`], which models what a crash keeps: every
 //! call makes durable exactly what the disk store flushes, and [`MemDisk::crash`] forgets the rest
-//! (only the latest `committed`, with no background flush to save it). Reopening the disk is a
-//! restart, and restores as [`open`] does. It never blocks, spawns or reads a clock, so whole
+//! (the latest `committed`, with no background flush to save it, and a leader's own entries not yet
+//! flushed). Reopening the disk is a restart, and restores as [`open`] does; a leader's own entries
+//! become durable at the next flush of any kind, or when an apply waits for them. It never blocks, spawns or reads a clock, so whole
 //! clusters run on it in one thread in simulated time; flushes are reported as taking no time.
 //! [`MemDisk::acking_before_flush`] is a deliberately broken disk that loses acknowledged appends in
 //! a crash, to show a simulation's checkers catch it.
@@ -82,6 +88,7 @@
 //! [`seed_thread_rng`] on threads that call it (a simulation's), so a seed replays the same
 //! elections; other threads draw from `rand::thread_rng()`.
 
+mod durable;
 mod error;
 mod log;
 mod log_store;
@@ -98,6 +105,7 @@ use holdfast_core::{Applied, LockState, Outcome};
 use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
+pub use durable::Durable;
 pub use error::StoreError;
 pub use log_store::LogStore;
 pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
@@ -223,8 +231,12 @@ pub fn open_with_cache(
     }
     let wal = wal::Wal::open(&wal_dir, purged)?;
     let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
-    let log_store = LogStore::new(db.clone(), wal, meta, purged, observer.clone());
-    let state_machine = StateMachineStore::open(db, snapshots, observer)?;
+    let vote = match meta.get(keys::VOTE)? {
+        Some(bytes) => Some(bincode::deserialize(&bytes)?),
+        None => None,
+    };
+    let log_store = LogStore::new(db.clone(), wal, meta, purged, observer.clone(), vote);
+    let state_machine = StateMachineStore::open(db, snapshots, observer, log_store.durable())?;
     Ok((log_store, state_machine))
 }
 

@@ -6,7 +6,7 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 
 use openraft::storage::LogFlushed;
-use openraft::{LogId, LogState, StorageError, StorageIOError};
+use openraft::{Entry, LogId, LogState, StorageError, StorageIOError, Vote};
 
 use crate::{NodeId, StoreError, TypeConfig};
 
@@ -33,6 +33,38 @@ pub(crate) fn index_range(range: &impl RangeBounds<u64>) -> Option<(u64, Option<
 /// with every entry purged, the log ends where the purge did.
 pub(crate) fn log_state(last_purged: Option<LogId<NodeId>>, last_entry: Option<LogId<NodeId>>) -> LogState<TypeConfig> {
     LogState { last_purged_log_id: last_purged, last_log_id: last_entry.or(last_purged) }
+}
+
+/// Whether an append of `entries` is node `own`'s own, as leader: entries of the leader the last saved
+/// `vote` is for, and that leader is `own`. A node's entries come back to it from a later leader only
+/// after it saved that leader's vote, so those are judged a follower's. `own` `None`: nothing is.
+pub(crate) fn own_leader_append(
+    own: Option<NodeId>,
+    vote: Option<&Vote<NodeId>>,
+    entries: &[Entry<TypeConfig>],
+) -> bool {
+    let (Some(own), Some(vote)) = (own, vote) else { return false };
+    // In openraft's default (not single-term-leader) mode an entry's leader id is the vote's leader id.
+    let leader = vote.leader_id();
+    leader.voted_for() == Some(own) && entries.iter().all(|entry| entry.log_id.leader_id == *leader)
+}
+
+/// The vote a node restarts with, given the `vote` it saved: its own vote as leader comes back not
+/// committed when its own appends are acknowledged before their sync (`own` is its id).
+///
+/// openraft 0.9 restarts a node whose saved vote is its own committed one as leader at once, in the same
+/// term. Such a leader's own entries that a crash lost before their sync may live on in a follower's log,
+/// and the restarted leader would then write other entries under the same log ids (same term, same index):
+/// the follower, finding a log id it holds, keeps its own entry, and the replicas diverge. Not committed,
+/// the vote restarts the node as a follower, which campaigns for a new term; nobody else can lead the old
+/// one, so nothing is lost by it but the restart's election.
+pub(crate) fn restarted_vote(own: Option<NodeId>, vote: Vote<NodeId>) -> Vote<NodeId> {
+    match own {
+        Some(own) if vote.is_committed() && vote.leader_id().voted_for() == Some(own) => {
+            Vote::new(vote.leader_id().get_term(), own)
+        }
+        _ => vote,
+    }
 }
 
 /// Finishes an append whose entries were written (and made durable) with `written`: tells openraft
@@ -72,6 +104,33 @@ mod tests {
         assert_eq!(index_range(&(3..=7)), Some((3, Some(8))));
         assert_eq!(index_range(&(..=u64::MAX)), Some((0, None)));
         assert_eq!(index_range(&(Bound::Excluded(2), Bound::Included(4))), Some((3, Some(5))));
+    }
+
+    #[test]
+    fn an_append_is_the_nodes_own_only_under_its_own_vote() {
+        use openraft::{CommittedLeaderId, EntryPayload};
+        let entry = |term, leader| Entry::<TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(term, leader), 4),
+            payload: EntryPayload::Blank,
+        };
+        let own = Vote::new_committed(3, 1);
+        assert!(own_leader_append(Some(1), Some(&own), &[entry(3, 1)]));
+        assert!(own_leader_append(Some(1), Some(&Vote::new(3, 1)), &[entry(3, 1)]), "a vote not yet committed");
+        assert!(!own_leader_append(None, Some(&own), &[entry(3, 1)]), "not asked for");
+        assert!(!own_leader_append(Some(1), None, &[entry(3, 1)]));
+        assert!(!own_leader_append(Some(2), Some(&own), &[entry(3, 1)]), "another node's vote");
+        // The node's own entries of an earlier term, sent back by a later leader: a follower's append.
+        assert!(!own_leader_append(Some(1), Some(&Vote::new_committed(4, 2)), &[entry(3, 1)]));
+        assert!(!own_leader_append(Some(1), Some(&own), &[entry(3, 1), entry(2, 1)]), "one is of another term");
+    }
+
+    #[test]
+    fn a_leader_restarts_with_its_vote_not_committed_only_when_it_acknowledges_early() {
+        let own = Vote::new_committed(3, 1);
+        assert_eq!(restarted_vote(Some(1), own), Vote::new(3, 1));
+        assert_eq!(restarted_vote(None, own), own);
+        assert_eq!(restarted_vote(Some(2), own), own, "another node's leadership");
+        assert_eq!(restarted_vote(Some(1), Vote::new(3, 1)), Vote::new(3, 1));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use openraft::{
     StoredMembership,
 };
 
+use crate::durable::Durable;
 use crate::{ApplyObserver, NodeId, Response, SharedState, StoreError, TypeConfig};
 
 /// A snapshot's metadata.
@@ -79,6 +80,8 @@ pub(crate) struct Machine<S> {
     progress: Mutex<Progress>,
     observer: Arc<dyn ApplyObserver>,
     snapshots: S,
+    /// How far the node's log is durable: nothing is applied before it is (see the `durable` module).
+    durable: Durable,
 }
 
 impl<S: SnapshotStore> Machine<S> {
@@ -88,13 +91,15 @@ impl<S: SnapshotStore> Machine<S> {
         snapshots: S,
         stored: Option<(Meta, Vec<u8>)>,
         observer: Arc<dyn ApplyObserver>,
+        durable: Durable,
     ) -> Result<Self, StoreError> {
         let (state, progress, stored) = match stored {
             Some((meta, data)) => (restore(&data)?, Progress::of(&meta), Some((meta, data.len()))),
             None => (LockState::new(), Progress::default(), None),
         };
         let restored = progress.last_applied.is_some();
-        let machine = Self { state: Arc::new(RwLock::new(state)), progress: Mutex::new(progress), observer, snapshots };
+        let machine =
+            Self { state: Arc::new(RwLock::new(state)), progress: Mutex::new(progress), observer, snapshots, durable };
         if restored {
             let state = machine.state.read().map_err(|_| StoreError::Poisoned)?;
             machine.observer.restored(&state);
@@ -124,15 +129,16 @@ impl<S: SnapshotStore> Machine<S> {
         Ok((progress.last_applied, progress.last_membership))
     }
 
-    /// Applies `entries` in order (`RaftStateMachine::apply`): one answer per entry.
-    #[allow(
-        clippy::result_large_err,
-        reason = "the body of an openraft trait method, whose error is openraft's `StorageError`"
-    )]
-    pub(crate) fn apply<I>(&self, entries: I) -> Result<Vec<Response>, StorageError<NodeId>>
+    /// Applies `entries` in order (`RaftStateMachine::apply`): one answer per entry, once the node's log is
+    /// durable through the last (at once but on a leader whose own sync is still under way).
+    pub(crate) async fn apply<I>(&self, entries: I) -> Result<Vec<Response>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
     {
+        let entries: Vec<_> = entries.into_iter().collect();
+        if let Some(last) = entries.last().map(|entry| entry.log_id) {
+            self.durable.reached(last.index).await.map_err(|e| StorageIOError::apply(last, &e))?;
+        }
         // One entry at a time under the write lock, so readers get in between the entries of a long
         // re-apply.
         let mut responses = Vec::new();
@@ -274,7 +280,7 @@ macro_rules! raft_state_machine {
                 I: IntoIterator<Item = openraft::Entry<$crate::TypeConfig>> + openraft::OptionalSend,
                 I::IntoIter: openraft::OptionalSend,
             {
-                self.machine.apply(entries)
+                self.machine.apply(entries).await
             }
 
             async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

@@ -19,6 +19,7 @@ use std::time::Duration;
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
+use crate::durable::{Durable, Synced, SyncedSender};
 use crate::machine::{Machine, Meta, Replace, SnapshotStore};
 use crate::{log, ApplyObserver, NodeId, SharedState, StoreError, TypeConfig};
 
@@ -64,6 +65,9 @@ struct Records {
 enum Write {
     /// Entries, added to the log or replacing those at their indexes.
     Append(Vec<Entry<TypeConfig>>),
+    /// A leader's own entries, acknowledged before they are durable (see
+    /// [`MemLogStore::acknowledge_own_appends`]): added as `Append` adds them.
+    LeaderAppend(Vec<Entry<TypeConfig>>),
     /// Removes the entries from index `since` on.
     Truncate {
         since: u64,
@@ -80,7 +84,7 @@ enum Write {
 impl Records {
     fn apply(&mut self, write: &Write) {
         match write {
-            Write::Append(entries) => {
+            Write::Append(entries) | Write::LeaderAppend(entries) => {
                 self.log.extend(entries.iter().map(|entry| (entry.log_id.index, entry.clone())));
             }
             Write::Truncate { since } => drop(self.log.split_off(since)),
@@ -147,8 +151,10 @@ impl MemDisk {
         let mut disk = self.lock();
         let acks_before_flush = disk.acks_before_flush;
         assert!(
-            acks_before_flush || disk.unflushed.iter().all(|write| matches!(write, Write::Committed(_))),
-            "a correct memory disk flushes every write but `committed` before it acknowledges it"
+            acks_before_flush
+                || disk.unflushed.iter().all(|write| matches!(write, Write::Committed(_) | Write::LeaderAppend(_))),
+            "a correct memory disk flushes every write but `committed` and a leader's own entries before it \
+             acknowledges it"
         );
         disk.unflushed.clear();
         disk.current = disk.durable.clone();
@@ -170,6 +176,8 @@ struct Opened {
     epoch: u64,
     /// Told of each flush, as taking no time.
     observer: Arc<dyn ApplyObserver>,
+    /// How far the log is durable, published after every flush.
+    synced: Arc<SyncedSender>,
 }
 
 impl Opened {
@@ -195,9 +203,38 @@ impl Opened {
     /// Runs `update` on the disk, then reports the flush it made to the observer (with the disk's
     /// lock released: the observer is not this module's code).
     fn flushing(&self, update: impl FnOnce(&mut Disk)) -> Result<(), StoreError> {
-        update(&mut *self.lock()?);
+        {
+            let mut disk = self.lock()?;
+            update(&mut disk);
+            self.publish(&disk);
+        }
         self.observer.flushed(Duration::ZERO);
         Ok(())
+    }
+
+    /// Publishes how far `disk`'s log is durable: a flush makes all of it so, but a leader's own entries
+    /// written since.
+    fn publish(&self, disk: &Disk) {
+        let durable = &disk.durable;
+        let last = log::log_state(durable.last_purged, durable.log.last_key_value().map(|(_, e)| e.log_id)).last_log_id;
+        // Only the log's durable part counts, and only if what reads see agrees with it there.
+        let agrees = last.is_none_or(|last| disk.current.log.get(&last.index).is_none_or(|e| e.log_id == last));
+        let pending = disk.unflushed.iter().any(|write| matches!(write, Write::LeaderAppend(_)));
+        self.synced.send_if_modified(|synced| {
+            let last = if agrees { last } else { synced.last };
+            let changed = synced.last != last || synced.pending != pending;
+            synced.last = last;
+            synced.pending = pending;
+            changed
+        });
+    }
+
+    /// Flushes everything written: what [`Durable`] asks for when an apply waits for a leader's own
+    /// entries. A store fenced off by a crash or a later open fails its waiters.
+    fn sync_now(&self) {
+        if let Err(e) = self.flushing(Disk::flush) {
+            self.synced.send_modify(|synced| synced.failed = Some(e.to_string().into()));
+        }
     }
 
     /// Writes `write` and flushes.
@@ -221,10 +258,22 @@ pub fn open_memory(disk: &MemDisk, observer: Arc<dyn ApplyObserver>) -> (MemLogS
         locked.epoch += 1;
         (locked.epoch, locked.current.snapshot.as_deref().cloned())
     };
-    let opened = Opened { disk: disk.clone(), epoch, observer: observer.clone() };
-    let machine = Machine::open(MemSnapshots { opened: opened.clone() }, stored, observer)
+    let synced = Arc::new(SyncedSender::new(Synced::default()));
+    let opened = Opened { disk: disk.clone(), epoch, observer: observer.clone(), synced };
+    // A restart without a crash finds what the node wrote (as the kernel keeps it), and syncs it first,
+    // as the disk store's open syncs its log files (unreported, as there).
+    {
+        let mut locked = disk.lock();
+        locked.flush();
+        opened.publish(&locked);
+    }
+    let durable = {
+        let opened = opened.clone();
+        Durable::new(opened.synced.subscribe(), Some(Arc::new(move || opened.sync_now())))
+    };
+    let machine = Machine::open(MemSnapshots { opened: opened.clone() }, stored, observer, durable)
         .expect("a stored snapshot restores: its bytes are a state that passed its invariant checks");
-    let log_store = MemLogStore { opened, committed_index: Default::default() };
+    let log_store = MemLogStore { opened, committed_index: Default::default(), own: None };
     (log_store, MemStateMachine { machine: Arc::new(machine) })
 }
 
@@ -234,9 +283,25 @@ pub struct MemLogStore {
     opened: Opened,
     /// The last committed index openraft saved, for status reports (0: none yet).
     committed_index: Arc<AtomicU64>,
+    /// This node's id, if its own appends as leader are acknowledged before they are durable.
+    own: Option<NodeId>,
 }
 
 impl MemLogStore {
+    /// Acknowledges node `id`'s own appends as leader before they are durable, as
+    /// [`crate::LogStore::acknowledge_own_appends`] does: they become durable at the next flush of any
+    /// kind, or when an apply waits for them, and a crash before that loses them.
+    pub fn acknowledge_own_appends(mut self, id: NodeId) -> Self {
+        self.own = Some(id);
+        self
+    }
+
+    /// How far this node's log is durable.
+    pub fn durable(&self) -> Durable {
+        let opened = self.opened.clone();
+        Durable::new(self.opened.synced.subscribe(), Some(Arc::new(move || opened.sync_now())))
+    }
+
     /// The last committed log index this node knows of, kept current as openraft reports commits; for
     /// status pages and readiness (0 before the first). As [`crate::LogStore::committed_index`].
     pub fn committed_index(&self) -> Arc<AtomicU64> {
@@ -286,12 +351,17 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        Ok(self.opened.read(|records| records.vote).map_err(|e| StorageIOError::read_vote(&e))?)
+        let vote = self.opened.read(|records| records.vote).map_err(|e| StorageIOError::read_vote(&e))?;
+        Ok(vote.map(|vote| log::restarted_vote(self.own, vote)))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
         // Not flushed on its own, as in the disk store: see "Durability" in the crate docs.
         self.committed_index.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
+        if self.durable().clamp(committed) != committed {
+            // Past the log's durable end, as in the disk store.
+            return Ok(());
+        }
         Ok(self.opened.write(Write::Committed(committed)).map_err(|e| StorageIOError::write(&e))?)
     }
 
@@ -304,7 +374,19 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let entries = entries.into_iter().collect();
+        let entries: Vec<_> = entries.into_iter().collect();
+        let (vote, broken) = {
+            let disk = self.opened.lock().map_err(|e| StorageIOError::write_logs(&e))?;
+            (disk.current.vote, disk.acks_before_flush)
+        };
+        // The broken disk acknowledges every append before its flush, and nothing waits for one.
+        if !broken && log::own_leader_append(self.own, vote.as_ref(), &entries) {
+            let written = self.opened.lock().map(|mut disk| {
+                disk.write(Write::LeaderAppend(entries));
+                self.opened.publish(&disk);
+            });
+            return log::complete_append(written, callback);
+        }
         log::complete_append(self.opened.flushing(|disk| disk.append(entries)), callback)
     }
 
@@ -363,6 +445,7 @@ impl SnapshotStore for MemSnapshots {
         }
         disk.write(Write::Snapshot(Arc::new((meta.clone(), data.to_vec()))));
         disk.flush();
+        self.opened.publish(&disk);
         drop(disk);
         self.opened.observer.flushed(Duration::ZERO);
         Ok(true)

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::durable::Durable;
 use crate::machine::{Machine, Meta, Replace, SnapshotStore};
 use crate::{flush, keys, ApplyObserver, SharedState, StoreError};
 
@@ -39,10 +40,11 @@ impl StateMachineStore {
         db: sled::Db,
         snapshots: sled::Tree,
         observer: Arc<dyn ApplyObserver>,
+        durable: Durable,
     ) -> Result<Self, StoreError> {
         let stored = read_snapshot(&snapshots)?;
         let snapshots = SledSnapshots { db, snapshots, observer: observer.clone(), io: tokio::sync::Mutex::new(()) };
-        Ok(Self { machine: Arc::new(Machine::open(snapshots, stored, observer)?) })
+        Ok(Self { machine: Arc::new(Machine::open(snapshots, stored, observer, durable)?) })
     }
 }
 

@@ -6,7 +6,9 @@
 //! caller then hops through tokio's blocking pool as well. At 64 clients those wake-ups were about a
 //! fifth of the machine's CPU, and the hops sat on every write's path twice (leader, then follower).
 //! Here an append is one `pwrite` and one `fdatasync` on the calling thread, into space allocated in
-//! advance so that the sync rarely has a file size to update.
+//! advance so that the sync rarely has a file size to update. A leader's own appends
+//! ([`Wal::append_unsynced`]) are only the `pwrite`: a thread of the log's own (`holdfast-log-sync`)
+//! syncs every segment written since, and publishes how far the log is durable ([`Wal::durable`]).
 //!
 //! # Files
 //!
@@ -25,7 +27,8 @@
 //!
 //! # Crashes
 //!
-//! An append is acknowledged after its `fdatasync`, so what a crash can leave is a tail the sync did not
+//! An append is acknowledged after its `fdatasync` (a leader's own, before: see the `durable` module for
+//! why nothing acts on it until its sync), so what a crash can leave is a tail the sync did not
 //! cover: a record cut short, or whole records not yet acknowledged. [`Wal::open`] keeps the records up
 //! to the first that is short, fails its CRC, does not decode, or does not follow the one before, and
 //! cuts the last segment there (zeroing the rest), so that garbage is never read back later. Earlier
@@ -40,11 +43,13 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use openraft::{Entry, LogId};
 
-use crate::{NodeId, StoreError, TypeConfig};
+use crate::durable::{Durable, Synced, SyncedSender};
+use crate::{ApplyObserver, NodeId, StoreError, TypeConfig};
 
 /// Bytes allocated for each new segment. A segment grows past this only to take one batch larger than
 /// that whole space.
@@ -87,6 +92,13 @@ impl Segment {
 pub(crate) struct Wal {
     dir: PathBuf,
     inner: Mutex<Inner>,
+    /// Held by whoever syncs written entries, and across a truncation or purge: so that how far the log
+    /// is durable is only ever published for the log as it is.
+    syncing: Mutex<()>,
+    /// How far the log is durable, for [`Durable`].
+    synced: SyncedSender,
+    /// Wakes the thread that syncs appends made by [`Wal::append_unsynced`]; started with the first.
+    syncer: OnceLock<SyncSender<()>>,
 }
 
 struct Inner {
@@ -96,6 +108,10 @@ struct Inner {
     last: Option<LogId<NodeId>>,
     /// The index of the last purged entry, as given to [`Wal::open`] and [`Wal::purge`].
     purged: Option<u64>,
+    /// Segments written since their last sync.
+    dirty: Vec<Arc<File>>,
+    /// Why a sync failed, once one did: nothing is written after that.
+    failed: Option<Arc<str>>,
 }
 
 /// Whether a run of entries starting at `first` may come after the entry at index `before`: right after it,
@@ -253,8 +269,19 @@ impl Wal {
             last = segment_last;
             segments.push(segment);
         }
-        let wal =
-            Wal { dir: dir.to_owned(), inner: Mutex::new(Inner { segments, last, purged: purged.map(|p| p.index) }) };
+        // A process that stopped before its background sync leaves written entries that the kernel
+        // holds but may not have on disk: they are synced before anything counts them as durable.
+        for segment in &segments {
+            segment.file.sync_data().map_err(StoreError::Io)?;
+        }
+        let inner = Inner { segments, last, purged: purged.map(|p| p.index), dirty: Vec::new(), failed: None };
+        let wal = Wal {
+            dir: dir.to_owned(),
+            inner: Mutex::new(inner),
+            syncing: Mutex::new(()),
+            synced: SyncedSender::new(Synced { last, pending: false, failed: None }),
+            syncer: OnceLock::new(),
+        };
         let mut inner = wal.inner();
         let segments = &mut inner.segments;
         match segments.last() {
@@ -291,8 +318,101 @@ impl Wal {
         Ok(())
     }
 
-    /// Appends `entries` (consecutive indexes) and makes them durable before it returns. Blocks on disk IO.
+    /// How far the log is durable, followed as it changes.
+    pub(crate) fn durable(&self) -> Durable {
+        Durable::new(self.synced.subscribe(), None)
+    }
+
+    /// Appends `entries` (consecutive indexes) and makes them durable (with everything written before them)
+    /// before it returns. Blocks on disk IO.
     pub(crate) fn append(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>) -> Result<(), StoreError> {
+        self.write(entries, false)?;
+        let syncing = self.syncing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.sync_written(&syncing)
+    }
+
+    /// Appends `entries` and returns once they are written, before they are durable: a thread of the log's
+    /// own syncs them (telling `observer` how long each sync took), and [`Wal::durable`] tells when it has.
+    /// Blocks on the write only.
+    pub(crate) fn append_unsynced(
+        self: &Arc<Self>,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+        observer: &Arc<dyn ApplyObserver>,
+    ) -> Result<(), StoreError> {
+        // Published as pending before the append returns: an apply of these entries waits for their sync.
+        self.write(entries, true)?;
+        let syncer = self.syncer.get_or_init(|| self.start_syncer(observer.clone()));
+        match syncer.try_send(()) {
+            // Full: the syncer is woken already, and syncs whatever is written when it runs.
+            Ok(()) | Err(TrySendError::Full(())) => Ok(()),
+            Err(TrySendError::Disconnected(())) => Err(StoreError::SyncFailed("the log's sync thread stopped".into())),
+        }
+    }
+
+    /// Starts the thread that syncs what [`Wal::append_unsynced`] wrote, each time it is woken; it ends when
+    /// the log is dropped.
+    fn start_syncer(self: &Arc<Self>, observer: Arc<dyn ApplyObserver>) -> SyncSender<()> {
+        let (wake, woken) = sync_channel::<()>(1);
+        let wal: Weak<Wal> = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("holdfast-log-sync".into()).spawn(move || {
+            while woken.recv().is_ok() {
+                let Some(wal) = wal.upgrade() else { return };
+                let started = std::time::Instant::now();
+                let syncing = wal.syncing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if let Err(e) = wal.sync_written(&syncing) {
+                    tracing::error!(%e, "syncing the raft log failed: this node applies nothing more");
+                    return;
+                }
+                drop(syncing);
+                observer.flushed(started.elapsed());
+            }
+        });
+        if let Err(e) = spawned {
+            // The sender is dropped with the receiver the thread never got: the append reports it.
+            tracing::error!(%e, "cannot start the raft log's sync thread");
+        }
+        wake
+    }
+
+    /// Syncs every segment written since its last sync, then publishes the log as durable through its
+    /// last entry as of the start. The caller holds `syncing`.
+    fn sync_written(&self, _syncing: &MutexGuard<'_, ()>) -> Result<(), StoreError> {
+        let (dirty, last) = {
+            let mut inner = self.inner();
+            if let Some(why) = &inner.failed {
+                return Err(StoreError::SyncFailed(why.to_string()));
+            }
+            (std::mem::take(&mut inner.dirty), inner.last)
+        };
+        for file in &dirty {
+            if let Err(e) = file.sync_data() {
+                // An fsync that failed may have dropped the pages it could not write (and a retry
+                // reports success): whatever was written is of unknown durability for good.
+                let why: Arc<str> = format!("fdatasync: {e}").into();
+                self.inner().failed = Some(why.clone());
+                self.synced.send_modify(|synced| synced.failed = Some(why));
+                return Err(StoreError::Io(e));
+            }
+        }
+        self.publish_synced(&self.inner(), last);
+        Ok(())
+    }
+
+    /// Publishes the log as durable through `last` (with `syncing` held, and `inner` locked so that no
+    /// append comes in between): entries written after it are still pending.
+    fn publish_synced(&self, inner: &Inner, last: Option<LogId<NodeId>>) {
+        let pending = inner.last != last;
+        self.synced.send_if_modified(|synced| {
+            let changed = synced.last != last || synced.pending != pending;
+            synced.last = last;
+            synced.pending = pending;
+            changed
+        });
+    }
+
+    /// Writes `entries` (consecutive indexes) after the log's last entry, where reads see them, and marks
+    /// their segment as needing a sync; `pending`: published as acknowledged before their sync.
+    fn write(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>, pending: bool) -> Result<(), StoreError> {
         let mut buf = Vec::new();
         let mut ends = Vec::new();
         let (mut first, mut last) = (None::<u64>, None::<LogId<NodeId>>);
@@ -308,10 +428,12 @@ impl Wal {
             last = Some(entry.log_id);
         }
         let (Some(first), Some(last)) = (first, last) else { return Ok(()) };
-        // Where the batch goes, decided under the lock; written and synced without it, beyond the end
-        // that readers see.
+        // Where the batch goes, decided under the lock; written without it, beyond the end that readers see.
         let (file, at) = {
             let mut inner = self.inner();
+            if let Some(why) = &inner.failed {
+                return Err(StoreError::SyncFailed(why.to_string()));
+            }
             // openraft truncates before it appends over entries it has, and appends past the end only after
             // a purge that covers the gap; anything else, no later open would accept.
             if let Some(before) = inner.last.filter(|before| !may_follow(before.index, first, inner.purged)) {
@@ -329,13 +451,18 @@ impl Wal {
             (active.file.clone(), active.end())
         };
         file.write_all_at(&buf, at).map_err(StoreError::Io)?;
-        file.sync_data().map_err(StoreError::Io)?;
 
         let mut inner = self.inner();
         let active = inner.segments.last_mut().expect("a log always has a segment");
         active.first.get_or_insert(first);
         active.records.extend(ends.into_iter().map(|end| at + end));
         inner.last = Some(last);
+        if !inner.dirty.iter().any(|dirty| Arc::ptr_eq(dirty, &file)) {
+            inner.dirty.push(file);
+        }
+        if pending {
+            self.synced.send_if_modified(|synced| !std::mem::replace(&mut synced.pending, true));
+        }
         Ok(())
     }
 
@@ -357,6 +484,9 @@ impl Wal {
 
     /// Removes the entries from index `since` on, durably, before it returns. Blocks on disk IO.
     pub(crate) fn truncate(&self, since: u64) -> Result<(), StoreError> {
+        // What was written before is synced first, so that the log left is durable as a whole.
+        let syncing = self.syncing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.sync_written(&syncing)?;
         let mut inner = self.inner();
         let segments = &mut inner.segments;
         // Whole segments first, the highest first, so that a crash part-way leaves a prefix of the log.
@@ -387,12 +517,16 @@ impl Wal {
             Some((segment, next)) => segment_entries(segment, next - 1, next)?.pop().map(|entry| entry.log_id),
             None => None,
         };
+        let last = inner.last;
+        self.publish_synced(&inner, last);
         Ok(())
     }
 
     /// Deletes the segments all of whose entries are at or below `upto` (never the last one). The caller
     /// has already recorded `upto` as purged, durably, and reads nothing at or below it.
     pub(crate) fn purge(&self, upto: u64) -> Result<(), StoreError> {
+        // Not while a sync is under way: it may hold a segment this deletes.
+        let _syncing = self.syncing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut inner = self.inner();
         inner.purged = Some(inner.purged.map_or(upto, |purged| purged.max(upto)));
         let segments = &mut inner.segments;
@@ -441,6 +575,30 @@ mod tests {
         wal.purge(9).unwrap();
         wal.append((10..=12).map(|i| entry(1, i))).unwrap();
         wal
+    }
+
+    #[test]
+    fn unsynced_appends_are_read_at_once_and_published_durable_by_the_sync_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Arc::new(Wal::open(dir.path(), None).unwrap());
+        let durable = wal.durable();
+        wal.append((1..=2).map(|i| entry(1, i))).unwrap();
+        assert_eq!(durable.last().map(|id| id.index), Some(2), "a synced append is durable when it returns");
+        let observer: Arc<dyn ApplyObserver> = Arc::new(crate::NoObserver);
+        wal.append_unsynced((3..=5).map(|i| entry(1, i)), &observer).unwrap();
+        assert_eq!(indexes(&wal, 1, None), vec![1, 2, 3, 4, 5]);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        runtime.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), durable.reached(5)).await.unwrap().unwrap();
+        });
+        // Truncating unsynced entries: the log is durable through what is left.
+        wal.append_unsynced((6..=7).map(|i| entry(1, i)), &observer).unwrap();
+        wal.truncate(6).unwrap();
+        assert_eq!(durable.last().map(|id| id.index), Some(5));
+        drop(wal);
+        let reopened = Wal::open(dir.path(), None).unwrap();
+        assert_eq!(indexes(&reopened, 1, None), vec![1, 2, 3, 4, 5]);
+        assert_eq!(reopened.durable().last().map(|id| id.index), Some(5));
     }
 
     fn only_segment(dir: &Path) -> PathBuf {

@@ -223,6 +223,34 @@ async fn restart_reapplies_committed_log_after_snapshot() -> Result {
     Ok(())
 }
 
+/// A leader's own entries (`acknowledge_own_appends`) are written at once and synced by the log's own
+/// thread; applying them waits until they are durable, and a follower's append is durable when it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_own_appends_are_synced_in_the_background_and_applied_once_durable() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![blank(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(1, 3, "beta", "b", 2)];
+    {
+        let (log, mut sm) = open_quiet(dir.path())?;
+        let mut log = log.acknowledge_own_appends(1);
+        let durable = log.durable();
+        log.save_vote(&Vote::new_committed(1, 1)).await?;
+        log.blocking_append(entries.clone()).await?;
+        assert_eq!(log.try_get_log_entries(..).await?, entries, "reads see them at once");
+        tokio::time::timeout(Duration::from_secs(10), sm.apply(entries.clone())).await??;
+        assert_eq!(durable.last(), Some(log_id(1, 3)), "applied only once durable");
+        assert_eq!(state_bytes(&sm), model(&entries).snapshot());
+        log.save_committed(Some(log_id(1, 3))).await?;
+
+        log.save_vote(&Vote::new_committed(2, 2)).await?;
+        log.blocking_append(vec![blank(2, 4)]).await?;
+        assert_eq!(durable.last(), Some(log_id(2, 4)), "a follower's append is durable when acknowledged");
+    }
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    assert_eq!(log.try_get_log_entries(..).await?.len(), 4);
+    assert_eq!(log.read_committed().await?, Some(log_id(1, 3)));
+    Ok(())
+}
+
 /// Regression: sled 0.34's `flush_async` never completes once about eight flushes are in flight in
 /// one process (spacejam/sled#1241, #1308). Sixteen stores flushing at once, as a process running
 /// several nodes does, must all finish. The stores run on a thread of their own so that a hang fails

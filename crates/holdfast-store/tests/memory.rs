@@ -376,3 +376,47 @@ async fn random_calls_and_crashes_match_a_model() -> Result {
     }
     Ok(())
 }
+
+/// A leader's own entries (`acknowledge_own_appends`) are acknowledged before they are durable: a crash
+/// before anything flushes them loses them, `committed` is not saved past them, and an apply of them
+/// first makes them durable. A follower's append under the same store is durable when acknowledged.
+#[tokio::test]
+async fn a_leaders_own_appends_are_durable_only_once_flushed_and_applied_only_then() -> Result {
+    let disk = MemDisk::new();
+    let entries = [blank(1, 1), acquire(1, 2, "alpha", "a", 1)];
+    {
+        let (log, _sm) = reopen(&disk);
+        let mut log = log.acknowledge_own_appends(1);
+        // Node 1 is the leader of term 1: the vote is its own, and so are the entries.
+        log.save_vote(&Vote::new_committed(1, 1)).await?;
+        log.blocking_append(entries.to_vec()).await?;
+        assert_eq!(log_ids(&mut log).await?, vec![log_id(1, 1), log_id(1, 2)], "reads see them at once");
+        assert_eq!(log.durable().last(), None, "not durable yet");
+        log.save_committed(Some(log_id(1, 2))).await?;
+        assert_eq!(log.read_committed().await?, None, "not saved past the durable log");
+    }
+    disk.crash();
+    let (mut log, mut sm) = reopen(&disk);
+    assert_eq!(log_ids(&mut log).await?, vec![], "the crash lost the leader's unflushed entries");
+
+    let mut log = log.acknowledge_own_appends(1);
+    log.save_vote(&Vote::new_committed(2, 1)).await?;
+    let own: Vec<_> = (1..=3).map(|i| blank(2, i)).collect();
+    log.blocking_append(own).await?;
+    let durable = log.durable();
+    assert_eq!(durable.last(), None);
+    // Applying them waits for them to be durable: the memory store flushes when asked.
+    sm.apply((1..=3).map(|i| blank(2, i)).collect::<Vec<_>>()).await?;
+    assert_eq!(durable.last(), Some(log_id(2, 3)));
+    log.save_committed(Some(log_id(2, 3))).await?;
+    assert_eq!(log.read_committed().await?, Some(log_id(2, 3)));
+
+    // Another leader's vote: the same kind of entries are a follower's, durable when acknowledged.
+    log.save_vote(&Vote::new_committed(3, 2)).await?;
+    log.blocking_append(vec![blank(2, 4)]).await?;
+    assert_eq!(durable.last(), Some(log_id(2, 4)));
+    disk.crash();
+    let (mut log, _sm) = reopen(&disk);
+    assert_eq!(log.try_get_log_entries(..).await?.len(), 4);
+    Ok(())
+}
