@@ -138,7 +138,8 @@ impl MemDisk {
 
     /// A deliberately broken disk for the simulation's checker tests: appends are acknowledged before
     /// they are durable (they become durable only at the next flush: the next append or vote, or a
-    /// truncate, purge or snapshot), so a crash loses acknowledged entries.
+    /// truncate, purge or snapshot), so a crash loses acknowledged entries. It reports them durable too
+    /// ([`MemLogStore::durable`]), so that nothing waits for a flush that never comes.
     pub fn acking_before_flush() -> Self {
         let disk = Disk { acks_before_flush: true, ..Disk::default() };
         Self { disk: Arc::new(Mutex::new(disk)) }
@@ -215,7 +216,8 @@ impl Opened {
     /// Publishes how far `disk`'s log is durable: a flush makes all of it so, but a leader's own entries
     /// written since.
     fn publish(&self, disk: &Disk) {
-        let durable = &disk.durable;
+        // The broken disk takes what it acknowledged for durable, here too.
+        let durable = if disk.acks_before_flush { &disk.current } else { &disk.durable };
         let last = log::log_state(durable.last_purged, durable.log.last_key_value().map(|(_, e)| e.log_id)).last_log_id;
         // Only the log's durable part counts, and only if what reads see agrees with it there.
         let agrees = last.is_none_or(|last| disk.current.log.get(&last.index).is_none_or(|e| e.log_id == last));
