@@ -31,6 +31,8 @@ pub struct LogStore {
     own: Option<NodeId>,
     /// The last vote saved: whose entries an append holds is judged by it.
     vote: Arc<Mutex<Option<Vote<NodeId>>>>,
+    /// How far the log is durable (the log's own, followed once rather than per commit).
+    durable: Durable,
 }
 
 /// Runs `io`, which blocks on the disk for longer than an append's one sync (a truncation or a purge: files
@@ -57,6 +59,7 @@ impl LogStore {
     ) -> Self {
         Self {
             db,
+            durable: wal.durable(),
             wal: Arc::new(wal),
             meta,
             purged: Arc::new(Mutex::new(purged)),
@@ -78,7 +81,7 @@ impl LogStore {
 
     /// How far this node's log is durable.
     pub fn durable(&self) -> Durable {
-        self.wal.durable()
+        self.durable.clone()
     }
 
     /// The last committed log index this node knows of, kept current as openraft reports commits; for
@@ -184,7 +187,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not flushed on its own: see "Durability" in the crate docs.
         let index = committed.map_or(0, |c| c.index);
         self.committed_index.store(index, std::sync::atomic::Ordering::Relaxed);
-        if self.durable().clamp(committed) != committed {
+        if self.durable.clamp(committed) != committed {
             // Past the log's durable end: a restart may not find the entries (see the `durable` module).
             return Ok(());
         }

@@ -218,12 +218,10 @@ impl Opened {
     fn publish(&self, disk: &Disk) {
         // The broken disk takes what it acknowledged for durable, here too.
         let durable = if disk.acks_before_flush { &disk.current } else { &disk.durable };
+        // Truncations and purges are always flushed, so what reads see only ever extends this.
         let last = log::log_state(durable.last_purged, durable.log.last_key_value().map(|(_, e)| e.log_id)).last_log_id;
-        // Only the log's durable part counts, and only if what reads see agrees with it there.
-        let agrees = last.is_none_or(|last| disk.current.log.get(&last.index).is_none_or(|e| e.log_id == last));
         let pending = disk.unflushed.iter().any(|write| matches!(write, Write::LeaderAppend(_)));
         self.synced.send_if_modified(|synced| {
-            let last = if agrees { last } else { synced.last };
             let changed = synced.last != last || synced.pending != pending;
             synced.last = last;
             synced.pending = pending;
@@ -273,9 +271,9 @@ pub fn open_memory(disk: &MemDisk, observer: Arc<dyn ApplyObserver>) -> (MemLogS
         let opened = opened.clone();
         Durable::new(opened.synced.subscribe(), Some(Arc::new(move || opened.sync_now())))
     };
-    let machine = Machine::open(MemSnapshots { opened: opened.clone() }, stored, observer, durable)
+    let machine = Machine::open(MemSnapshots { opened: opened.clone() }, stored, observer, durable.clone())
         .expect("a stored snapshot restores: its bytes are a state that passed its invariant checks");
-    let log_store = MemLogStore { opened, committed_index: Default::default(), own: None };
+    let log_store = MemLogStore { opened, committed_index: Default::default(), own: None, durable };
     (log_store, MemStateMachine { machine: Arc::new(machine) })
 }
 
@@ -287,6 +285,8 @@ pub struct MemLogStore {
     committed_index: Arc<AtomicU64>,
     /// This node's id, if its own appends as leader are acknowledged before they are durable.
     own: Option<NodeId>,
+    /// How far the log is durable: the same as the state machine's.
+    durable: Durable,
 }
 
 impl MemLogStore {
@@ -300,8 +300,7 @@ impl MemLogStore {
 
     /// How far this node's log is durable.
     pub fn durable(&self) -> Durable {
-        let opened = self.opened.clone();
-        Durable::new(self.opened.synced.subscribe(), Some(Arc::new(move || opened.sync_now())))
+        self.durable.clone()
     }
 
     /// The last committed log index this node knows of, kept current as openraft reports commits; for
@@ -360,7 +359,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
         // Not flushed on its own, as in the disk store: see "Durability" in the crate docs.
         self.committed_index.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
-        if self.durable().clamp(committed) != committed {
+        if self.durable.clamp(committed) != committed {
             // Past the log's durable end, as in the disk store.
             return Ok(());
         }
