@@ -70,32 +70,66 @@ struct Inner {
 }
 
 /// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
-/// that the end of an old hold does not clear the deadline of a newer one.
+/// that the end of an old hold does not clear the deadline of a newer one, and its lease, so that a
+/// promotion can give it a full lease without touching it.
+///
+/// **Promotion is O(1).** A node that becomes leader gives everything a full lease from its promotion
+/// ([`Deadlines::promote`]). Rewriting every deadline then would take time in proportion to the state
+/// (seconds for a million held locks, with the keeper's lock held and the node's worker threads stalled
+/// behind it, long enough for the followers to elect another leader, which would then do the same).
+/// Instead the promotion only records its instant, the floor: a deadline set before it counts as the
+/// floor plus its lease ([`Deadlines::effective`]). A deadline is moved to that later time only when it
+/// comes up, once ([`Deadlines::settle`], at the keeper's look), so each promotion costs each item at most
+/// one move, spread over the leases.
 struct Deadlines<K> {
-    by_key: BTreeMap<K, (u64, Instant)>,
+    by_key: BTreeMap<K, Deadline>,
     by_time: BTreeSet<(Instant, K)>,
+    /// The last promotion: every deadline set before it is at least this plus its lease.
+    floor: Option<Instant>,
+}
+
+/// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]) and its lease.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    tag: u64,
+    at: Instant,
+    lease: Duration,
 }
 
 impl<K> Default for Deadlines<K> {
     fn default() -> Self {
-        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new() }
+        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new(), floor: None }
     }
 }
 
 impl<K: Clone + Ord> Deadlines<K> {
-    fn set(&mut self, key: &K, tag: u64, deadline: Instant) {
-        if let Some((_, old)) = self.by_key.insert(key.clone(), (tag, deadline)) {
-            self.by_time.remove(&(old, key.clone()));
+    /// `key` (tagged `tag`) runs out a full `lease` after `now`.
+    fn set(&mut self, key: &K, tag: u64, now: Instant, lease: Duration) {
+        self.place(key, Deadline { tag, at: now + lease, lease });
+    }
+
+    fn place(&mut self, key: &K, deadline: Deadline) {
+        if let Some(old) = self.by_key.insert(key.clone(), deadline) {
+            self.by_time.remove(&(old.at, key.clone()));
         }
-        self.by_time.insert((deadline, key.clone()));
+        self.by_time.insert((deadline.at, key.clone()));
+    }
+
+    /// When `deadline` runs out, counting the last promotion: at the floor plus its lease if that is later.
+    fn effective(&self, deadline: &Deadline) -> Instant {
+        match self.floor {
+            Some(floor) => deadline.at.max(floor + deadline.lease),
+            None => deadline.at,
+        }
     }
 
     /// Moves `key`'s deadline to `now + lease` if it has not passed by `now`. False if it passed or `key`
     /// has none: once passed, the leader may already be expiring it.
     fn extend(&mut self, key: &K, now: Instant, lease: Duration) -> bool {
-        match self.by_key.get(key) {
-            Some(&(tag, deadline)) if deadline > now => {
-                self.set(key, tag, deadline.max(now + lease));
+        match self.by_key.get(key).copied() {
+            Some(deadline) if self.effective(&deadline) > now => {
+                let at = self.effective(&deadline).max(now + lease);
+                self.place(key, Deadline { tag: deadline.tag, at, lease });
                 true
             }
             _ => false,
@@ -103,10 +137,10 @@ impl<K: Clone + Ord> Deadlines<K> {
     }
 
     fn end(&mut self, key: &K, tag: u64) {
-        if let Some(&(t, deadline)) = self.by_key.get(key) {
-            if t == tag {
+        if let Some(deadline) = self.by_key.get(key) {
+            if deadline.tag == tag {
+                self.by_time.remove(&(deadline.at, key.clone()));
                 self.by_key.remove(key);
-                self.by_time.remove(&(deadline, key.clone()));
             }
         }
     }
@@ -116,29 +150,57 @@ impl<K: Clone + Ord> Deadlines<K> {
         self.by_time.clear();
     }
 
-    /// Keys whose deadline passed by `now`, earliest first, with their tags.
+    /// Everything gets a full lease from `now` (a leader's promotion), at once: see the type's doc.
+    fn promote(&mut self, now: Instant) {
+        self.floor = Some(now);
+    }
+
+    /// Moves the deadlines that passed by `now` as set but not counting the last promotion to their
+    /// effective time, so that every deadline that passed by `now` as set did pass.
+    fn settle(&mut self, now: Instant) {
+        if self.floor.is_none() {
+            return;
+        }
+        let late: Vec<(K, Deadline)> = self
+            .by_time
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .filter_map(|(_, key)| {
+                let deadline = self.by_key[key];
+                let at = self.effective(&deadline);
+                (at > now).then(|| (key.clone(), Deadline { at, ..deadline }))
+            })
+            .collect();
+        for (key, deadline) in late {
+            self.place(&key, deadline);
+        }
+    }
+
+    /// Keys whose deadline passed by `now`, earliest first, with their tags. Call [`Deadlines::settle`]
+    /// with the same `now` first.
     fn due(&self, now: Instant) -> impl Iterator<Item = (&K, u64)> + '_ {
-        self.by_time.iter().take_while(move |(deadline, _)| *deadline <= now).map(|(_, key)| (key, self.by_key[key].0))
+        self.by_time.iter().take_while(move |(at, _)| *at <= now).map(|(_, key)| (key, self.by_key[key].tag))
     }
 }
 
 impl Inner {
-    /// Every TTL hold and session in `state` gets a full lease from `now`.
+    /// Rebuilds every deadline from `state` (replaced whole, from a snapshot): each TTL hold, one-shot
+    /// waiter and session gets a full lease from `now`.
     fn reset(&mut self, state: &LockState, now: Instant) {
         self.holds.clear();
         for (name, fence, ttl_ms, _) in state.ttl_holds() {
-            self.holds.set(&name.to_owned(), fence, now + Duration::from_millis(ttl_ms));
+            self.holds.set(&name.to_owned(), fence, now, Duration::from_millis(ttl_ms));
         }
         self.waiters.clear();
         self.waiter_names.clear();
         for (name, token, _) in state.timed_waiters() {
-            self.waiters.set(&token, 0, now + WAITER_LEASE);
+            self.waiters.set(&token, 0, now, WAITER_LEASE);
             self.waiter_names.insert(token, name.to_owned());
         }
         self.sessions.clear();
         self.session_holds.clear();
         for (id, lease_ms) in state.sessions() {
-            self.sessions.set(&id, 0, now + Duration::from_millis(lease_ms));
+            self.sessions.set(&id, 0, now, Duration::from_millis(lease_ms));
             for grant in state.session(id).map(|s| s.holds).unwrap_or_default() {
                 self.session_holds.insert((grant.name, grant.fence), id);
             }
@@ -244,14 +306,18 @@ impl Events {
 
     /// A leader's start in `term`: every hold, session and waiter gets a full lease from now, once per term.
     /// True if this call did it. Whoever first acts as leader in a term calls it (the keeper's tick, a
-    /// heartbeat, a waiter ping), so that no deadline a follower kept stale is acted on or refused.
-    pub fn promote(&self, term: u64, state: &LockState, bugs: Bugs) -> bool {
+    /// heartbeat, a waiter ping), so that no deadline a follower kept stale is acted on or refused. Takes
+    /// the same time whatever the state's size (see [`Deadlines`]).
+    pub fn promote(&self, term: u64, bugs: Bugs) -> bool {
         let mut inner = self.lock();
         if inner.promoted_term == Some(term) {
             return false;
         }
         if !bugs.no_promotion_grace {
-            inner.reset(state, Instant::now());
+            let now = Instant::now();
+            inner.holds.promote(now);
+            inner.waiters.promote(now);
+            inner.sessions.promote(now);
         }
         inner.promoted_term = Some(term);
         true
@@ -265,7 +331,10 @@ impl Events {
     /// What has run out by `now` (and, for TTL holds, whose advertised end passed by leader time `wall_ms`),
     /// at most [`limits::EXPIRE_BATCH_MAX`] items.
     fn due(&self, state: &LockState, now: Instant, wall_ms: u64) -> Expire {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        inner.holds.settle(now);
+        inner.waiters.settle(now);
+        inner.sessions.settle(now);
         let mut expire = Expire::default();
         for (name, fence) in inner.holds.due(now) {
             if expire.len() >= limits::EXPIRE_BATCH_MAX {
@@ -319,7 +388,7 @@ impl ApplyObserver for Events {
         for grant in applied.grants.iter().chain(renewed) {
             match grant.lease {
                 Lease::Ttl { ttl_ms, .. } => {
-                    inner.holds.set(&grant.name, grant.fence, now + Duration::from_millis(ttl_ms));
+                    inner.holds.set(&grant.name, grant.fence, now, Duration::from_millis(ttl_ms));
                 }
                 Lease::Session(id) => {
                     inner.session_holds.insert((grant.name.clone(), grant.fence), id);
@@ -344,14 +413,14 @@ impl ApplyObserver for Events {
         }
         if let (Command::Acquire(a), Outcome::Queued { .. }) = (cmd, &applied.outcome) {
             if a.session.is_none() {
-                inner.waiters.set(&a.token, 0, now + WAITER_LEASE);
+                inner.waiters.set(&a.token, 0, now, WAITER_LEASE);
                 inner.waiter_names.insert(a.token, a.name.clone());
             }
         }
         match applied.outcome {
             Outcome::SessionOpened { id } => {
                 let lease_ms = state.session_lease_ms(id).expect("an opened session is open");
-                inner.sessions.set(&id, 0, now + Duration::from_millis(lease_ms));
+                inner.sessions.set(&id, 0, now, Duration::from_millis(lease_ms));
             }
             Outcome::SessionClosed { id } => inner.sessions.end(&id, 0),
             Outcome::Expired { sessions, .. } if sessions > 0 => {
@@ -430,5 +499,101 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             Ok((index, response)) => tracing::debug!(index, ?response.outcome, count, "proposed expiry"),
             Err(e) => tracing::warn!(%e, count, "expiry proposal failed; will retry"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_core::{Acquire, Entry, Token};
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(1);
+
+    /// Applies `cmd` at log index `index` to `state` and tells `events`, as the state machine does.
+    fn apply(events: &Events, state: &mut LockState, index: u64, cmd: Command) {
+        let applied = state.apply(index, &Entry { at_ms: 1, cmd: cmd.clone() });
+        events.applied(state, index, &cmd, &applied);
+    }
+
+    fn acquire(name: &str, session: Option<SessionId>) -> Command {
+        Command::Acquire(Acquire {
+            name: name.into(),
+            owner: "w".into(),
+            token: Token(7),
+            ttl_ms: TTL.as_millis() as u64,
+            wait_ms: 0,
+            session,
+        })
+    }
+
+    /// The names of the TTL holds the keeper finds run out now (leader time far ahead of every TTL).
+    fn due_holds(events: &Events, state: &LockState) -> Vec<String> {
+        events.due(state, Instant::now(), u64::MAX).locks.into_iter().map(|(name, _)| name).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_promotion_gives_every_deadline_a_full_lease_from_then() {
+        for grace in [true, false] {
+            let bugs = Bugs { no_promotion_grace: !grace, ..Bugs::default() };
+            let events = Events::default();
+            let mut state = LockState::new();
+            let session: SessionId = 9;
+            let lease = Duration::from_secs(2);
+            apply(&events, &mut state, 1, acquire("a", None));
+            let open = Command::OpenSession { id: session, owner: "s".into(), lease_ms: lease.as_millis() as u64 };
+            apply(&events, &mut state, 2, open);
+            // As a follower, past the hold's TTL and the session's lease (heartbeats go to the leader only).
+            tokio::time::advance(Duration::from_secs(3)).await;
+            assert!(events.promote(1, bugs));
+            assert!(!events.promote(1, bugs), "once per term");
+            if !grace {
+                // The broken variant acts on the follower's stale deadlines.
+                assert_eq!(due_holds(&events, &state), ["a"]);
+                assert!(!events.extend_session(session, 2_000));
+                continue;
+            }
+            assert!(due_holds(&events, &state).is_empty(), "a full TTL from the promotion");
+            // A hold granted after the promotion runs out a TTL after its own grant.
+            tokio::time::advance(Duration::from_millis(500)).await;
+            apply(&events, &mut state, 3, acquire("b", None));
+            tokio::time::advance(Duration::from_millis(499)).await;
+            assert!(due_holds(&events, &state).is_empty());
+            assert!(events.extend_session(session, 2_000), "the session's lease from the promotion has not passed");
+            tokio::time::advance(Duration::from_millis(1)).await;
+            assert_eq!(due_holds(&events, &state), ["a"], "a TTL after the promotion");
+            tokio::time::advance(Duration::from_millis(500)).await;
+            assert_eq!(due_holds(&events, &state), ["a", "b"]);
+            // The heartbeat above moved the session's deadline to 2 s after it.
+            tokio::time::advance(Duration::from_millis(1_498)).await;
+            assert!(events.due(&state, Instant::now(), u64::MAX).sessions.is_empty());
+            tokio::time::advance(Duration::from_millis(1)).await;
+            assert_eq!(events.due(&state, Instant::now(), u64::MAX).sessions, [session]);
+        }
+    }
+
+    #[test]
+    fn a_deadline_moved_by_a_promotion_moves_once_and_still_ends() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(10);
+        let mut deadlines: Deadlines<u32> = Deadlines::default();
+        for key in 0..3 {
+            deadlines.set(&key, 7, t0, lease);
+        }
+        deadlines.promote(t0 + Duration::from_secs(5));
+        let now = t0 + Duration::from_secs(12);
+        deadlines.settle(now);
+        assert_eq!(deadlines.due(now).count(), 0);
+        let moved: Vec<Instant> = deadlines.by_time.iter().map(|(at, _)| *at).collect();
+        assert_eq!(moved, vec![t0 + Duration::from_secs(15); 3], "each at the floor plus its lease");
+        deadlines.settle(now);
+        assert_eq!(deadlines.by_time.len(), 3);
+        // Ending a moved deadline, under its tag only, removes it from both orders.
+        deadlines.end(&1, 8);
+        deadlines.end(&2, 7);
+        assert_eq!((deadlines.by_key.len(), deadlines.by_time.len()), (2, 2));
+        let later = t0 + Duration::from_secs(15);
+        deadlines.settle(later);
+        assert_eq!(deadlines.due(later).map(|(key, tag)| (*key, tag)).collect::<Vec<_>>(), [(0, 7), (1, 7)]);
     }
 }

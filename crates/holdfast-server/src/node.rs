@@ -649,7 +649,7 @@ impl Node {
     /// call did it.
     pub fn promote(&self) -> bool {
         let term = self.raft.metrics().borrow().current_term;
-        let promoted = self.events.promote(term, &self.state.read().expect("lock state poisoned"), self.bugs);
+        let promoted = self.events.promote(term, self.bugs);
         if promoted {
             tracing::info!(term, "became leader; every hold, session and waiter gets a full lease from now");
         }
