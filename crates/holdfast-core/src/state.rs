@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Acquire, Command, Entry, Expire, SessionId, Token};
@@ -284,10 +285,18 @@ struct Session {
 }
 
 /// The replicated lock state.
+///
+/// Locks and sessions are kept in persistent B-trees (`imbl::OrdMap`), which share their nodes between
+/// copies: [`Clone`] takes the same short time whatever the state's size, and a copy's later changes
+/// copy only the nodes they touch. A snapshot is therefore serialized from a copy taken in an instant
+/// ([`LockState::clone`]), without holding up the entries applied meanwhile. Serialized, they are the
+/// same bytes as the ordered maps they replaced.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
-    locks: BTreeMap<String, Lock>,
-    sessions: BTreeMap<SessionId, Session>,
+    #[serde(deserialize_with = "ordered::deserialize")]
+    locks: OrdMap<String, Lock>,
+    #[serde(deserialize_with = "ordered::deserialize")]
+    sessions: OrdMap<SessionId, Session>,
     /// API keys: tenant id to the key's hash and creation time; and the reverse.
     keys: BTreeMap<u64, ([u8; 32], u64)>,
     key_tenants: BTreeMap<[u8; 32], u64>,
@@ -295,6 +304,48 @@ pub struct LockState {
     now_ms: u64,
     /// Index of the last applied entry.
     applied_index: u64,
+}
+
+/// Decoding the persistent maps as serde decodes ordered maps: entry by entry. (imbl's own decoder first
+/// reserves room for as many entries as the encoded length claims, so a corrupt length aborts the process
+/// instead of failing the decode.)
+mod ordered {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use imbl::OrdMap;
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+
+    pub(super) fn deserialize<'de, D, K, V>(deserializer: D) -> Result<OrdMap<K, V>, D::Error>
+    where
+        D: Deserializer<'de>,
+        K: Deserialize<'de> + Ord + Clone,
+        V: Deserialize<'de> + Clone,
+    {
+        struct Entries<K, V>(PhantomData<(K, V)>);
+
+        impl<'de, K, V> Visitor<'de> for Entries<K, V>
+        where
+            K: Deserialize<'de> + Ord + Clone,
+            V: Deserialize<'de> + Clone,
+        {
+            type Value = OrdMap<K, V>;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a map")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut map = OrdMap::new();
+                while let Some((key, value)) = access.next_entry()? {
+                    map.insert(key, value);
+                }
+                Ok(map)
+            }
+        }
+
+        deserializer.deserialize_map(Entries(PhantomData))
+    }
 }
 
 /// A snapshot that cannot be restored.
@@ -834,7 +885,7 @@ impl LockState {
     /// Locks that exist (held or waited for) whose names start with `prefix`, counted up to `stop`.
     pub fn count_locks_with_prefix(&self, prefix: &str, stop: usize) -> usize {
         let from = (std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded);
-        self.locks.range::<str, _>(from).take_while(|(name, _)| name.starts_with(prefix)).take(stop).count()
+        self.locks.range::<_, str>(from).take_while(|(name, _)| name.starts_with(prefix)).take(stop).count()
     }
 
     /// Open sessions whose owners start with `prefix`, counted up to `stop`.
@@ -907,5 +958,57 @@ fn lock_view(name: &str, lock: &Lock) -> LockView {
             .iter()
             .map(|w| WaiterView { owner: w.owner.clone(), queued_at_ms: w.queued_at_ms, session: w.session })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of [`LockState`] as builds before the persistent maps kept them (ordered maps).
+    #[derive(Serialize)]
+    struct OrderedMaps<'a> {
+        locks: BTreeMap<&'a String, &'a Lock>,
+        sessions: BTreeMap<&'a SessionId, &'a Session>,
+        keys: &'a BTreeMap<u64, ([u8; 32], u64)>,
+        key_tenants: &'a BTreeMap<[u8; 32], u64>,
+        now_ms: u64,
+        applied_index: u64,
+    }
+
+    #[test]
+    fn a_snapshot_has_the_bytes_ordered_maps_gave_it() {
+        let mut state = LockState::new();
+        let acquire = |name: &str, token: u128, session: Option<SessionId>| {
+            Command::Acquire(Acquire {
+                name: name.into(),
+                owner: "w".into(),
+                token: Token(token),
+                ttl_ms: 5_000,
+                wait_ms: 60_000,
+                session,
+            })
+        };
+        let commands = [
+            Command::OpenSession { id: 7, owner: "s".into(), lease_ms: 2_000 },
+            Command::CreateKey { tenant: 3, hash: [9; 32] },
+            acquire("b", 1, None),
+            acquire("a", 2, Some(7)),
+            acquire("b", 3, Some(7)),
+            acquire("c", 4, None),
+        ];
+        for (i, cmd) in commands.into_iter().enumerate() {
+            state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
+        }
+        assert_eq!((state.lock_count(), state.session_count()), (3, 1));
+        let earlier = OrderedMaps {
+            locks: state.locks.iter().collect(),
+            sessions: state.sessions.iter().collect(),
+            keys: &state.keys,
+            key_tenants: &state.key_tenants,
+            now_ms: state.now_ms,
+            applied_index: state.applied_index,
+        };
+        assert_eq!(state.snapshot(), bincode::serialize(&(SNAPSHOT_FORMAT, &earlier)).unwrap());
     }
 }

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::durable::Durable;
+use crate::runtime::blocking;
 use crate::wal::Wal;
 use crate::{flush, keys, log, ApplyObserver, NodeId, StoreError, TypeConfig};
 
@@ -33,19 +34,6 @@ pub struct LogStore {
     vote: Arc<Mutex<Option<Vote<NodeId>>>>,
     /// How far the log is durable (the log's own, followed once rather than per commit).
     durable: Durable,
-}
-
-/// Runs `io`, which blocks on the disk for longer than an append's one sync (a truncation or a purge: files
-/// deleted, a segment cut and synced), from async code: on a multi-threaded tokio runtime through
-/// `block_in_place` (the worker hands its other tasks to another thread first), elsewhere (a
-/// single-threaded test runtime) in place.
-fn blocking<R>(io: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(io)
-        }
-        _ => io(),
-    }
 }
 
 impl LogStore {

@@ -14,6 +14,7 @@ use openraft::{
 };
 
 use crate::durable::Durable;
+use crate::runtime::blocking;
 use crate::{ApplyObserver, NodeId, Response, SharedState, StoreError, TypeConfig};
 
 /// A snapshot's metadata.
@@ -186,11 +187,18 @@ impl<S: SnapshotStore> Machine<S> {
     }
 
     /// The state's bytes and the metadata of a snapshot of them, read together.
+    ///
+    /// The state's lock is held only to copy it, which takes the same short time whatever its size
+    /// (see [`LockState`]); the copy is serialized afterwards, off the async workers, while entries go on
+    /// being applied. Serializing under the lock held every apply up for as long (a second or more for a
+    /// million held locks), and with it every worker thread that then waited for the lock: the node
+    /// stopped answering its peers, and its followers elected another leader.
     fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
-        let (data, progress) = {
+        let (copy, progress) = {
             let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
-            (state.snapshot(), self.progress()?)
+            (state.clone(), self.progress()?)
         };
+        let data = blocking(move || copy.snapshot());
         let seq = self.snapshots.next_seq()?;
         let snapshot_id = match &progress.last_applied {
             Some(id) => format!("{}-{}-{}", id.leader_id.term, id.index, seq),
@@ -209,7 +217,7 @@ impl<S: SnapshotStore> Machine<S> {
     ) -> Result<(), StorageError<NodeId>> {
         let signature = || Some(meta.signature());
         let data = snapshot.into_inner();
-        let new_state = restore(&data).map_err(|e| StorageIOError::read_snapshot(signature(), &e))?;
+        let new_state = blocking(|| restore(&data)).map_err(|e| StorageIOError::read_snapshot(signature(), &e))?;
         // Stored first: once the state is replaced, openraft may purge the log the snapshot covers.
         self.snapshots
             .save(meta, &data, Replace::Always)

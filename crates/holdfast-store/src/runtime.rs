@@ -120,6 +120,20 @@ impl AsyncRuntime for Runtime {
     }
 }
 
+/// Runs `work`, which blocks its thread for longer than a task should (a log truncation or purge: files
+/// deleted, a segment cut and synced; a snapshot serialized or decoded), from async code: on a
+/// multi-threaded tokio runtime through `block_in_place` (the worker hands its other tasks to another
+/// thread first, so the node goes on answering), elsewhere (a single-threaded test or simulation runtime)
+/// in place.
+pub(crate) fn blocking<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::Rng;
