@@ -50,7 +50,7 @@ CLUSTER=$ROOT/cluster/cluster.sh
 RUN_DIR=$BENCH_DIR/run
 RESULTS=$BENCH_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
 LOG=/dev/null
-WORKLOADS=(uncontended-1 uncontended-64 contended-8 failover sessions scale)
+WORKLOADS=(uncontended-1 uncontended-64 contended-8 failover sessions scale failover-held)
 
 die() {
     echo "bench.sh: $*" >&2
@@ -221,6 +221,26 @@ run_all() {
     bench sessions sessions --sessions "$SESSIONS" --lease "$LEASE" --duration "$SESSIONS_DURATION" --pids "$(pids)"
     bench scale scale --locks "$LOCKS" --clients "$SCALE_CLIENTS" --pids "$(pids)"
     measure_nodes
+    failover_held
+}
+
+# The leader killed again, now with the fill's locks held: the new leader must take over as fast as with
+# few, and keep them all. Counts the locks held (holdfast_locks_held) on the node that leads before, and on
+# the one that leads after; adds both to failover-held.json.
+failover_held() {
+    local i before after leader
+    for i in 1 2 3; do
+        node_alive "$i" || "$CLUSTER" restart "$i" >&2
+    done
+    leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
+    before=$(metric "${leader:-1}" holdfast_locks_held)
+    bench failover-held failover --kill "$CLUSTER kill {id}" --restart "$CLUSTER restart {id}" \
+        --election-timeout "$ELECTION_TIMEOUT" --warmup "$FAILOVER_WARMUP" --after "$FAILOVER_AFTER"
+    leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
+    after=$(metric "${leader:-1}" holdfast_locks_held)
+    jq -c --argjson b "${before:-null}" --argjson a "${after:-null}" '. + {locks_held_before: $b, locks_held_after: $a}' \
+        "$RESULTS/failover-held.json" >"$RESULTS/failover-held.json.tmp"
+    mv "$RESULTS/failover-held.json.tmp" "$RESULTS/failover-held.json"
 }
 
 # Writes $RESULTS/section.md from the results in $RESULTS, prints it, and splices it into $DOC.
@@ -235,7 +255,7 @@ report() {
         --slurpfile u1 "$RESULTS/uncontended-1.json" --slurpfile u64 "$RESULTS/uncontended-64.json" \
         --slurpfile c8 "$RESULTS/contended-8.json" --slurpfile fo "$RESULTS/failover.json" \
         --slurpfile se "$RESULTS/sessions.json" --slurpfile sc "$RESULTS/scale.json" \
-        --slurpfile nd "$RESULTS/nodes.json" -f /dev/stdin >"$RESULTS/section.md" <<'JQ'
+        --slurpfile nd "$RESULTS/nodes.json" --slurpfile fh "$RESULTS/failover-held.json" -f /dev/stdin >"$RESULTS/section.md" <<'JQ'
 def r($x): if $x == null then "?" else ($x * 10 | round / 10 | tostring) end;
 def i($x): if $x == null then "?"
   else ($x | round | tostring | [match("\\d{1,3}(?=(\\d{3})*$)"; "g").string] | join(",")) end;
@@ -248,7 +268,7 @@ def row($what; $x; $result; $target; $ok):
   if $x.failed == true then "| \($what) | the workload failed (exit \($x.exit)) | \($target) | **failed** |"
   else "| \($what) | \($result) | \($target) | \($ok) |" end;
 $run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se |
-$sc[0] as $sc | $nd[0] as $nd |
+$sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh |
 ($nd.nodes | map(.rss_bytes) | max) as $rss_max |
 ($nd.nodes | map(.data_bytes) | max) as $data_max |
 ($nd.snapshots // [] | map(.snapshot_bytes) | max) as $snapshot_max |
@@ -295,6 +315,11 @@ $sc[0] as $sc | $nd[0] as $nd |
       "1,000,000 locks: ≤ 1 GiB per node, restart with catch-up ≤ 10 s";
       (verdict(le($rss_max; 1073741824) and le($nd.caught_up_s; 10))
         + (if $sc.locks < 1000000 then " (at \(i($sc.locks)), not 1,000,000)" else "" end))),
+  row("leader killed, \(i($sc.locks)) locks held"; $fh;
+      "first grant \(i($fh.first_grant_after_kill_ms)) ms after the kill (new leader seen at \(i($fh.new_leader_after_kill_ms)) ms), longest gap \(i($fh.longest_gap_ms)) ms; \(i($fh.locks_held_before)) locks held before the kill, \(i($fh.locks_held_after)) after it";
+      "as for the leader killed above; no held lock lost";
+      verdict(le($fh.first_grant_after_kill_ms; $fh.target_ms) and $fh.held_all_kept == true
+              and ge($fh.locks_held_after; $fh.locks_held_before))),
   "",
   "Every workload's JSON is kept in `target/bench/results-*/` on the machine that ran it.",
   "<!-- bench:end -->"
