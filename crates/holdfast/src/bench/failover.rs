@@ -56,6 +56,9 @@ struct Probe {
     errors: Vec<(Instant, String)>,
     /// Acquires retried after a lost answer that found their own hold (granted, token unknown).
     own_hold: u64,
+    /// Releases answered NotHolder: the hold had ended either way (a retry after an attempt that took
+    /// effect but whose answer was lost, or a hold that ran out).
+    release_not_holder: u64,
 }
 
 /// Failed calls remembered for the report.
@@ -120,11 +123,15 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
                 match prober.acquire(&name, PROBE_TTL, Duration::ZERO).await {
                     Ok(hold) => {
                         probe.lock().unwrap().grants.push(Instant::now());
-                        match prober.release(&name, &hold.token).await {
-                            Ok(_) => {
+                        let released = prober.release(&name, &hold.token).await;
+                        match released {
+                            Ok(_) | Err(holdfast_client::Error::NotHolder) => {
+                                // NotHolder: the hold ended either way (docs/client.md); the client
+                                // retries a release whose answer was lost when the leader died.
                                 let mut p = probe.lock().unwrap();
                                 p.cycles.push(Instant::now());
                                 p.latency.push(t.elapsed());
+                                p.release_not_holder += u64::from(released.is_err());
                                 counters.add_done();
                             }
                             Err(e) => {
@@ -262,13 +269,15 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
     report.row(
         "cycles",
         format!(
-            "{} ok, {} errors, {} acquires granted without an answer (a retry found its own hold)",
+            "{} ok ({} of them released with the answer NotHolder: the hold had ended either way), {} errors, {} acquires granted without an answer (a retry found its own hold)",
             counters.done(),
+            probe.release_not_holder,
             counters.errors(),
             probe.own_hold
         ),
     );
     report.field("granted_unanswered", probe.own_hold);
+    report.field("released_not_holder", probe.release_not_holder);
     report.row("cycle latency", probe.latency.describe());
     for (at, e) in &probe.errors {
         let offset = at.saturating_duration_since(kill_at).as_secs_f64() * 1000.0
