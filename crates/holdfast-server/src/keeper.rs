@@ -543,6 +543,25 @@ mod tests {
             apply(&events, &mut state, 1, acquire("a", None));
             let open = Command::OpenSession { id: session, owner: "s".into(), lease_ms: lease.as_millis() as u64 };
             apply(&events, &mut state, 2, open);
+            // A one-shot request waits for "a" (its node pings the leader that it still waits).
+            let waiter = Token(8);
+            let wait = Command::Acquire(Acquire {
+                name: "a".into(),
+                owner: "v".into(),
+                token: waiter,
+                ttl_ms: 60_000,
+                wait_ms: 60_000,
+                session: None,
+            });
+            apply(&events, &mut state, 3, wait);
+            let due_waiters = |events: &Events, state: &LockState| {
+                events
+                    .due(state, Instant::now(), u64::MAX)
+                    .waiters
+                    .into_iter()
+                    .map(|(_, token)| token)
+                    .collect::<Vec<_>>()
+            };
             // As a follower, past the hold's TTL and the session's lease (heartbeats go to the leader only).
             tokio::time::advance(Duration::from_secs(3)).await;
             assert!(events.promote(1, bugs));
@@ -550,13 +569,15 @@ mod tests {
             if !grace {
                 // The broken variant acts on the follower's stale deadlines.
                 assert_eq!(due_holds(&events, &state), ["a"]);
+                assert_eq!(due_waiters(&events, &state), [waiter]);
                 assert!(!events.extend_session(session, 2_000));
                 continue;
             }
             assert!(due_holds(&events, &state).is_empty(), "a full TTL from the promotion");
+            assert!(due_waiters(&events, &state).is_empty(), "a full waiter lease from the promotion");
             // A hold granted after the promotion runs out a TTL after its own grant.
             tokio::time::advance(Duration::from_millis(500)).await;
-            apply(&events, &mut state, 3, acquire("b", None));
+            apply(&events, &mut state, 4, acquire("b", None));
             tokio::time::advance(Duration::from_millis(499)).await;
             assert!(due_holds(&events, &state).is_empty());
             assert!(events.extend_session(session, 2_000), "the session's lease from the promotion has not passed");
@@ -569,6 +590,10 @@ mod tests {
             assert!(events.due(&state, Instant::now(), u64::MAX).sessions.is_empty());
             tokio::time::advance(Duration::from_millis(1)).await;
             assert_eq!(events.due(&state, Instant::now(), u64::MAX).sessions, [session]);
+            // The waiter's lease (3 s) from the promotion, at 3 s after it.
+            assert!(due_waiters(&events, &state).is_empty());
+            tokio::time::advance(Duration::from_millis(1)).await;
+            assert_eq!(due_waiters(&events, &state), [waiter]);
         }
     }
 
