@@ -178,6 +178,14 @@ EOF
     jq -c . "$RESULTS/nodes.json" | tee -a "$LOG" >&2
 }
 
+# A failover restarts the node it killed; if that failed, brings back whatever is down.
+revive_nodes() {
+    local i
+    for i in 1 2 3; do
+        node_alive "$i" || "$CLUSTER" restart "$i" >&2
+    done
+}
+
 run_all() {
     mkdir -p "$RESULTS"
     LOG=$RESULTS/bench.log
@@ -213,11 +221,7 @@ run_all() {
     bench contended-8 contended --clients 8 --duration "$DURATION"
     bench failover failover --kill "$CLUSTER kill {id}" --restart "$CLUSTER restart {id}" \
         --election-timeout "$ELECTION_TIMEOUT" --warmup "$FAILOVER_WARMUP" --after "$FAILOVER_AFTER"
-    # The failover restarted the node it killed; if that failed, bring back whatever is down.
-    local i
-    for i in 1 2 3; do
-        node_alive "$i" || "$CLUSTER" restart "$i" >&2
-    done
+    revive_nodes
     bench sessions sessions --sessions "$SESSIONS" --lease "$LEASE" --duration "$SESSIONS_DURATION" --pids "$(pids)"
     bench scale scale --locks "$LOCKS" --clients "$SCALE_CLIENTS" --pids "$(pids)"
     measure_nodes
@@ -228,10 +232,8 @@ run_all() {
 # few, and keep them all. Counts the locks held (holdfast_locks_held) on the node that leads before, and on
 # the one that leads after; adds both to failover-held.json.
 failover_held() {
-    local i before after leader
-    for i in 1 2 3; do
-        node_alive "$i" || "$CLUSTER" restart "$i" >&2
-    done
+    local before after leader
+    revive_nodes
     leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
     before=$(metric "${leader:-1}" holdfast_locks_held)
     bench failover-held failover --kill "$CLUSTER kill {id}" --restart "$CLUSTER restart {id}" \

@@ -126,14 +126,13 @@ impl<K: Clone + Ord> Deadlines<K> {
     /// Moves `key`'s deadline to `now + lease` if it has not passed by `now`. False if it passed or `key`
     /// has none: once passed, the leader may already be expiring it.
     fn extend(&mut self, key: &K, now: Instant, lease: Duration) -> bool {
-        match self.by_key.get(key).copied() {
-            Some(deadline) if self.effective(&deadline) > now => {
-                let at = self.effective(&deadline).max(now + lease);
-                self.place(key, Deadline { tag: deadline.tag, at, lease });
-                true
-            }
-            _ => false,
+        let Some(deadline) = self.by_key.get(key).copied() else { return false };
+        let at = self.effective(&deadline);
+        if at <= now {
+            return false;
         }
+        self.place(key, Deadline { tag: deadline.tag, at: at.max(now + lease), lease });
+        true
     }
 
     fn end(&mut self, key: &K, tag: u64) {
@@ -532,6 +531,11 @@ mod tests {
         events.due(state, Instant::now(), u64::MAX).locks.into_iter().map(|(name, _)| name).collect()
     }
 
+    /// The tokens of the one-shot waiters the keeper finds run out now.
+    fn due_waiters(events: &Events, state: &LockState) -> Vec<Token> {
+        events.due(state, Instant::now(), u64::MAX).waiters.into_iter().map(|(_, token)| token).collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_promotion_gives_every_deadline_a_full_lease_from_then() {
         for grace in [true, false] {
@@ -554,14 +558,6 @@ mod tests {
                 session: None,
             });
             apply(&events, &mut state, 3, wait);
-            let due_waiters = |events: &Events, state: &LockState| {
-                events
-                    .due(state, Instant::now(), u64::MAX)
-                    .waiters
-                    .into_iter()
-                    .map(|(_, token)| token)
-                    .collect::<Vec<_>>()
-            };
             // As a follower, past the hold's TTL and the session's lease (heartbeats go to the leader only).
             tokio::time::advance(Duration::from_secs(3)).await;
             assert!(events.promote(1, bugs));
