@@ -202,6 +202,11 @@ run_all() {
     cp "$TARGET_DIR/release/holdfast" "$BIN.tmp"
     mv "$BIN.tmp" "$BIN"
 
+    # The host itself, before any node runs: how long a thread takes to wake another on the same core and
+    # on another core, and a small synced append on the data's disk (`holdfast bench host`).
+    say "probing the host (thread wake-ups, fdatasync in $BENCH_DIR)"
+    "$BIN" bench --json host --dir "$BENCH_DIR" >"$RESULTS/host.json" 2>>"$LOG" || echo '{}' >"$RESULTS/host.json"
+
     # cluster.sh, and the kill and restart commands the failover workload runs, find this cluster so.
     export HOLDFAST_BIN=$BIN
     export HOLDFAST_BASE_PORT=$BASE_PORT
@@ -253,7 +258,8 @@ report() {
         [[ -s $RESULTS/$name.json ]] || echo '{"failed": true, "exit": "none"}' >"$RESULTS/$name.json"
     done
     [[ -s $RESULTS/nodes.json ]] || echo '{"nodes": [], "fsync": []}' >"$RESULTS/nodes.json"
-    jq -n -r --slurpfile run "$RESULTS/run.json" \
+    [[ -s $RESULTS/host.json ]] || echo '{}' >"$RESULTS/host.json"
+    jq -n -r --slurpfile run "$RESULTS/run.json" --slurpfile host "$RESULTS/host.json" \
         --slurpfile u1 "$RESULTS/uncontended-1.json" --slurpfile u64 "$RESULTS/uncontended-64.json" \
         --slurpfile c8 "$RESULTS/contended-8.json" --slurpfile fo "$RESULTS/failover.json" \
         --slurpfile se "$RESULTS/sessions.json" --slurpfile sc "$RESULTS/scale.json" \
@@ -263,6 +269,7 @@ def i($x): if $x == null then "?"
   else ($x | round | tostring | [match("\\d{1,3}(?=(\\d{3})*$)"; "g").string] | join(",")) end;
 def mib($b): if $b == null then "?" else ($b / 1048576 | round | tostring) + " MiB" end;
 def pct($x): if $x == null then "?" else ($x * 100 | round | tostring) + " %" end;
+def us($ms): if $ms == null then "?" else ($ms * 1000 | round | tostring) + " µs" end;
 def le($a; $b): $a != null and $b != null and $a <= $b;
 def ge($a; $b): $a != null and $b != null and $a >= $b;
 def verdict($ok): if $ok then "met" else "**missed**" end;
@@ -270,7 +277,7 @@ def row($what; $x; $result; $target; $ok):
   if $x.failed == true then "| \($what) | the workload failed (exit \($x.exit)) | \($target) | **failed** |"
   else "| \($what) | \($result) | \($target) | \($ok) |" end;
 $run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se |
-$sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh |
+$sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
 ($nd.nodes | map(.rss_bytes) | max) as $rss_max |
 ($nd.nodes | map(.data_bytes) | max) as $data_max |
 ($nd.snapshots // [] | map(.snapshot_bytes) | max) as $snapshot_max |
@@ -289,7 +296,7 @@ $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh |
     "Settings: `\($run.settings)`."
   end),
   "",
-  "Machine: \($run.cpu), \($run.cores) cores, \($run.mem_gib) GiB, \($run.os), Linux \($run.kernel); data on \($run.fs) (mean fsync \(r($fsync_ms)) ms). 3 nodes as separate release processes on 127.0.0.1, fsync on, the load generator on the same machine. Run \($run.date) at commit \($run.commit).",
+  "Machine: \($run.cpu), \($run.cores) cores, \($run.mem_gib) GiB, \($run.os), Linux \($run.kernel); data on \($run.fs) (mean fsync \(r($fsync_ms)) ms). Host probe (`holdfast bench host`): a thread wakes another and is woken back in \(us($host.wake_one_core_p50_ms)) on one core, \(us($host.wake_two_cores_p50_ms)) across two (p50); a 128-byte append and fdatasync \(us($host.fdatasync_p50_ms)) (p50), \(us($host.fdatasync_p99_ms)) (p99). 3 nodes as separate release processes on 127.0.0.1, fsync on, the load generator on the same machine. Run \($run.date) at commit \($run.commit).",
   "",
   "| workload | result | target | verdict |",
   "|---|---|---|---|",

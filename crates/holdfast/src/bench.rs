@@ -5,10 +5,12 @@
 //! - `failover.rs`: a prober while the leader is killed by a command;
 //! - `sessions.rs`: many sessions heartbeating, each holding a lock;
 //! - `scale.rs`: filling the cluster with held locks;
+//! - `host.rs`: the machine alone, no cluster: thread wake-up round trip and fdatasync;
 //! - here: what they share (latency samples, the report, progress, plain HTTP GETs of `/metrics`, and
 //!   reading a process's CPU time and memory from `/proc`).
 
 mod failover;
+mod host;
 mod loops;
 mod scale;
 mod sessions;
@@ -20,6 +22,7 @@ use holdfast_client::{Client, ClientBuilder};
 use serde_json::{Map, Value};
 
 pub use failover::FailoverArgs;
+pub use host::HostArgs;
 pub use scale::ScaleArgs;
 pub use sessions::SessionsArgs;
 
@@ -36,6 +39,8 @@ pub enum Workload {
     Sessions(SessionsArgs),
     /// Fill the cluster with held locks.
     Scale(ScaleArgs),
+    /// The machine alone: thread wake-up round trip and fdatasync.
+    Host(HostArgs),
 }
 
 pub struct BenchArgs {
@@ -47,6 +52,14 @@ pub struct BenchArgs {
 
 /// Runs the benchmark; answers the exit code.
 pub async fn run(args: BenchArgs) -> u8 {
+    let workload = match args.workload {
+        Workload::Host(host) => {
+            // No cluster: the probe blocks its threads on purpose, so it runs off the runtime's workers.
+            let report = tokio::task::spawn_blocking(move || host::run(host)).await.expect("the host probe panicked");
+            return finish(report, args.json);
+        }
+        workload => workload,
+    };
     let client = match args.builder.clone().connect().await {
         Ok(client) => client,
         Err(e) => {
@@ -55,16 +68,22 @@ pub async fn run(args: BenchArgs) -> u8 {
         }
     };
     let run_id = rand_id();
-    let report = match args.workload {
+    let report = match workload {
         Workload::Uncontended { clients, duration } => Ok(loops::uncontended(&client, run_id, clients, duration).await),
         Workload::Contended { clients, duration } => Ok(loops::contended(&client, run_id, clients, duration).await),
         Workload::Failover(a) => failover::run(&client, &args.builder, run_id, a).await,
         Workload::Sessions(a) => sessions::run(&client, &args.builder, run_id, a).await,
         Workload::Scale(a) => scale::run(&client, run_id, a).await,
+        Workload::Host(_) => unreachable!("measured above, without a cluster"),
     };
+    finish(report, args.json)
+}
+
+/// Prints `report` (or its error); answers the exit code.
+fn finish(report: anyhow::Result<Report>, json: bool) -> u8 {
     match report {
         Ok(report) => {
-            report.print(args.json);
+            report.print(json);
             0
         }
         Err(e) => {

@@ -209,6 +209,9 @@ enum BenchCli {
     /// Fill the cluster with held locks (one-shot acquires, long TTL, many at once): the fill rate, and
     /// memory per node given their pids.
     Scale(bench::ScaleArgs),
+    /// The machine alone, no cluster: a thread wake-up round trip and small synced appends (fdatasync),
+    /// the two costs a write's latency is made of, so that runs on different hosts can be compared.
+    Host(bench::HostArgs),
 }
 
 #[derive(Subcommand)]
@@ -402,6 +405,7 @@ fn main() -> anyhow::Result<()> {
                 BenchCli::Failover(args) => bench::Workload::Failover(args),
                 BenchCli::Sessions(args) => bench::Workload::Sessions(args),
                 BenchCli::Scale(args) => bench::Workload::Scale(args),
+                BenchCli::Host(args) => bench::Workload::Host(args),
             };
             let builder = match target.tls.builder(target.endpoints) {
                 Ok(builder) => builder,
