@@ -144,11 +144,6 @@ impl<K: Clone + Ord> Deadlines<K> {
         }
     }
 
-    fn clear(&mut self) {
-        self.by_key.clear();
-        self.by_time.clear();
-    }
-
     /// Everything gets a full lease from `now` (a leader's promotion), at once: see the type's doc.
     fn promote(&mut self, now: Instant) {
         self.floor = Some(now);
@@ -182,28 +177,58 @@ impl<K: Clone + Ord> Deadlines<K> {
     }
 }
 
-impl Inner {
-    /// Rebuilds every deadline from `state` (replaced whole, from a snapshot): each TTL hold, one-shot
-    /// waiter and session gets a full lease from `now`.
-    fn reset(&mut self, state: &LockState, now: Instant) {
-        self.holds.clear();
+/// Every deadline of a state replaced whole (from a snapshot), rebuilt: each TTL hold, one-shot waiter and
+/// session with a full lease from the time given. Built without the keeper's lock, then swapped in: the
+/// work is in proportion to the state (a million held locks take a good part of a second), and the node's
+/// worker threads would wait for the lock meanwhile.
+struct Rebuilt {
+    holds: Deadlines<String>,
+    waiters: Deadlines<Token>,
+    waiter_names: BTreeMap<Token, String>,
+    sessions: Deadlines<SessionId>,
+    session_holds: BTreeMap<(String, u64), SessionId>,
+}
+
+impl Rebuilt {
+    fn of(state: &LockState, now: Instant) -> Self {
+        let mut rebuilt = Rebuilt {
+            holds: Deadlines::default(),
+            waiters: Deadlines::default(),
+            waiter_names: BTreeMap::new(),
+            sessions: Deadlines::default(),
+            session_holds: BTreeMap::new(),
+        };
         for (name, fence, ttl_ms, _) in state.ttl_holds() {
-            self.holds.set(&name.to_owned(), fence, now, Duration::from_millis(ttl_ms));
+            rebuilt.holds.set(&name.to_owned(), fence, now, Duration::from_millis(ttl_ms));
         }
-        self.waiters.clear();
-        self.waiter_names.clear();
         for (name, token, _) in state.timed_waiters() {
-            self.waiters.set(&token, 0, now, WAITER_LEASE);
-            self.waiter_names.insert(token, name.to_owned());
+            rebuilt.waiters.set(&token, 0, now, WAITER_LEASE);
+            rebuilt.waiter_names.insert(token, name.to_owned());
         }
-        self.sessions.clear();
-        self.session_holds.clear();
         for (id, lease_ms) in state.sessions() {
-            self.sessions.set(&id, 0, now, Duration::from_millis(lease_ms));
+            rebuilt.sessions.set(&id, 0, now, Duration::from_millis(lease_ms));
             for grant in state.session(id).map(|s| s.holds).unwrap_or_default() {
-                self.session_holds.insert((grant.name, grant.fence), id);
+                rebuilt.session_holds.insert((grant.name, grant.fence), id);
             }
         }
+        rebuilt
+    }
+}
+
+impl Inner {
+    /// Puts `rebuilt` in place of every deadline; answers the ones it replaced, for the caller to drop
+    /// once it let go of the lock. The last promotion's floor stays (a full lease from the rebuild is
+    /// later than one from the promotion).
+    fn install(&mut self, mut rebuilt: Rebuilt) -> Rebuilt {
+        rebuilt.holds.floor = self.holds.floor;
+        rebuilt.waiters.floor = self.waiters.floor;
+        rebuilt.sessions.floor = self.sessions.floor;
+        std::mem::swap(&mut self.holds, &mut rebuilt.holds);
+        std::mem::swap(&mut self.waiters, &mut rebuilt.waiters);
+        std::mem::swap(&mut self.waiter_names, &mut rebuilt.waiter_names);
+        std::mem::swap(&mut self.sessions, &mut rebuilt.sessions);
+        std::mem::swap(&mut self.session_holds, &mut rebuilt.session_holds);
+        rebuilt
     }
 }
 
@@ -449,16 +474,22 @@ impl ApplyObserver for Events {
     }
 
     fn restored(&self, state: &LockState) {
-        let mut inner = self.lock();
-        inner.reset(state, Instant::now());
-        let watchers = std::mem::take(&mut inner.watchers);
-        for (token, (name, tx)) in watchers {
-            if let Some(grant) = state.grant(&name, token) {
-                let _ = tx.send(grant);
-            } else if state.is_waiting(&name, token) {
-                inner.watchers.insert(token, (name, tx));
+        // The deadlines are rebuilt, and the old ones dropped, without the lock (see [`Rebuilt`]).
+        let rebuilt = Rebuilt::of(state, Instant::now());
+        let replaced = {
+            let mut inner = self.lock();
+            let replaced = inner.install(rebuilt);
+            let watchers = std::mem::take(&mut inner.watchers);
+            for (token, (name, tx)) in watchers {
+                if let Some(grant) = state.grant(&name, token) {
+                    let _ = tx.send(grant);
+                } else if state.is_waiting(&name, token) {
+                    inner.watchers.insert(token, (name, tx));
+                }
             }
-        }
+            replaced
+        };
+        drop(replaced);
     }
 }
 
@@ -591,6 +622,70 @@ mod tests {
             tokio::time::advance(Duration::from_millis(1)).await;
             assert_eq!(due_waiters(&events, &state), [waiter]);
         }
+    }
+
+    /// An acquire of `name` by `token`, waiting up to `wait_ms` if it is held.
+    fn acquire_by(name: &str, token: Token, wait_ms: u64, session: Option<SessionId>) -> Command {
+        Command::Acquire(Acquire {
+            name: name.into(),
+            owner: "w".into(),
+            token,
+            ttl_ms: TTL.as_millis() as u64,
+            wait_ms,
+            session,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_state_replaced_whole_gets_full_leases_from_then_and_its_watchers_are_told() {
+        let events = Events::default();
+        // What this node applied before: a hold the new state does not have, and a request waiting for it.
+        let mut before = LockState::new();
+        apply(&events, &mut before, 1, acquire("gone", None));
+        apply(&events, &mut before, 2, acquire_by("gone", Token(20), 60_000, None));
+        let mut dropped = events.watch("gone", Token(20));
+        // The snapshot's state, made elsewhere: TTL holds "a" and "b" (the latter granted to a request
+        // waiting here), a request still waiting for "a", and a session holding "s".
+        let mut state = LockState::new();
+        let session: SessionId = 9;
+        let lease = Duration::from_secs(2);
+        let commands = [
+            acquire("a", None),
+            acquire_by("b", Token(21), 60_000, None),
+            acquire_by("a", Token(8), 60_000, None),
+            Command::OpenSession { id: session, owner: "s".into(), lease_ms: lease.as_millis() as u64 },
+            acquire_by("s", Token(30), 0, Some(session)),
+        ];
+        for (i, cmd) in commands.into_iter().enumerate() {
+            state.apply(i as u64 + 1, &Entry { at_ms: 1, cmd });
+        }
+        let mut granted = events.watch("b", Token(21));
+        let mut waiting = events.watch("a", Token(8));
+
+        tokio::time::advance(Duration::from_secs(5)).await;
+        events.restored(&state);
+        assert_eq!(granted.try_recv().expect("told of its grant").name, "b");
+        assert!(
+            matches!(dropped.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
+            "a request the new state does not have is told it left the queue"
+        );
+        assert!(matches!(waiting.try_recv(), Err(oneshot::error::TryRecvError::Empty)), "still waiting");
+        {
+            let inner = events.lock();
+            assert_eq!(inner.holds.by_key.keys().collect::<Vec<_>>(), ["a", "b"], "the old hold's deadline is gone");
+            let fence = state.holder("s").expect("held by the session").fence;
+            assert_eq!(inner.session_holds.get(&("s".to_owned(), fence)), Some(&session));
+        }
+        // Everything runs a full lease from the replacement.
+        tokio::time::advance(TTL - Duration::from_millis(1)).await;
+        assert!(due_holds(&events, &state).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(due_holds(&events, &state), ["a", "b"]);
+        tokio::time::advance(lease - TTL).await;
+        assert_eq!(events.due(&state, Instant::now(), u64::MAX).sessions, [session]);
+        assert!(due_waiters(&events, &state).is_empty());
+        tokio::time::advance(WAITER_LEASE - lease).await;
+        assert_eq!(due_waiters(&events, &state), [Token(8)]);
     }
 
     #[test]

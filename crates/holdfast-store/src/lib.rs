@@ -139,13 +139,16 @@ pub struct Response {
 /// The lock state, shared between the state machine (which writes it on apply) and readers.
 pub type SharedState = Arc<RwLock<LockState>>;
 
-/// Told of every change to the lock state, on every node, while the state's write lock is held: it must
-/// not take that lock itself.
+/// Told of every change to the lock state, on every node: of each applied command while the state's write
+/// lock is held (so it must not take that lock itself), and of a state replaced whole just after the
+/// replacement, without that lock.
 pub trait ApplyObserver: Send + Sync + 'static {
     /// Command `cmd` of entry `index` was applied to `state` and did `applied`: once per entry, or once
     /// per command of a [`Command::Batch`](holdfast_core::Command::Batch) entry, in order.
     fn applied(&self, state: &LockState, index: u64, cmd: &holdfast_core::Command, applied: &Applied);
-    /// `state` was replaced whole, from a snapshot (installed from the leader, or restored at start).
+    /// `state` was replaced whole, from a snapshot (installed from the leader, or restored at start). Called
+    /// after the replacement and before anything more is applied, with a copy of the new state and
+    /// without the state's lock: readers may already see the new state.
     fn restored(&self, state: &LockState);
     /// A sync that a log append, truncation or purge, a vote or a snapshot waited for took `took` (the log
     /// file's write and fdatasync, or sled's flush).

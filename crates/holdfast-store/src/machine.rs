@@ -234,12 +234,23 @@ impl<S: SnapshotStore> Machine<S> {
     }
 
     /// Replaces the lock state and progress with a snapshot's.
+    ///
+    /// Only the swap holds the state's lock. The work in proportion to the state, dropping the old one and
+    /// the observer rebuilding its deadlines from the new one (a copy, taken in an instant), comes after,
+    /// off the runtime's worker: nothing is applied meanwhile (apply and install are one task's, in turn),
+    /// and the node goes on answering.
     fn replace(&self, meta: &Meta, new_state: LockState) -> Result<(), StoreError> {
-        let mut state = self.state.write().map_err(|_| StoreError::Poisoned)?;
-        let mut progress = self.progress.lock().map_err(|_| StoreError::Poisoned)?;
-        *state = new_state;
-        *progress = Progress::of(meta);
-        self.observer.restored(&state);
+        let installed = new_state.clone();
+        let old = {
+            let mut state = self.state.write().map_err(|_| StoreError::Poisoned)?;
+            let mut progress = self.progress.lock().map_err(|_| StoreError::Poisoned)?;
+            *progress = Progress::of(meta);
+            std::mem::replace(&mut *state, new_state)
+        };
+        blocking(move || {
+            drop(old);
+            self.observer.restored(&installed);
+        });
         Ok(())
     }
 
