@@ -365,6 +365,12 @@ pub enum SnapshotError {
 
 const SNAPSHOT_FORMAT: u32 = 2;
 
+/// The lock `name` in `locks`, to change: copied first if a snapshot's copy of the state shares it
+/// ([`Arc::make_mut`]), so that the copy keeps what it saw.
+fn lock_mut<'a>(locks: &'a mut OrdMap<String, Arc<Lock>>, name: &str) -> Option<&'a mut Lock> {
+    locks.get_mut(name).map(Arc::make_mut)
+}
+
 impl LockState {
     /// An empty state.
     pub fn new() -> Self {
@@ -514,7 +520,7 @@ impl LockState {
             }
         }
         let at = self.now_ms;
-        let outcome = match self.locks.get_mut(&a.name).map(Arc::make_mut) {
+        let outcome = match lock_mut(&mut self.locks, &a.name) {
             None => {
                 if self.locks.len() >= limits::LOCKS_MAX {
                     return Outcome::Rejected(Reject::TooManyLocks);
@@ -585,7 +591,7 @@ impl LockState {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let at = self.now_ms;
-        let lock = match self.locks.get_mut(name).map(Arc::make_mut) {
+        let lock = match lock_mut(&mut self.locks, name) {
             Some(lock) if lock.holder.token == token => lock,
             lock => {
                 return Outcome::Rejected(Reject::NotHolder {
@@ -610,7 +616,7 @@ impl LockState {
     }
 
     fn cancel(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
-        let Some(lock) = self.locks.get_mut(name).map(Arc::make_mut) else {
+        let Some(lock) = lock_mut(&mut self.locks, name) else {
             return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: None });
         };
         if lock.holder.token == token {
@@ -651,7 +657,7 @@ impl LockState {
             return false;
         };
         for name in &claims {
-            let lock = self.locks.get_mut(name).map(Arc::make_mut).expect("a session's claim names an existing lock");
+            let lock = lock_mut(&mut self.locks, name).expect("a session's claim names an existing lock");
             if lock.holder.lease == Lease::Session(id) {
                 self.end_hold(name, ending, applied);
             } else {
@@ -685,7 +691,7 @@ impl LockState {
             }
         }
         for (name, token) in &expire.waiters {
-            let Some(lock) = self.locks.get_mut(name).map(Arc::make_mut) else {
+            let Some(lock) = lock_mut(&mut self.locks, name) else {
                 continue;
             };
             let due = lock.waiters.iter().position(|w| w.session.is_none() && w.token == *token);
@@ -707,7 +713,7 @@ impl LockState {
     /// Removes the lock if nobody waits.
     fn end_hold(&mut self, name: &str, ending: &BTreeSet<SessionId>, applied: &mut Applied) {
         let (at, index) = (self.now_ms, self.applied_index);
-        let lock = self.locks.get_mut(name).map(Arc::make_mut).expect("ending a hold on an existing lock");
+        let lock = lock_mut(&mut self.locks, name).expect("ending a hold on an existing lock");
         let old = lock.holder.fence;
         applied.ended.push((name.to_owned(), old));
         if let Lease::Session(id) = lock.holder.lease {

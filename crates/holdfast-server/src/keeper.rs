@@ -67,6 +67,9 @@ struct Inner {
     waiter_names: BTreeMap<Token, String>,
     /// The term in which this node, as leader, last gave everything a full lease.
     promoted_term: Option<u64>,
+    /// When it did: every deadline set before runs out no earlier than this plus its lease (see
+    /// [`Deadlines`]).
+    floor: Option<Instant>,
 }
 
 /// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
@@ -74,18 +77,17 @@ struct Inner {
 /// promotion can give it a full lease without touching it.
 ///
 /// **Promotion is O(1).** A node that becomes leader gives everything a full lease from its promotion
-/// ([`Deadlines::promote`]). Rewriting every deadline then would take time in proportion to the state
+/// ([`Events::promote`]). Rewriting every deadline then would take time in proportion to the state
 /// (seconds for a million held locks, with the keeper's lock held and the node's worker threads stalled
 /// behind it, long enough for the followers to elect another leader, which would then do the same).
-/// Instead the promotion only records its instant, the floor: a deadline set before it counts as the
-/// floor plus its lease ([`Deadlines::effective`]). A deadline is moved to that later time only when it
+/// Instead the promotion only records its instant, the floor (kept by the keeper, one for every kind of
+/// deadline, and passed in): a deadline set before it counts as the floor plus its lease
+/// ([`Deadlines::effective`]). A deadline is moved to that later time only when it
 /// comes up, once ([`Deadlines::settle`], at the keeper's look), so each promotion costs each item at most
 /// one move, spread over the leases.
 struct Deadlines<K> {
     by_key: BTreeMap<K, Deadline>,
     by_time: BTreeSet<(Instant, K)>,
-    /// The last promotion: every deadline set before it is at least this plus its lease.
-    floor: Option<Instant>,
 }
 
 /// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]) and its lease.
@@ -98,7 +100,7 @@ struct Deadline {
 
 impl<K> Default for Deadlines<K> {
     fn default() -> Self {
-        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new(), floor: None }
+        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new() }
     }
 }
 
@@ -110,7 +112,7 @@ impl<K: Clone + Ord> Deadlines<K> {
         let by_key: BTreeMap<K, Deadline> =
             items.into_iter().map(|(key, tag, lease)| (key, Deadline { tag, at: now + lease, lease })).collect();
         let by_time = by_key.iter().map(|(key, deadline)| (deadline.at, key.clone())).collect();
-        Deadlines { by_key, by_time, floor: None }
+        Deadlines { by_key, by_time }
     }
 
     /// `key` (tagged `tag`) runs out a full `lease` after `now`.
@@ -125,19 +127,21 @@ impl<K: Clone + Ord> Deadlines<K> {
         self.by_time.insert((deadline.at, key.clone()));
     }
 
-    /// When `deadline` runs out, counting the last promotion: at the floor plus its lease if that is later.
-    fn effective(&self, deadline: &Deadline) -> Instant {
-        match self.floor {
+    /// When `deadline` runs out, counting the last promotion (at `floor`): at the floor plus its lease if
+    /// that is later.
+    fn effective(deadline: &Deadline, floor: Option<Instant>) -> Instant {
+        match floor {
             Some(floor) => deadline.at.max(floor + deadline.lease),
             None => deadline.at,
         }
     }
 
-    /// Moves `key`'s deadline to `now + lease` if it has not passed by `now`. False if it passed or `key`
-    /// has none: once passed, the leader may already be expiring it.
-    fn extend(&mut self, key: &K, now: Instant, lease: Duration) -> bool {
+    /// Moves `key`'s deadline to `now + lease` if it has not passed by `now` (counting the last promotion,
+    /// at `floor`). False if it passed or `key` has none: once passed, the leader may already be expiring
+    /// it.
+    fn extend(&mut self, key: &K, now: Instant, lease: Duration, floor: Option<Instant>) -> bool {
         let Some(deadline) = self.by_key.get(key).copied() else { return false };
-        let at = self.effective(&deadline);
+        let at = Self::effective(&deadline, floor);
         if at <= now {
             return false;
         }
@@ -154,15 +158,10 @@ impl<K: Clone + Ord> Deadlines<K> {
         }
     }
 
-    /// Everything gets a full lease from `now` (a leader's promotion), at once: see the type's doc.
-    fn promote(&mut self, now: Instant) {
-        self.floor = Some(now);
-    }
-
-    /// Moves the deadlines that passed by `now` as set but not counting the last promotion to their
-    /// effective time, so that every deadline that passed by `now` as set did pass.
-    fn settle(&mut self, now: Instant) {
-        if self.floor.is_none() {
+    /// Moves the deadlines that passed by `now` as set but not counting the last promotion (at `floor`) to
+    /// their effective time, so that every deadline that passed by `now` as set did pass.
+    fn settle(&mut self, now: Instant, floor: Option<Instant>) {
+        if floor.is_none() {
             return;
         }
         let late: Vec<(K, Deadline)> = self
@@ -171,7 +170,7 @@ impl<K: Clone + Ord> Deadlines<K> {
             .take_while(|(at, _)| *at <= now)
             .filter_map(|(_, key)| {
                 let deadline = self.by_key[key];
-                let at = self.effective(&deadline);
+                let at = Self::effective(&deadline, floor);
                 (at > now).then(|| (key.clone(), Deadline { at, ..deadline }))
             })
             .collect();
@@ -223,12 +222,9 @@ impl Rebuilt {
 
 impl Inner {
     /// Puts `rebuilt` in place of every deadline; answers the ones it replaced, for the caller to drop
-    /// once it let go of the lock. The last promotion's floor stays (a full lease from the rebuild is
-    /// later than one from the promotion).
+    /// once it let go of the lock. The last promotion's floor (the keeper's, not the deadlines') stays: a
+    /// full lease from the rebuild ends later than one from the promotion anyway.
     fn install(&mut self, mut rebuilt: Rebuilt) -> Rebuilt {
-        rebuilt.holds.floor = self.holds.floor;
-        rebuilt.waiters.floor = self.waiters.floor;
-        rebuilt.sessions.floor = self.sessions.floor;
         std::mem::swap(&mut self.holds, &mut rebuilt.holds);
         std::mem::swap(&mut self.waiters, &mut rebuilt.waiters);
         std::mem::swap(&mut self.waiter_names, &mut rebuilt.waiter_names);
@@ -315,9 +311,9 @@ impl Events {
     /// The leader heard that these waiters' requests still wait: keep them queued.
     pub fn keep_waiting(&self, tokens: &[Token]) {
         let mut inner = self.lock();
-        let now = Instant::now();
+        let (now, floor) = (Instant::now(), inner.floor);
         for token in tokens {
-            inner.waiters.extend(token, now, WAITER_LEASE);
+            inner.waiters.extend(token, now, WAITER_LEASE, floor);
         }
     }
 
@@ -331,7 +327,9 @@ impl Events {
     /// Deciding under the same lock as [`Events::due`] means a heartbeat either extends a session before the
     /// keeper looks, or finds it past its deadline.
     pub fn extend_session(&self, id: SessionId, lease_ms: u64) -> bool {
-        self.lock().sessions.extend(&id, Instant::now(), Duration::from_millis(lease_ms))
+        let mut inner = self.lock();
+        let floor = inner.floor;
+        inner.sessions.extend(&id, Instant::now(), Duration::from_millis(lease_ms), floor)
     }
 
     /// A leader's start in `term`: every hold, session and waiter gets a full lease from now, once per term.
@@ -344,10 +342,7 @@ impl Events {
             return false;
         }
         if !bugs.no_promotion_grace {
-            let now = Instant::now();
-            inner.holds.promote(now);
-            inner.waiters.promote(now);
-            inner.sessions.promote(now);
+            inner.floor = Some(Instant::now());
         }
         inner.promoted_term = Some(term);
         true
@@ -362,9 +357,10 @@ impl Events {
     /// at most [`limits::EXPIRE_BATCH_MAX`] items.
     fn due(&self, state: &LockState, now: Instant, wall_ms: u64) -> Expire {
         let mut inner = self.lock();
-        inner.holds.settle(now);
-        inner.waiters.settle(now);
-        inner.sessions.settle(now);
+        let floor = inner.floor;
+        inner.holds.settle(now, floor);
+        inner.waiters.settle(now, floor);
+        inner.sessions.settle(now, floor);
         let mut expire = Expire::default();
         for (name, fence) in inner.holds.due(now) {
             if expire.len() >= limits::EXPIRE_BATCH_MAX {
@@ -553,12 +549,17 @@ mod tests {
     }
 
     fn acquire(name: &str, session: Option<SessionId>) -> Command {
+        acquire_by(name, Token(7), 0, session)
+    }
+
+    /// An acquire of `name` by `token`, waiting up to `wait_ms` if it is held.
+    fn acquire_by(name: &str, token: Token, wait_ms: u64, session: Option<SessionId>) -> Command {
         Command::Acquire(Acquire {
             name: name.into(),
             owner: "w".into(),
-            token: Token(7),
+            token,
             ttl_ms: TTL.as_millis() as u64,
-            wait_ms: 0,
+            wait_ms,
             session,
         })
     }
@@ -586,15 +587,7 @@ mod tests {
             apply(&events, &mut state, 2, open);
             // A one-shot request waits for "a" (its node pings the leader that it still waits).
             let waiter = Token(8);
-            let wait = Command::Acquire(Acquire {
-                name: "a".into(),
-                owner: "v".into(),
-                token: waiter,
-                ttl_ms: 60_000,
-                wait_ms: 60_000,
-                session: None,
-            });
-            apply(&events, &mut state, 3, wait);
+            apply(&events, &mut state, 3, acquire_by("a", waiter, 60_000, None));
             // As a follower, past the hold's TTL and the session's lease (heartbeats go to the leader only).
             tokio::time::advance(Duration::from_secs(3)).await;
             assert!(events.promote(1, bugs));
@@ -628,18 +621,6 @@ mod tests {
             tokio::time::advance(Duration::from_millis(1)).await;
             assert_eq!(due_waiters(&events, &state), [waiter]);
         }
-    }
-
-    /// An acquire of `name` by `token`, waiting up to `wait_ms` if it is held.
-    fn acquire_by(name: &str, token: Token, wait_ms: u64, session: Option<SessionId>) -> Command {
-        Command::Acquire(Acquire {
-            name: name.into(),
-            owner: "w".into(),
-            token,
-            ttl_ms: TTL.as_millis() as u64,
-            wait_ms,
-            session,
-        })
     }
 
     #[tokio::test(start_paused = true)]
@@ -702,20 +683,20 @@ mod tests {
         for key in 0..3 {
             deadlines.set(&key, 7, t0, lease);
         }
-        deadlines.promote(t0 + Duration::from_secs(5));
+        let floor = Some(t0 + Duration::from_secs(5));
         let now = t0 + Duration::from_secs(12);
-        deadlines.settle(now);
+        deadlines.settle(now, floor);
         assert_eq!(deadlines.due(now).count(), 0);
         let moved: Vec<Instant> = deadlines.by_time.iter().map(|(at, _)| *at).collect();
         assert_eq!(moved, vec![t0 + Duration::from_secs(15); 3], "each at the floor plus its lease");
-        deadlines.settle(now);
+        deadlines.settle(now, floor);
         assert_eq!(deadlines.by_time.len(), 3);
         // Ending a moved deadline, under its tag only, removes it from both orders.
         deadlines.end(&1, 8);
         deadlines.end(&2, 7);
         assert_eq!((deadlines.by_key.len(), deadlines.by_time.len()), (2, 2));
         let later = t0 + Duration::from_secs(15);
-        deadlines.settle(later);
+        deadlines.settle(later, floor);
         assert_eq!(deadlines.due(later).map(|(key, tag)| (*key, tag)).collect::<Vec<_>>(), [(0, 7), (1, 7)]);
     }
 }
