@@ -13,7 +13,8 @@
 #   DURATION=6s             each workload's duration
 #   WORKLOADS="uncontended-1 uncontended-64 contended-8"   uncontended-N or contended-N (N clients)
 #   GENERATOR=              the binary that runs `holdfast bench` (default: the first build), the same
-#                           for every build so that only the nodes differ
+#                           for every build so that only the nodes differ; `each`: every build runs its
+#                           own load (for a change to the client as well as the nodes)
 #   SERVER_ARGS=            more flags for every node
 #   COMPARE_BASE_PORT=29070 node i's client port is this + 100*(i-1), its peer port one more
 #   COMPARE_DIR=target/compare  the clusters' data (COMPARE_DIR/run) and results (COMPARE_DIR/results-TIME)
@@ -51,6 +52,7 @@ for arg in "$@"; do
     binaries[$label]=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 done
 GENERATOR=${GENERATOR:-${binaries[${labels[0]}]}}
+[[ $GENERATOR == each || -x $GENERATOR ]] || die "GENERATOR=$GENERATOR is not an executable (nor 'each')"
 for tool in curl jq; do
     command -v "$tool" >/dev/null || die "$tool is needed"
 done
@@ -95,7 +97,9 @@ for round in $(seq 1 "$ROUNDS"); do
         for workload in $WORKLOADS; do
             kind=${workload%-*} clients=${workload##*-}
             ticks_before=$(cpu_ticks) switches_before=$(switches)
-            out=$("$GENERATOR" bench --endpoints "$ENDPOINTS" --json "$kind" --clients "$clients" \
+            generator=$GENERATOR
+            [[ $generator != each ]] || generator=${binaries[$label]}
+            out=$("$generator" bench --endpoints "$ENDPOINTS" --json "$kind" --clients "$clients" \
                 --duration "$DURATION" 2>>"$RESULTS/bench.log") || out='{"ops": 0, "failed": true}'
             ticks=$(($(cpu_ticks) - ticks_before)) switches=$(($(switches) - switches_before))
             echo "$out" | jq -c --arg build "$label" --arg workload "$workload" --argjson round "$round" \

@@ -5,15 +5,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast_proto::v1::{
-    AcquireRequest, AddMemberRequest, ClusterStatusRequest, GetRequest, ListRequest, ReleaseRequest,
-    RemoveMemberRequest, RenewRequest, SnapshotRequest,
+    AcquireRequest, AddMemberRequest, CallKind, ClusterStatusRequest, GetRequest, ListRequest, ReleaseRequest,
+    RemoveMemberRequest, RenewRequest, ResultKind, SnapshotRequest,
 };
 use tokio::task::JoinSet;
 
 use crate::error::Error;
-use crate::pool::{normalize, Config, Pool};
+use crate::pool::{normalize, Config, Pool, Retry};
 use crate::session::{HeldLock, Session};
 use crate::types::{millis_ceil, ClusterStatus, Hold, ListPage, LockInfo, Released, SnapshotInfo};
+
+/// A one-shot call answered with a kind of answer that is not its own.
+fn unexpected(what: &str, answer: &ResultKind) -> Error {
+    Error::Protocol(format!("{what} was answered with {answer:?}"))
+}
 
 /// Longest owner description the server accepts, in bytes.
 const OWNER_LEN_MAX: usize = 128;
@@ -357,6 +362,12 @@ impl Client {
 
     // ---- one-shot calls ----
 
+    /// One-shot call `kind`, on the `Calls` stream of one endpoint after another as `plan` says.
+    async fn one_shot(&self, what: &str, plan: Retry, kind: CallKind) -> Result<ResultKind, Error> {
+        let pool = &self.pool;
+        pool.call(what, plan, |i, client| pool.one_shot(i, client, kind.clone())).await
+    }
+
     /// Takes the lock `name` for `ttl` (renew before it runs out), as this client's owner. With a non-zero
     /// `wait`, queues and waits up to that long. Fails with [`Error::Busy`] if it was not granted.
     pub async fn acquire(&self, name: &str, ttl: Duration, wait: Duration) -> Result<Hold, Error> {
@@ -366,14 +377,10 @@ impl Client {
             ttl_ms: millis_ceil(ttl),
             wait_ms: millis_ceil(wait),
         };
-        let hold = self
-            .pool
-            .call("acquire", self.pool.retry(wait), |_, mut client| {
-                let request = request.clone();
-                async move { Ok(client.acquire(request).await?.into_inner()) }
-            })
-            .await?;
-        Ok(hold.into())
+        match self.one_shot("acquire", self.pool.retry(wait), CallKind::Acquire(request)).await? {
+            ResultKind::Hold(hold) => Ok(hold.into()),
+            other => Err(unexpected("acquire", &other)),
+        }
     }
 
     /// Extends the hold of `token` on `name` to `ttl` from now (`None`: its current TTL). Fails with
@@ -381,41 +388,27 @@ impl Client {
     pub async fn renew(&self, name: &str, token: &str, ttl: Option<Duration>) -> Result<Hold, Error> {
         let request =
             RenewRequest { name: name.to_owned(), token: token.to_owned(), ttl_ms: ttl.map_or(0, millis_ceil) };
-        let hold = self
-            .pool
-            .call("renew", self.pool.retry(Duration::ZERO), |_, mut client| {
-                let request = request.clone();
-                async move { Ok(client.renew(request).await?.into_inner()) }
-            })
-            .await?;
-        Ok(hold.into())
+        match self.one_shot("renew", self.pool.retry(Duration::ZERO), CallKind::Renew(request)).await? {
+            ResultKind::Hold(hold) => Ok(hold.into()),
+            other => Err(unexpected("renew", &other)),
+        }
     }
 
     /// Lets go of the hold of `token` on `name`; the next waiter is granted at once.
     pub async fn release(&self, name: &str, token: &str) -> Result<Released, Error> {
         let request = ReleaseRequest { name: name.to_owned(), token: token.to_owned() };
-        let released = self
-            .pool
-            .call("release", self.pool.retry(Duration::ZERO), |_, mut client| {
-                let request = request.clone();
-                async move { Ok(client.release(request).await?.into_inner()) }
-            })
-            .await?;
-        Ok(released.into())
+        match self.one_shot("release", self.pool.retry(Duration::ZERO), CallKind::Release(request)).await? {
+            ResultKind::Released(released) => Ok(released.into()),
+            other => Err(unexpected("release", &other)),
+        }
     }
 
     /// Who holds `name` and who waits for it (a linearizable read); `Ok(None)` if nobody holds it.
     pub async fn get(&self, name: &str) -> Result<Option<LockInfo>, Error> {
         let request = GetRequest { name: name.to_owned() };
-        let answer = self
-            .pool
-            .call("get", self.pool.retry(Duration::ZERO), |_, mut client| {
-                let request = request.clone();
-                async move { Ok(client.get(request).await?.into_inner()) }
-            })
-            .await;
-        match answer {
-            Ok(lock) => Ok(Some(lock.into())),
+        match self.one_shot("get", self.pool.retry(Duration::ZERO), CallKind::Get(request)).await {
+            Ok(ResultKind::Lock(lock)) => Ok(Some(lock.into())),
+            Ok(other) => Err(unexpected("get", &other)),
             Err(Error::NotFound) => Ok(None),
             Err(e) => Err(e),
         }

@@ -53,6 +53,7 @@
 
 #![warn(missing_docs)]
 
+mod calls;
 mod client;
 mod error;
 mod lease;

@@ -12,13 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use holdfast_proto::dial::Dialer;
-use holdfast_proto::v1::LocksClient;
+use holdfast_proto::v1::{CallKind, LocksClient, ResultKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::calls::CallStream;
 use crate::error::Error;
 
 /// The client port a node listens on when an endpoint names no port.
@@ -170,6 +171,10 @@ pub(crate) struct Pool {
     /// One channel per endpoint, made on first use. A tonic channel reconnects by itself, so a cached one
     /// stays good after its node restarts.
     channels: Mutex<Vec<Option<Channel>>>,
+    /// One `Calls` stream per endpoint for the one-shot calls, opened on first use.
+    streams: Vec<Mutex<Streamed>>,
+    /// Held while an endpoint's stream is being opened, so that it is opened once.
+    opening: Vec<tokio::sync::Mutex<()>>,
     /// The endpoint that answered last; calls start there.
     preferred: AtomicUsize,
     /// Jitters the backoff between rounds of retries.
@@ -193,7 +198,9 @@ impl Pool {
         assert!(!endpoints.is_empty(), "a pool needs an endpoint");
         let channels = Mutex::new(vec![None; endpoints.len()]);
         let jitter = Mutex::new(config.seed.map_or_else(StdRng::from_entropy, StdRng::seed_from_u64));
-        Arc::new(Pool { endpoints, channels, preferred: AtomicUsize::new(0), jitter, config })
+        let streams = endpoints.iter().map(|_| Mutex::new(Streamed::NotYet)).collect();
+        let opening = endpoints.iter().map(|_| tokio::sync::Mutex::new(())).collect();
+        Arc::new(Pool { endpoints, channels, streams, opening, preferred: AtomicUsize::new(0), jitter, config })
     }
 
     pub(crate) fn endpoints(&self) -> &[String] {
@@ -236,6 +243,43 @@ impl Pool {
             }
         });
         LocksClient::with_interceptor(channel.clone(), ApiKey(self.config.api_key.clone()))
+    }
+
+    /// Makes one-shot call `kind` to endpoint `i` (whose client is `client`): on the endpoint's `Calls`
+    /// stream, opened on first use, or as a unary call if the node has no such stream.
+    pub(crate) async fn one_shot(&self, i: usize, client: NodeClient, kind: CallKind) -> Result<ResultKind, Error> {
+        match self.stream(i, client.clone()).await? {
+            Some(stream) => Ok(stream.call(kind).await?),
+            None => Ok(unary(client, kind).await?),
+        }
+    }
+
+    /// Endpoint `i`'s `Calls` stream, opening it if there is none (or it ended); `None` if its node said
+    /// it has none.
+    async fn stream(&self, i: usize, client: NodeClient) -> Result<Option<Arc<CallStream>>, tonic::Status> {
+        let usable = |streamed: &Streamed| match streamed {
+            Streamed::Open(stream) if !stream.ended() => Some(Some(stream.clone())),
+            Streamed::Unary => Some(None),
+            _ => None,
+        };
+        if let Some(found) = usable(&self.streams[i].lock().expect("streams poisoned")) {
+            return Ok(found);
+        }
+        let _opening = self.opening[i].lock().await;
+        if let Some(found) = usable(&self.streams[i].lock().expect("streams poisoned")) {
+            return Ok(found);
+        }
+        let streamed = match CallStream::open(client).await {
+            Ok(stream) => Streamed::Open(Arc::new(stream)),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                tracing::debug!(endpoint = self.endpoints[i], "no Calls stream on this node; one-shot calls are unary");
+                Streamed::Unary
+            }
+            Err(status) => return Err(status),
+        };
+        let found = usable(&streamed).expect("a stream just opened, or none");
+        *self.streams[i].lock().expect("streams poisoned") = streamed;
+        Ok(found)
     }
 
     /// The retry plan of an ordinary call: start at the preferred endpoint, give each attempt the request
@@ -313,6 +357,25 @@ impl Pool {
             None => Error::Unavailable(format!("{what}: no attempt was made before the deadline")),
         })
     }
+}
+
+/// An endpoint's `Calls` stream.
+enum Streamed {
+    NotYet,
+    Open(Arc<CallStream>),
+    /// Its node has none (an older server): one-shot calls to it are unary.
+    Unary,
+}
+
+/// One-shot call `kind` as a unary call.
+async fn unary(mut client: NodeClient, kind: CallKind) -> Result<ResultKind, tonic::Status> {
+    Ok(match kind {
+        CallKind::Acquire(r) => ResultKind::Hold(client.acquire(r).await?.into_inner()),
+        CallKind::Renew(r) => ResultKind::Hold(client.renew(r).await?.into_inner()),
+        CallKind::Release(r) => ResultKind::Released(client.release(r).await?.into_inner()),
+        CallKind::Get(r) => ResultKind::Lock(client.get(r).await?.into_inner()),
+        CallKind::Cancel(_) => return Err(tonic::Status::invalid_argument("a cancel is not a call")),
+    })
 }
 
 #[cfg(test)]

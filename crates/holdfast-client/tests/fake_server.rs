@@ -30,6 +30,14 @@ struct Seen {
     /// (session, name) of every release request, in order.
     releases: Vec<(u64, String)>,
     closes: u32,
+    /// `Calls` streams opened.
+    call_streams: u32,
+    /// (id, lock name) of every acquire on a `Calls` stream, in order.
+    calls: Vec<(u64, String)>,
+    /// The ids of the cancels on `Calls` streams, in order.
+    cancels: Vec<u64>,
+    /// Unary acquires.
+    unary_acquires: u32,
 }
 
 #[derive(Default)]
@@ -43,6 +51,10 @@ struct State {
     waiters: BTreeMap<String, VecDeque<u64>>,
     /// The current stream of each session.
     streams: BTreeMap<u64, Outbox>,
+    /// Whether `Calls` answers UNIMPLEMENTED, as an older server's does.
+    no_calls: bool,
+    /// The open `Calls` streams' answers.
+    call_streams: Vec<mpsc::Sender<Result<v1::CallResult, Status>>>,
 }
 
 #[derive(Clone)]
@@ -86,6 +98,44 @@ impl Fake {
         for (_, tx) in streams {
             let _ = tx.try_send(Err(Status::unavailable("the fake broke the stream")));
         }
+    }
+
+    /// Ends every `Calls` stream with UNAVAILABLE, as a node that dies does.
+    fn break_calls(&self) {
+        let streams = std::mem::take(&mut self.state.lock().unwrap().call_streams);
+        for tx in streams {
+            let _ = tx.try_send(Err(Status::unavailable("the fake broke the calls stream")));
+        }
+    }
+
+    /// The fake's answer to a one-shot acquire of `request.name`: granted, unless the name starts with
+    /// `busy` (held by someone else). A name `late-MS-…` is answered after MS milliseconds; a name that
+    /// starts with `slow` is never answered.
+    fn one_shot(&self, request: &v1::AcquireRequest) -> Option<(Duration, v1::ResultKind)> {
+        if request.name.starts_with("slow") {
+            return None;
+        }
+        let delay = request.name.strip_prefix("late-").and_then(|rest| rest.split('-').next()?.parse().ok());
+        let kind = if request.name.starts_with("busy") {
+            let holder = v1::Holder { owner: "someone".into(), fence: 41, ..Default::default() };
+            let code = tonic::Code::AlreadyExists as i32;
+            let (message, problem) = ("held".into(), "urn:holdfast:busy".into());
+            v1::ResultKind::Error(v1::CallError { code, message, problem, holder: Some(holder) })
+        } else {
+            let mut state = self.state.lock().unwrap();
+            let fence = state.next_fence;
+            state.next_fence += 1;
+            let (name, owner, ttl_ms) = (request.name.clone(), request.owner.clone(), request.ttl_ms);
+            v1::ResultKind::Hold(v1::Hold {
+                name,
+                owner,
+                token: format!("token-{fence}"),
+                fence,
+                ttl_ms,
+                ..Default::default()
+            })
+        };
+        Some((Duration::from_millis(delay.unwrap_or(0)), kind))
     }
 
     /// Forgets a session (it expired while its client was away), without telling anyone.
@@ -208,6 +258,49 @@ impl Fake {
 #[tonic::async_trait]
 impl Locks for Fake {
     type SessionStream = ReceiverStream<Result<SessionEvent, Status>>;
+    type CallsStream = ReceiverStream<Result<v1::CallResult, Status>>;
+
+    /// Answers acquires as [`Fake::one_shot`] says, each in its own time; refuses the other calls.
+    async fn calls(&self, request: Request<Streaming<v1::Call>>) -> Result<Response<Self::CallsStream>, Status> {
+        let (tx, rx) = mpsc::channel(64);
+        {
+            let mut state = self.state.lock().unwrap();
+            if state.no_calls {
+                return Err(Status::unimplemented("this fake has no Calls stream"));
+            }
+            state.call_streams.push(tx.clone());
+        }
+        self.note(|s| s.call_streams += 1);
+        let (fake, mut inbound) = (self.clone(), request.into_inner());
+        tokio::spawn(async move {
+            while let Ok(Some(call)) = inbound.message().await {
+                let id = call.id;
+                let answer = match call.kind {
+                    Some(v1::CallKind::Cancel(_)) => {
+                        fake.note(|s| s.cancels.push(id));
+                        continue;
+                    }
+                    Some(v1::CallKind::Acquire(request)) => {
+                        fake.note(|s| s.calls.push((id, request.name.clone())));
+                        fake.one_shot(&request)
+                    }
+                    _ => {
+                        let code = tonic::Code::Unimplemented as i32;
+                        let error = v1::CallError { code, message: "fake".into(), ..Default::default() };
+                        Some((Duration::ZERO, v1::ResultKind::Error(error)))
+                    }
+                };
+                if let Some((delay, kind)) = answer {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let _ = tx.send(Ok(v1::CallResult { id, kind: Some(kind) })).await;
+                    });
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
 
     async fn session(
         &self,
@@ -265,8 +358,13 @@ impl Locks for Fake {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn acquire(&self, _: Request<v1::AcquireRequest>) -> Result<Response<v1::Hold>, Status> {
-        Err(Status::unimplemented("fake"))
+    /// Grants as on a `Calls` stream, at once.
+    async fn acquire(&self, request: Request<v1::AcquireRequest>) -> Result<Response<v1::Hold>, Status> {
+        self.note(|s| s.unary_acquires += 1);
+        match self.one_shot(request.get_ref()) {
+            Some((_, v1::ResultKind::Hold(hold))) => Ok(Response::new(hold)),
+            _ => Err(Status::unimplemented("the fake grants every unary acquire of a plain name")),
+        }
     }
 
     async fn renew(&self, _: Request<v1::RenewRequest>) -> Result<Response<v1::Hold>, Status> {
@@ -328,6 +426,19 @@ fn problem(code: tonic::Code, slug: &str, detail: &str) -> Status {
 /// A fake on a loopback port and a client connected to it.
 async fn start() -> (Fake, Client) {
     let fake = Fake::new();
+    let addr = serve(&fake).await;
+    let client = Client::builder([addr])
+        .owner("fake-test")
+        .request_timeout(Duration::from_secs(2))
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .connect()
+        .await
+        .unwrap();
+    (fake, client)
+}
+
+/// Serves `fake` on a loopback port; returns its address.
+async fn serve(fake: &Fake) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = LocksServer::new(fake.clone());
@@ -338,14 +449,7 @@ async fn start() -> (Fake, Client) {
             .await
             .unwrap();
     });
-    let client = Client::builder([addr.to_string()])
-        .owner("fake-test")
-        .request_timeout(Duration::from_secs(2))
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
-        .connect()
-        .await
-        .unwrap();
-    (fake, client)
+    addr.to_string()
 }
 
 #[tokio::test]
@@ -519,4 +623,78 @@ async fn membership_calls_carry_the_admin_key_and_map_refusals() {
         Err(Error::Refused(detail)) => assert!(detail.contains("not a member"), "{detail}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
+}
+
+// ---- one-shot calls on a `Calls` stream ----
+
+#[tokio::test]
+async fn one_shot_calls_share_one_stream_and_each_gets_its_own_answer_in_any_order() {
+    let (fake, client) = start().await;
+    // Answered in the reverse of the order they were sent: the later the call, the sooner its answer.
+    let names: Vec<String> = (0..16).map(|i| format!("late-{}-{i}", (16 - i) * 10)).collect();
+    let calls = names.iter().map(|name| client.acquire(name, Duration::from_secs(30), Duration::ZERO));
+    let holds = timeout(BOUND, futures_util::future::join_all(calls)).await.expect("answered in time");
+    for (name, hold) in names.iter().zip(holds) {
+        let hold = hold.expect("granted");
+        assert_eq!((&hold.name, hold.owner.as_str()), (name, "fake-test"));
+    }
+    let seen = fake.wait_for("every call", |s| s.calls.len() == 16).await;
+    assert_eq!((seen.call_streams, seen.unary_acquires), (1, 0), "{seen:?}");
+    // An error answer is the error of the unary call, holder included.
+    match client.acquire("busy-1", Duration::from_secs(30), Duration::ZERO).await {
+        Err(Error::Busy { holder: Some(holder) }) => assert_eq!((holder.owner.as_str(), holder.fence), ("someone", 41)),
+        other => panic!("expected busy, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_call_given_up_is_cancelled_on_the_stream() {
+    let fake = Fake::new();
+    let client = Client::builder([serve(&fake).await])
+        .request_timeout(Duration::from_millis(300))
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let answer = client.acquire("slow-1", Duration::from_secs(30), Duration::ZERO).await;
+    assert!(matches!(answer, Err(Error::Unavailable(_))), "{answer:?}");
+    let seen = fake.wait_for("the cancel", |s| !s.cancels.is_empty()).await;
+    let id = seen.calls.iter().find(|(_, name)| name == "slow-1").expect("the call was sent").0;
+    assert_eq!(seen.cancels, [id]);
+    // An answered call is not cancelled.
+    client.acquire("plain", Duration::from_secs(30), Duration::ZERO).await.expect("granted");
+    let seen = fake.wait_for("the second call", |s| s.calls.len() == 2).await;
+    assert_eq!(seen.cancels, [id]);
+}
+
+#[tokio::test]
+async fn a_broken_stream_fails_the_calls_on_it_and_the_next_call_opens_another() {
+    let fake = Fake::new();
+    let client =
+        Client::builder([serve(&fake).await]).request_timeout(Duration::from_secs(30)).max_attempts(1).build().unwrap();
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move { client.acquire("slow-2", Duration::from_secs(30), Duration::ZERO).await }
+    });
+    fake.wait_for("the call", |s| s.calls.len() == 1).await;
+    fake.break_calls();
+    match timeout(BOUND, waiting).await.expect("failed in time").unwrap() {
+        Err(Error::Unavailable(why)) => assert!(why.contains("broke the calls stream"), "{why}"),
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+    let hold = client.acquire("after", Duration::from_secs(30), Duration::ZERO).await.expect("granted");
+    assert_eq!(hold.name, "after");
+    assert_eq!(fake.wait_for("a second stream", |s| s.call_streams == 2).await.calls.len(), 2);
+}
+
+#[tokio::test]
+async fn a_node_without_a_calls_stream_gets_unary_calls() {
+    let fake = Fake::new();
+    fake.state.lock().unwrap().no_calls = true;
+    let client = Client::builder([serve(&fake).await]).build().unwrap();
+    for name in ["one", "two"] {
+        let hold = client.acquire(name, Duration::from_secs(30), Duration::ZERO).await.expect("granted");
+        assert_eq!(hold.name, name);
+    }
+    let seen = fake.wait_for("two unary acquires", |s| s.unary_acquires == 2).await;
+    assert_eq!((seen.call_streams, seen.calls.len()), (0, 0));
 }

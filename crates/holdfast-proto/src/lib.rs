@@ -17,14 +17,17 @@ mod generated {
 
 /// The public API (`proto/holdfast/v1/locks.proto`).
 pub mod v1 {
+    pub use super::generated::call::Kind as CallKind;
+    pub use super::generated::call_result::Kind as ResultKind;
     pub use super::generated::locks_client::LocksClient;
     pub use super::generated::locks_server::{Locks, LocksServer, SERVICE_NAME as LOCKS_SERVICE};
     pub use super::generated::session_event::Kind as EventKind;
     pub use super::generated::session_request::Kind as RequestKind;
     pub use super::generated::{
-        AcquireRequest, Acquired, AddMemberRequest, Busy, Close, ClusterStatusRequest, ClusterStatusResponse,
-        GetRequest, Heartbeat, HeartbeatAck, Hold, Holder, ListRequest, ListResponse, Lock, Lost, Open, Opened,
-        ReleaseRequest, ReleaseResponse, Released, RemoveMemberRequest, RenewRequest, Resume, SessionAcquire,
-        SessionError, SessionEvent, SessionRelease, SessionRequest, SnapshotRequest, SnapshotResponse, Waiter, Waiting,
+        AcquireRequest, Acquired, AddMemberRequest, Busy, Call, CallError, CallResult, Cancel, Close,
+        ClusterStatusRequest, ClusterStatusResponse, GetRequest, Heartbeat, HeartbeatAck, Hold, Holder, ListRequest,
+        ListResponse, Lock, Lost, Open, Opened, ReleaseRequest, ReleaseResponse, Released, RemoveMemberRequest,
+        RenewRequest, Resume, SessionAcquire, SessionError, SessionEvent, SessionRelease, SessionRequest,
+        SnapshotRequest, SnapshotResponse, Waiter, Waiting,
     };
 }

@@ -172,9 +172,17 @@ impl ApiError {
     }
 }
 
-/// The gRPC mapping: a status code, the detail as message, and the stable problem type in the
-/// `holdfast-problem` metadata entry.
-impl From<ApiError> for tonic::Status {
+/// An error as gRPC gives it: a status code, the stable problem type (`urn:holdfast:<slug>`), the detail,
+/// and for a busy lock the holder when known. A unary call's status and a `Calls` stream's `CallError`
+/// both carry these.
+pub struct GrpcError {
+    pub code: tonic::Code,
+    pub problem: String,
+    pub detail: String,
+    pub holder: Option<holdfast_proto::v1::Holder>,
+}
+
+impl From<ApiError> for GrpcError {
     fn from(e: ApiError) -> Self {
         let (_, slug, _, detail) = e.describe();
         let code = match e {
@@ -190,14 +198,26 @@ impl From<ApiError> for tonic::Status {
             ApiError::NoRoute | ApiError::NoMethod => tonic::Code::Unimplemented,
             ApiError::Internal { .. } => tonic::Code::Internal,
         };
+        let holder = match &e {
+            ApiError::Busy { holder: Some(holder), .. } => Some(crate::grpc::holder(holder)),
+            _ => None,
+        };
+        GrpcError { code, problem: format!("urn:holdfast:{slug}"), detail, holder }
+    }
+}
+
+/// The gRPC mapping: a status code, the detail as message, and the stable problem type in the
+/// `holdfast-problem` metadata entry (and a busy lock's holder in `holdfast-holder-bin`).
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        let e = GrpcError::from(e);
         let mut metadata = tonic::metadata::MetadataMap::new();
-        let problem = format!("urn:holdfast:{slug}");
-        metadata.insert(PROBLEM_METADATA, problem.parse().expect("problem types are ASCII"));
-        if let ApiError::Busy { holder: Some(holder), .. } = &e {
-            let bytes = prost::Message::encode_to_vec(&crate::grpc::holder(holder));
+        metadata.insert(PROBLEM_METADATA, e.problem.parse().expect("problem types are ASCII"));
+        if let Some(holder) = &e.holder {
+            let bytes = prost::Message::encode_to_vec(holder);
             metadata.insert_bin(HOLDER_METADATA, tonic::metadata::MetadataValue::from_bytes(&bytes));
         }
-        tonic::Status::with_metadata(code, detail, metadata)
+        tonic::Status::with_metadata(e.code, e.detail, metadata)
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use holdfast_core::{Grant, HolderView, Lease, LockView, Outcome, SessionId, SessionView, Token};
 use holdfast_proto::v1::{
-    self, AcquireRequest, Acquired, AddMemberRequest, ClusterStatusRequest, ClusterStatusResponse, EventKind,
+    self, AcquireRequest, Acquired, AddMemberRequest, Call, ClusterStatusRequest, ClusterStatusResponse, EventKind,
     GetRequest, Hold, Holder, ListRequest, ListResponse, Locks, ReleaseRequest, ReleaseResponse, RemoveMemberRequest,
     RenewRequest, RequestKind, SessionEvent, SessionRequest, SnapshotRequest, SnapshotResponse,
 };
@@ -22,6 +22,7 @@ use tokio_stream::Stream;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status, Streaming};
 
 use crate::auth;
+use crate::calls::CallStream;
 use crate::error::ApiError;
 use crate::keeper::SessionNote;
 use crate::node::{Node, NodeError, Request};
@@ -37,7 +38,7 @@ pub struct LocksService {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
-fn or_anonymous(owner: String) -> String {
+pub(crate) fn or_anonymous(owner: String) -> String {
     if owner.is_empty() {
         "anonymous".into()
     } else {
@@ -48,6 +49,7 @@ fn or_anonymous(owner: String) -> String {
 #[tonic::async_trait]
 impl Locks for LocksService {
     type SessionStream = EventStream;
+    type CallsStream = CallStream;
 
     async fn session(
         &self,
@@ -87,6 +89,11 @@ impl Locks for LocksService {
         let r = request.into_inner();
         let (name, fence) = ops::release(&self.node, &scope, r.name, ops::parse_token(&r.token)?).await?;
         Ok(GrpcResponse::new(ReleaseResponse { name, fence }))
+    }
+
+    async fn calls(&self, request: GrpcRequest<Streaming<Call>>) -> Result<GrpcResponse<CallStream>, Status> {
+        let scope = auth::authenticate(&self.node, authorization(&request))?;
+        Ok(GrpcResponse::new(CallStream::new(self.node.clone(), scope, request.into_inner())))
     }
 
     async fn get(&self, request: GrpcRequest<GetRequest>) -> Result<GrpcResponse<v1::Lock>, Status> {
@@ -162,7 +169,7 @@ impl LocksService {
 
 // --- shapes ---
 
-fn hold(grant: &Grant) -> Hold {
+pub(crate) fn hold(grant: &Grant) -> Hold {
     let (expires_at_ms, ttl_ms) = match grant.lease {
         Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms),
         Lease::Session(_) => (0, 0),
@@ -186,7 +193,7 @@ pub(crate) fn holder(h: &HolderView) -> Holder {
     Holder { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, expires_at_ms, ttl_ms, session_id }
 }
 
-fn lock(view: &LockView) -> v1::Lock {
+pub(crate) fn lock(view: &LockView) -> v1::Lock {
     v1::Lock {
         name: view.name.clone(),
         holder: Some(holder(&view.holder)),

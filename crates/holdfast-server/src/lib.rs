@@ -18,6 +18,7 @@
 //! This crate must not depend on the client library or the binary.
 
 pub mod auth;
+pub mod calls;
 pub mod error;
 pub mod grpc;
 pub mod health;

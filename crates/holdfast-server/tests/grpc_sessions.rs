@@ -1,6 +1,6 @@
-//! The session protocol against one in-process node, spoken with the generated gRPC client: what a client
-//! library relies on. Multi-node behaviour (forwarding, failover, resumption) is tested with real processes
-//! in the repository's tests/ folder.
+//! The session protocol and the `Calls` stream against one in-process node, spoken with the generated gRPC
+//! client: what a client library relies on. Multi-node behaviour (forwarding, failover, resumption) is
+//! tested with real processes in the repository's tests/ folder.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -278,5 +278,193 @@ async fn a_stream_whose_session_is_resumed_elsewhere_on_the_node_is_ended() {
     // The old stream, still open, must not go on acting for the session.
     let ended = tokio::time::timeout(BOUND, old.events.message()).await.expect("the old stream ends in time");
     assert_eq!(ended.expect_err("the old stream ends with an error").code(), tonic::Code::Aborted);
+    node.stop().await;
+}
+
+// ---- the Calls stream ----
+
+/// One `Calls` stream: calls in, results out.
+struct Calls {
+    tx: mpsc::Sender<holdfast_proto::v1::Call>,
+    results: tonic::Streaming<holdfast_proto::v1::CallResult>,
+}
+
+impl Calls {
+    async fn open(client: &mut LocksClient<Channel>) -> Calls {
+        let (tx, rx) = mpsc::channel(16);
+        let results = client.calls(ReceiverStream::new(rx)).await.unwrap().into_inner();
+        Calls { tx, results }
+    }
+
+    async fn send(&self, id: u64, kind: holdfast_proto::v1::CallKind) {
+        self.tx.send(holdfast_proto::v1::Call { id, kind: Some(kind) }).await.unwrap();
+    }
+
+    /// The next result: its id and kind.
+    async fn next(&mut self) -> (u64, holdfast_proto::v1::ResultKind) {
+        let result = tokio::time::timeout(BOUND, self.results.message()).await.expect("a result in time");
+        let result = result.expect("the stream is healthy").expect("the stream goes on");
+        (result.id, result.kind.expect("a result has a kind"))
+    }
+}
+
+fn call_acquire(name: &str, owner: &str, wait_ms: u64) -> holdfast_proto::v1::CallKind {
+    let request =
+        holdfast_proto::v1::AcquireRequest { name: name.into(), owner: owner.into(), ttl_ms: 30_000, wait_ms };
+    holdfast_proto::v1::CallKind::Acquire(request)
+}
+
+fn call_release(name: &str, token: &str) -> holdfast_proto::v1::CallKind {
+    holdfast_proto::v1::CallKind::Release(holdfast_proto::v1::ReleaseRequest { name: name.into(), token: token.into() })
+}
+
+fn call_get(name: &str) -> holdfast_proto::v1::CallKind {
+    holdfast_proto::v1::CallKind::Get(holdfast_proto::v1::GetRequest { name: name.into() })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_one_stream_answer_as_their_unary_twins_under_their_own_ids() {
+    use holdfast_proto::v1::{CallKind, RenewRequest, ResultKind};
+    let node = Node::start().await;
+    let mut client = node.client().await;
+    let mut calls = Calls::open(&mut client).await;
+
+    calls.send(7, call_acquire("a", "alpha", 0)).await;
+    let (id, ResultKind::Hold(a)) = calls.next().await else { panic!("expected a hold") };
+    assert_eq!((id, a.name.as_str(), a.owner.as_str(), a.ttl_ms), (7, "a", "alpha", 30_000));
+
+    // A busy lock: the error the unary call would have, holder included.
+    calls.send(8, call_acquire("a", "beta", 0)).await;
+    let (id, ResultKind::Error(busy)) = calls.next().await else { panic!("expected an error") };
+    assert_eq!(id, 8);
+    assert_eq!((busy.code, busy.problem.as_str()), (tonic::Code::AlreadyExists as i32, "urn:holdfast:busy"));
+    let holder = busy.holder.expect("the holder is named");
+    assert_eq!((holder.owner.as_str(), holder.fence), ("alpha", a.fence));
+
+    // An acquire that waits is answered after a later call on the same stream.
+    calls.send(9, call_acquire("a", "gamma", 10_000)).await;
+    calls.send(10, CallKind::Renew(RenewRequest { name: "a".into(), token: a.token.clone(), ttl_ms: 20_000 })).await;
+    let (id, ResultKind::Hold(renewed)) = calls.next().await else { panic!("expected the renewal") };
+    assert_eq!((id, renewed.ttl_ms, renewed.fence), (10, 20_000, a.fence));
+    calls.send(11, call_release("a", &a.token)).await;
+    let mut answers = BTreeMap::new();
+    for _ in 0..2 {
+        let (id, kind) = calls.next().await;
+        answers.insert(id, kind);
+    }
+    let Some(ResultKind::Released(released)) = answers.remove(&11) else { panic!("expected the release: {answers:?}") };
+    assert_eq!((released.name.as_str(), released.fence), ("a", a.fence));
+    let Some(ResultKind::Hold(handed)) = answers.remove(&9) else { panic!("expected the waiter's grant: {answers:?}") };
+    assert_eq!(handed.owner, "gamma");
+    assert!(handed.fence > a.fence, "a new fence: {} after {}", handed.fence, a.fence);
+
+    calls.send(12, call_get("a")).await;
+    let (id, ResultKind::Lock(lock)) = calls.next().await else { panic!("expected the lock") };
+    assert_eq!((id, lock.holder.unwrap().owner.as_str()), (12, "gamma"));
+
+    // Bad input gets the unary call's error and changes nothing.
+    calls.send(13, call_release("a", "not-a-token")).await;
+    let (id, ResultKind::Error(bad)) = calls.next().await else { panic!("expected an error") };
+    assert_eq!(
+        (id, bad.code, bad.problem.as_str()),
+        (13, tonic::Code::InvalidArgument as i32, "urn:holdfast:invalid-token")
+    );
+    calls.send(14, call_get("nobody-holds-this")).await;
+    let (id, ResultKind::Error(missing)) = calls.next().await else { panic!("expected an error") };
+    assert_eq!((id, missing.code), (14, tonic::Code::NotFound as i32));
+    // A call without a kind (or one this server does not know) is refused alone; the stream goes on.
+    calls.tx.send(holdfast_proto::v1::Call { id: 15, kind: None }).await.unwrap();
+    let (id, ResultKind::Error(unknown)) = calls.next().await else { panic!("expected an error") };
+    assert_eq!((id, unknown.problem.as_str()), (15, "urn:holdfast:invalid-call"));
+    let lock = client.get(holdfast_proto::v1::GetRequest { name: "a".into() }).await.unwrap().into_inner();
+    assert_eq!(lock.holder.unwrap().fence, handed.fence);
+
+    // Each call is counted under its own endpoint.
+    let metrics = reqwest::get(format!("http://{}/metrics", node.addr)).await.unwrap().text().await.unwrap();
+    for series in [
+        r#"holdfast_requests_total{api="grpc",endpoint="/holdfast.v1.Locks/Calls/Acquire",code="0"} 2"#,
+        r#"holdfast_requests_total{api="grpc",endpoint="/holdfast.v1.Locks/Calls/Acquire",code="6"} 1"#,
+        r#"holdfast_requests_total{api="grpc",endpoint="/holdfast.v1.Locks/Calls/Release",code="3"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in\n{metrics}");
+    }
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_is_dropped_unanswered_and_leaves_the_queue() {
+    use holdfast_proto::v1::{CallKind, Cancel, ResultKind};
+    let node = Node::start().await;
+    let mut client = node.client().await;
+    let mut calls = Calls::open(&mut client).await;
+    calls.send(1, call_acquire("q", "holder", 0)).await;
+    let (1, ResultKind::Hold(held)) = calls.next().await else { panic!("expected a hold") };
+    calls.send(2, call_acquire("q", "waiter", 30_000)).await;
+    let queued = || async {
+        let lock = node.client().await.get(holdfast_proto::v1::GetRequest { name: "q".into() }).await.unwrap();
+        lock.into_inner().waiters.len()
+    };
+    tokio::time::timeout(BOUND, async {
+        while queued().await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiter queues");
+    calls.send(2, CallKind::Cancel(Cancel {})).await;
+    // Cancelling frees the id, and a cancel of a call that is not outstanding does nothing.
+    calls.send(2, call_get("q")).await;
+    calls.send(99, CallKind::Cancel(Cancel {})).await;
+    let (2, ResultKind::Lock(lock)) = calls.next().await else { panic!("expected the lock, not the cancelled call") };
+    assert_eq!(lock.holder.unwrap().owner, "holder");
+    // The waiter's queue place went with its call: a release frees the lock for nobody.
+    calls.send(3, call_release("q", &held.token)).await;
+    let (3, ResultKind::Released(_)) = calls.next().await else { panic!("expected the release") };
+    calls.send(4, call_get("q")).await;
+    let (4, ResultKind::Error(free)) = calls.next().await else { panic!("nobody holds the lock now") };
+    assert_eq!(free.code, tonic::Code::NotFound as i32);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_after_its_last_answer_and_on_a_reused_outstanding_id() {
+    use holdfast_proto::v1::ResultKind;
+    let node = Node::start().await;
+    let mut client = node.client().await;
+
+    // The client ends its side with a call outstanding: the call is answered, then the stream ends.
+    let mut calls = Calls::open(&mut client).await;
+    calls.send(1, call_acquire("h", "holder", 0)).await;
+    let (1, ResultKind::Hold(held)) = calls.next().await else { panic!("expected a hold") };
+    calls.send(2, call_acquire("h", "waiter", 30_000)).await;
+    let Calls { tx, mut results } = calls;
+    drop(tx);
+    let mut other = Calls::open(&mut client).await;
+    other.send(1, call_release("h", &held.token)).await;
+    let (1, ResultKind::Released(_)) = other.next().await else { panic!("expected the release") };
+    let last = tokio::time::timeout(BOUND, results.message()).await.expect("in time").expect("healthy");
+    let last = last.expect("the outstanding call's answer");
+    assert!(matches!((last.id, last.kind), (2, Some(ResultKind::Hold(_)))), "the waiter was granted");
+    let end = tokio::time::timeout(BOUND, results.message()).await.expect("in time");
+    assert!(matches!(end, Ok(None)), "then the stream ends: {end:?}");
+
+    // An id still outstanding, used again, ends the stream with INVALID_ARGUMENT.
+    other.send(5, call_acquire("busy", "one", 0)).await;
+    let (5, ResultKind::Hold(_)) = other.next().await else { panic!("expected a hold") };
+    other.send(6, call_acquire("busy", "two", 30_000)).await;
+    other.send(6, call_get("busy")).await;
+    let status = tokio::time::timeout(BOUND, async {
+        loop {
+            match other.results.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without an error"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("in time");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("call id 6"), "{status:?}");
     node.stop().await;
 }

@@ -1,0 +1,184 @@
+//! The `Calls` stream: the one-shot calls (acquire, renew, release, get) multiplexed on one gRPC stream.
+//!
+//! A unary call costs the node an HTTP/2 stream of its own: headers to decode and encode, a task, the
+//! router and the middleware, trailers. On a `Calls` stream a call is one message each way. Each call runs
+//! exactly as its unary twin ([`ops`]), concurrently with the stream's other calls, and its answer is sent
+//! when it is done, in any order, under the id the client gave it.
+//!
+//! The stream is driven by whoever polls its answers (hyper, sending the response body): no task of its own
+//! and none per call. A batch of answers applied together wakes it once.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures_util::future::{abortable, AbortHandle};
+use futures_util::stream::FuturesUnordered;
+use holdfast_proto::v1::{self, Call, CallError, CallKind, CallResult, ResultKind};
+use tokio_stream::Stream;
+use tonic::{Status, Streaming};
+
+use crate::auth::Scope;
+use crate::error::{ApiError, GrpcError};
+use crate::grpc::{hold, lock, or_anonymous};
+use crate::metrics::Api;
+use crate::node::Node;
+use crate::ops::{self, TTL_MS_DEFAULT};
+
+/// Calls of one stream outstanding at once, at most; the stream reads no further call until one is done.
+pub const CALLS_MAX: usize = 1024;
+
+/// A call running: its id, its sequence number on the stream, and its answer (`None` if it was cancelled).
+type Running = Pin<Box<dyn Future<Output = (u64, u64, Option<CallResult>)> + Send>>;
+
+/// The answers of one `Calls` stream, as a stream: reading it reads the calls and runs them.
+pub struct CallStream {
+    node: Arc<Node>,
+    scope: Arc<Scope>,
+    inbound: Streaming<Call>,
+    /// The client ended its side (or it failed): no more calls.
+    inbound_done: bool,
+    running: FuturesUnordered<Running>,
+    /// The calls outstanding, by id: the sequence number each was started with and what cancels it.
+    outstanding: HashMap<u64, (u64, AbortHandle)>,
+    started: u64,
+}
+
+impl CallStream {
+    pub fn new(node: Arc<Node>, scope: Scope, inbound: Streaming<Call>) -> Self {
+        CallStream {
+            node,
+            scope: Arc::new(scope),
+            inbound,
+            inbound_done: false,
+            running: FuturesUnordered::new(),
+            outstanding: HashMap::new(),
+            started: 0,
+        }
+    }
+
+    /// Starts `call`, or cancels the call it names. A protocol error ends the stream.
+    fn start(&mut self, call: Call) -> Result<(), Status> {
+        let id = call.id;
+        let kind = match call.kind {
+            Some(CallKind::Cancel(_)) => {
+                if let Some((_, cancel)) = self.outstanding.remove(&id) {
+                    cancel.abort();
+                }
+                return Ok(());
+            }
+            other => other,
+        };
+        if self.outstanding.contains_key(&id) {
+            return Err(Status::invalid_argument(format!("call id {id} is already outstanding on this stream")));
+        }
+        self.started += 1;
+        let seq = self.started;
+        let (node, scope) = (self.node.clone(), self.scope.clone());
+        // Boxed as a `dyn` future: the layout of the ops' futures nested in this one is too deep to compute.
+        let call: Pin<Box<dyn Future<Output = CallResult> + Send>> = Box::pin(async move {
+            let began = Instant::now();
+            let (endpoint, answer) = run(&node, &scope, kind).await;
+            let code = match &answer {
+                ResultKind::Error(e) => e.code,
+                _ => 0,
+            };
+            node.metrics.request(Api::Grpc, endpoint.to_owned(), code as u16, began.elapsed());
+            CallResult { id, kind: Some(answer) }
+        });
+        let (answer, cancel) = abortable(call);
+        self.outstanding.insert(id, (seq, cancel));
+        self.running.push(Box::pin(async move { (id, seq, answer.await.ok()) }));
+        Ok(())
+    }
+}
+
+impl Stream for CallStream {
+    type Item = Result<CallResult, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        while !this.inbound_done && this.running.len() < CALLS_MAX {
+            match Pin::new(&mut this.inbound).poll_next(cx) {
+                Poll::Ready(Some(Ok(call))) => {
+                    if let Err(status) = this.start(call) {
+                        this.inbound_done = true;
+                        this.running.clear();
+                        this.outstanding.clear();
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                }
+                // The client's side failed: nobody is left to read the answers.
+                Poll::Ready(Some(Err(_))) => {
+                    this.inbound_done = true;
+                    this.running.clear();
+                    this.outstanding.clear();
+                }
+                Poll::Ready(None) => this.inbound_done = true,
+                Poll::Pending => break,
+            }
+        }
+        loop {
+            match Pin::new(&mut this.running).poll_next(cx) {
+                Poll::Ready(Some((id, seq, answer))) => {
+                    // A call cancelled (or cancelled and its id reused) is no longer outstanding under `seq`.
+                    if this.outstanding.get(&id).is_none_or(|(s, _)| *s != seq) {
+                        continue;
+                    }
+                    this.outstanding.remove(&id);
+                    if let Some(answer) = answer {
+                        return Poll::Ready(Some(Ok(answer)));
+                    }
+                }
+                Poll::Ready(None) if this.inbound_done => return Poll::Ready(None),
+                _ => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// Runs one call as its unary twin would, returning the metrics endpoint it counts under and its answer.
+async fn run(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> (&'static str, ResultKind) {
+    let (endpoint, answer) = match kind {
+        Some(CallKind::Acquire(r)) => {
+            let limits = &node.limits;
+            let ttl_ms =
+                if r.ttl_ms == 0 { TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max) } else { r.ttl_ms };
+            let grant = ops::acquire(node, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await;
+            ("/holdfast.v1.Locks/Calls/Acquire", grant.map(|g| ResultKind::Hold(hold(&g))))
+        }
+        Some(CallKind::Renew(r)) => {
+            let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
+            let grant = match ops::parse_token(&r.token) {
+                Ok(token) => ops::renew(node, scope, r.name, token, ttl_ms).await,
+                Err(e) => Err(e),
+            };
+            ("/holdfast.v1.Locks/Calls/Renew", grant.map(|g| ResultKind::Hold(hold(&g))))
+        }
+        Some(CallKind::Release(r)) => {
+            let released = match ops::parse_token(&r.token) {
+                Ok(token) => ops::release(node, scope, r.name, token).await,
+                Err(e) => Err(e),
+            };
+            let answer = released.map(|(name, fence)| ResultKind::Released(v1::ReleaseResponse { name, fence }));
+            ("/holdfast.v1.Locks/Calls/Release", answer)
+        }
+        Some(CallKind::Get(r)) => (
+            "/holdfast.v1.Locks/Calls/Get",
+            ops::get(node, scope, r.name).await.map(|view| ResultKind::Lock(lock(&view))),
+        ),
+        Some(CallKind::Cancel(_)) | None => (
+            "unmatched",
+            Err(ApiError::invalid("invalid-call", "a call with no kind, or a kind this server does not know".into())),
+        ),
+    };
+    (endpoint, answer.unwrap_or_else(|e| ResultKind::Error(call_error(e))))
+}
+
+fn call_error(e: ApiError) -> CallError {
+    let e = GrpcError::from(e);
+    CallError { code: e.code as i32, message: e.detail, problem: e.problem, holder: e.holder }
+}
