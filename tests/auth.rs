@@ -102,6 +102,11 @@ async fn each_api_key_is_its_own_namespace_with_limits_and_revocation() {
         call(&cluster, Method::DELETE, 2, &path, Some(&key_a)).await.ok("a releases");
     }
 
+    // b's Rust client opens its stream of one-shot calls before the revocation below.
+    let endpoints: Vec<String> = cluster.ids().map(|id| cluster.client_addr(id).to_string()).collect();
+    let client_b = holdfast_client::Client::builder(endpoints.clone()).api_key(&key_b).connect().await.unwrap();
+    assert_eq!(client_b.get("nothing-here").await, Ok(None));
+
     // The admin lists and revokes keys; a tenant's key is not an admin key.
     call(&cluster, Method::GET, 1, "/v1/keys", Some(&key_a)).await.assert_problem(401, "unauthenticated", "a lists");
     let keys = call(&cluster, Method::GET, 2, "/v1/keys", Some(ADMIN_KEY)).await;
@@ -127,8 +132,11 @@ async fn each_api_key_is_its_own_namespace_with_limits_and_revocation() {
     );
     call(&cluster, Method::GET, 1, "/v1/locks/job", Some(&key_a)).await.ok("a is untouched");
 
+    // A call on the stream b opened before the revocation is refused too.
+    let refused = client_b.acquire("after-revocation", Duration::from_secs(30), Duration::ZERO).await;
+    assert!(matches!(refused, Err(holdfast_client::Error::Unauthenticated(_))), "{refused:?}");
+
     // gRPC, through the Rust client: the key goes in the metadata; none, or a revoked one, is refused.
-    let endpoints: Vec<String> = cluster.ids().map(|id| cluster.client_addr(id).to_string()).collect();
     let client = holdfast_client::Client::builder(endpoints.clone()).api_key(&key_a).connect().await.unwrap();
     let held = client.acquire("grpc-job", Duration::from_secs(30), Duration::ZERO).await.unwrap();
     assert_eq!(held.name, "grpc-job");
@@ -176,4 +184,21 @@ async fn open_signup_gives_anyone_a_key_and_each_key_a_request_budget() {
         }
     })
     .await;
+
+    // The Rust client's one-shot calls travel on one stream; each call spends from the budget all the same.
+    // A new key, with a full budget: the stream's opening takes one request of it, each call one more.
+    let key = signup(&cluster, 1, None).await.ok("a second signup")["api_key"].as_str().unwrap().to_owned();
+    let client = holdfast_client::Client::builder([cluster.client_addr(1).to_string()]).api_key(&key).build().unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let answer = client.get("anything").await;
+        let over = matches!(answer, Err(holdfast_client::Error::LimitReached(_)));
+        answers.push(answer);
+        if over {
+            break;
+        }
+    }
+    assert!(matches!(answers.last(), Some(Err(holdfast_client::Error::LimitReached(_)))), "{answers:?}");
+    let within = &answers[..answers.len() - 1];
+    assert!(!within.is_empty() && within.iter().all(|a| a == &Ok(None)), "within the budget first: {answers:?}");
 }

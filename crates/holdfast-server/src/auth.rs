@@ -154,6 +154,17 @@ impl Scope {
         }
     }
 
+    /// Admits one more request under this scope, as [`authenticate`] admits one: the key must not have been
+    /// revoked since, and the request is taken from the key's budget. For each call on a stream that was
+    /// authenticated once, when it opened.
+    pub fn admit(&self, node: &Node) -> Result<(), ApiError> {
+        let Some(tenant) = self.tenant else { return Ok(()) };
+        if !self.valid(node) {
+            return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() });
+        }
+        node.auth.spend(tenant)
+    }
+
     /// Whether a stored owner (of a session) belongs to this namespace.
     pub fn owns(&self, stored: &str) -> bool {
         stored.starts_with(self.prefix.as_str())

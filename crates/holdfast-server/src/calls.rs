@@ -78,8 +78,7 @@ impl CallStream {
         self.started += 1;
         let seq = self.started;
         let (node, scope) = (self.node.clone(), self.scope.clone());
-        // Boxed as a `dyn` future: the layout of the ops' futures nested in this one is too deep to compute.
-        let call: Pin<Box<dyn Future<Output = CallResult> + Send>> = Box::pin(async move {
+        let (answer, cancel) = abortable(async move {
             let began = Instant::now();
             let (endpoint, answer) = run(&node, &scope, kind).await;
             let code = match &answer {
@@ -89,7 +88,6 @@ impl CallStream {
             node.metrics.request(Api::Grpc, endpoint.to_owned(), code as u16, began.elapsed());
             CallResult { id, kind: Some(answer) }
         });
-        let (answer, cancel) = abortable(call);
         self.outstanding.insert(id, (seq, cancel));
         self.running.push(Box::pin(async move { (id, seq, answer.await.ok()) }));
         Ok(())
@@ -142,40 +140,50 @@ impl Stream for CallStream {
 
 /// Runs one call as its unary twin would, returning the metrics endpoint it counts under and its answer.
 async fn run(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> (&'static str, ResultKind) {
-    let (endpoint, answer) = match kind {
+    let endpoint = match &kind {
+        Some(CallKind::Acquire(_)) => "/holdfast.v1.Locks/Calls/Acquire",
+        Some(CallKind::Renew(_)) => "/holdfast.v1.Locks/Calls/Renew",
+        Some(CallKind::Release(_)) => "/holdfast.v1.Locks/Calls/Release",
+        Some(CallKind::Get(_)) => "/holdfast.v1.Locks/Calls/Get",
+        Some(CallKind::Cancel(_)) | None => "unmatched",
+    };
+    // Each call is admitted as a unary call is: not under a key revoked since the stream opened, and within
+    // the key's request budget.
+    let answer = match scope.admit(node) {
+        // Boxed as a `dyn` future: the layout of the ops' futures nested in the call's is too deep to compute.
+        Ok(()) => {
+            let answer: Pin<Box<dyn Future<Output = Result<ResultKind, ApiError>> + Send + '_>> =
+                Box::pin(answer(node, scope, kind));
+            answer.await
+        }
+        Err(e) => Err(e),
+    };
+    (endpoint, answer.unwrap_or_else(|e| ResultKind::Error(call_error(e))))
+}
+
+async fn answer(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> Result<ResultKind, ApiError> {
+    match kind {
         Some(CallKind::Acquire(r)) => {
             let limits = &node.limits;
             let ttl_ms =
                 if r.ttl_ms == 0 { TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max) } else { r.ttl_ms };
-            let grant = ops::acquire(node, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await;
-            ("/holdfast.v1.Locks/Calls/Acquire", grant.map(|g| ResultKind::Hold(hold(&g))))
+            let grant = ops::acquire(node, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
+            Ok(ResultKind::Hold(hold(&grant)))
         }
         Some(CallKind::Renew(r)) => {
             let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
-            let grant = match ops::parse_token(&r.token) {
-                Ok(token) => ops::renew(node, scope, r.name, token, ttl_ms).await,
-                Err(e) => Err(e),
-            };
-            ("/holdfast.v1.Locks/Calls/Renew", grant.map(|g| ResultKind::Hold(hold(&g))))
+            let grant = ops::renew(node, scope, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
+            Ok(ResultKind::Hold(hold(&grant)))
         }
         Some(CallKind::Release(r)) => {
-            let released = match ops::parse_token(&r.token) {
-                Ok(token) => ops::release(node, scope, r.name, token).await,
-                Err(e) => Err(e),
-            };
-            let answer = released.map(|(name, fence)| ResultKind::Released(v1::ReleaseResponse { name, fence }));
-            ("/holdfast.v1.Locks/Calls/Release", answer)
+            let (name, fence) = ops::release(node, scope, r.name, ops::parse_token(&r.token)?).await?;
+            Ok(ResultKind::Released(v1::ReleaseResponse { name, fence }))
         }
-        Some(CallKind::Get(r)) => (
-            "/holdfast.v1.Locks/Calls/Get",
-            ops::get(node, scope, r.name).await.map(|view| ResultKind::Lock(lock(&view))),
-        ),
-        Some(CallKind::Cancel(_)) | None => (
-            "unmatched",
-            Err(ApiError::invalid("invalid-call", "a call with no kind, or a kind this server does not know".into())),
-        ),
-    };
-    (endpoint, answer.unwrap_or_else(|e| ResultKind::Error(call_error(e))))
+        Some(CallKind::Get(r)) => Ok(ResultKind::Lock(lock(&ops::get(node, scope, r.name).await?))),
+        Some(CallKind::Cancel(_)) | None => {
+            Err(ApiError::invalid("invalid-call", "a call with no kind, or a kind this server does not know".into()))
+        }
+    }
 }
 
 fn call_error(e: ApiError) -> CallError {
