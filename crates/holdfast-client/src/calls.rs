@@ -2,8 +2,8 @@
 //!
 //! A unary gRPC call costs both ends an HTTP/2 stream of its own (headers, trailers, a task on the
 //! server, a trip through the channel's buffer task here); on a `Calls` stream a call is one message each
-//! way. The pool opens a node's stream on its first one-shot call and keeps it; a task reads the answers and
-//! hands each to the call waiting under its id. A call given up (its attempt timed out, its future dropped)
+//! way. The pool opens a node's stream with its first one-shot call (which travels with the opening) and
+//! keeps it; a task reads the answers and hands each to the call waiting under its id. A call given up (its attempt timed out, its future dropped)
 //! is cancelled on the stream, as a unary call's stream would be reset. When the stream fails, every call
 //! waiting on it fails as a unary call on a broken connection does, and the next call opens a new one.
 
@@ -22,7 +22,7 @@ use crate::pool::NodeClient;
 
 type Answer = Result<ResultKind, Status>;
 
-/// An open `Calls` stream to one node.
+/// A `Calls` stream to one node.
 pub(crate) struct CallStream {
     /// The stream's requests; dropping the last sender ends the client's side (the node then answers the
     /// calls outstanding and ends the stream).
@@ -35,24 +35,55 @@ pub(crate) struct CallStream {
 #[derive(Default)]
 struct Waiting {
     calls: HashMap<u64, oneshot::Sender<Answer>>,
+    /// The node accepted the stream (its answer's headers came).
+    opened: bool,
     /// Why the stream ended, once it has: no call may wait on it any more.
     ended: Option<Status>,
 }
 
 impl CallStream {
-    /// Opens a `Calls` stream on `client`'s node. Fails with the node's status; `UNIMPLEMENTED` means it
-    /// has no such stream (an older server).
-    pub(crate) async fn open(mut client: NodeClient) -> Result<CallStream, Status> {
+    /// Opens a `Calls` stream on `client`'s node. Calls may be sent at once: the first travels with the
+    /// stream's opening, so it costs no extra round trip. If the node refuses the stream, the calls on it
+    /// fail with its status, and [`refused`](Self::refused) says so (`UNIMPLEMENTED`: an older server).
+    pub(crate) fn open(mut client: NodeClient) -> CallStream {
         let (tx, rx) = mpsc::unbounded_channel();
-        let answers = client.calls(UnboundedReceiverStream::new(rx)).await?.into_inner();
         let waiting = Arc::new(Mutex::new(Waiting::default()));
-        tokio::spawn(read_answers(answers, waiting.clone()));
-        Ok(CallStream { tx, waiting, next_id: AtomicU64::new(1) })
+        let shared = waiting.clone();
+        tokio::spawn(async move {
+            let status = match client.calls(UnboundedReceiverStream::new(rx)).await {
+                Ok(answers) => {
+                    shared.lock().expect("calls poisoned").opened = true;
+                    read_answers(answers.into_inner(), &shared).await
+                }
+                Err(status) => status,
+            };
+            tracing::debug!(%status, "calls stream ended");
+            let calls = {
+                let mut waiting = shared.lock().expect("calls poisoned");
+                waiting.ended = Some(ended(&status));
+                std::mem::take(&mut waiting.calls)
+            };
+            // Dropping their senders wakes them; each reads why from `ended`.
+            drop(calls);
+        });
+        CallStream { tx, waiting, next_id: AtomicU64::new(1) }
     }
 
     /// Whether the stream ended (a call on it would fail at once).
     pub(crate) fn ended(&self) -> bool {
         self.waiting.lock().expect("calls poisoned").ended.is_some()
+    }
+
+    /// Whether the node accepted the stream; until it has, a call on it may still fail with the node's
+    /// refusal.
+    pub(crate) fn opened(&self) -> bool {
+        self.waiting.lock().expect("calls poisoned").opened
+    }
+
+    /// Whether the node refused the stream: it ended without being accepted.
+    pub(crate) fn refused(&self) -> bool {
+        let waiting = self.waiting.lock().expect("calls poisoned");
+        waiting.ended.is_some() && !waiting.opened
     }
 
     /// Sends one call and waits for its answer: the answer's kind, or the status the unary call would have
@@ -114,10 +145,10 @@ fn ended(status: &Status) -> Status {
     Status::new(code, text)
 }
 
-/// Hands each answer on `answers` to the call waiting under its id, until the stream ends; then fails every
-/// call still waiting.
-async fn read_answers(mut answers: Streaming<holdfast_proto::v1::CallResult>, waiting: Arc<Mutex<Waiting>>) {
-    let status = loop {
+/// Hands each answer on `answers` to the call waiting under its id, until the stream ends; returns why it
+/// ended.
+async fn read_answers(mut answers: Streaming<holdfast_proto::v1::CallResult>, waiting: &Mutex<Waiting>) -> Status {
+    loop {
         match answers.message().await {
             Ok(Some(result)) => {
                 let answer = match result.kind {
@@ -131,18 +162,10 @@ async fn read_answers(mut answers: Streaming<holdfast_proto::v1::CallResult>, wa
                     let _ = call.send(answer);
                 }
             }
-            Ok(None) => break Status::unavailable("the node ended the calls stream"),
-            Err(status) => break status,
+            Ok(None) => return Status::unavailable("the node ended the calls stream"),
+            Err(status) => return status,
         }
-    };
-    tracing::debug!(%status, "calls stream ended");
-    let calls = {
-        let mut waiting = waiting.lock().expect("calls poisoned");
-        waiting.ended = Some(ended(&status));
-        std::mem::take(&mut waiting.calls)
-    };
-    // Dropping their senders wakes them; each reads why from `ended`.
-    drop(calls);
+    }
 }
 
 /// The status a unary call would have failed with, from a call's error: the same code, message, problem

@@ -173,8 +173,6 @@ pub(crate) struct Pool {
     channels: Mutex<Vec<Option<Channel>>>,
     /// One `Calls` stream per endpoint for the one-shot calls, opened on first use.
     streams: Vec<Mutex<Streamed>>,
-    /// Held while an endpoint's stream is being opened, so that it is opened once.
-    opening: Vec<tokio::sync::Mutex<()>>,
     /// The endpoint that answered last; calls start there.
     preferred: AtomicUsize,
     /// Jitters the backoff between rounds of retries.
@@ -199,8 +197,7 @@ impl Pool {
         let channels = Mutex::new(vec![None; endpoints.len()]);
         let jitter = Mutex::new(config.seed.map_or_else(StdRng::from_entropy, StdRng::seed_from_u64));
         let streams = endpoints.iter().map(|_| Mutex::new(Streamed::NotYet)).collect();
-        let opening = endpoints.iter().map(|_| tokio::sync::Mutex::new(())).collect();
-        Arc::new(Pool { endpoints, channels, streams, opening, preferred: AtomicUsize::new(0), jitter, config })
+        Arc::new(Pool { endpoints, channels, streams, preferred: AtomicUsize::new(0), jitter, config })
     }
 
     pub(crate) fn endpoints(&self) -> &[String] {
@@ -248,38 +245,32 @@ impl Pool {
     /// Makes one-shot call `kind` to endpoint `i` (whose client is `client`): on the endpoint's `Calls`
     /// stream, opened on first use, or as a unary call if the node has no such stream.
     pub(crate) async fn one_shot(&self, i: usize, client: NodeClient, kind: CallKind) -> Result<ResultKind, Error> {
-        match self.stream(i, client.clone()).await? {
-            Some(stream) => Ok(stream.call(kind).await?),
-            None => Ok(unary(client, kind).await?),
+        let Some(stream) = self.stream(i, &client) else { return Ok(unary(client, kind).await?) };
+        // Until the node has accepted the stream, it may refuse it as an older server does; the call is then
+        // made again as a unary call.
+        let fallback = (!stream.opened()).then(|| kind.clone());
+        match (stream.call(kind).await, fallback) {
+            (Err(status), Some(kind)) if status.code() == tonic::Code::Unimplemented && stream.refused() => {
+                tracing::debug!(endpoint = self.endpoints[i], "no Calls stream on this node; one-shot calls are unary");
+                *self.streams[i].lock().expect("streams poisoned") = Streamed::Unary;
+                Ok(unary(client, kind).await?)
+            }
+            (answer, _) => Ok(answer?),
         }
     }
 
-    /// Endpoint `i`'s `Calls` stream, opening it if there is none (or it ended); `None` if its node said
-    /// it has none.
-    async fn stream(&self, i: usize, client: NodeClient) -> Result<Option<Arc<CallStream>>, tonic::Status> {
-        let usable = |streamed: &Streamed| match streamed {
-            Streamed::Open(stream) if !stream.ended() => Some(Some(stream.clone())),
-            Streamed::Unary => Some(None),
-            _ => None,
-        };
-        if let Some(found) = usable(&self.streams[i].lock().expect("streams poisoned")) {
-            return Ok(found);
+    /// Endpoint `i`'s `Calls` stream, opened with `client` if there is none (or it ended); `None` if its
+    /// node has none.
+    fn stream(&self, i: usize, client: &NodeClient) -> Option<Arc<CallStream>> {
+        let mut streamed = self.streams[i].lock().expect("streams poisoned");
+        match &*streamed {
+            Streamed::Open(stream) if !stream.ended() => return Some(stream.clone()),
+            Streamed::Unary => return None,
+            _ => {}
         }
-        let _opening = self.opening[i].lock().await;
-        if let Some(found) = usable(&self.streams[i].lock().expect("streams poisoned")) {
-            return Ok(found);
-        }
-        let streamed = match CallStream::open(client).await {
-            Ok(stream) => Streamed::Open(Arc::new(stream)),
-            Err(status) if status.code() == tonic::Code::Unimplemented => {
-                tracing::debug!(endpoint = self.endpoints[i], "no Calls stream on this node; one-shot calls are unary");
-                Streamed::Unary
-            }
-            Err(status) => return Err(status),
-        };
-        let found = usable(&streamed).expect("a stream just opened, or none");
-        *self.streams[i].lock().expect("streams poisoned") = streamed;
-        Ok(found)
+        let stream = Arc::new(CallStream::open(client.clone()));
+        *streamed = Streamed::Open(stream.clone());
+        Some(stream)
     }
 
     /// The retry plan of an ordinary call: start at the preferred endpoint, give each attempt the request

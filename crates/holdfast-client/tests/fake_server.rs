@@ -55,6 +55,8 @@ struct State {
     no_calls: bool,
     /// The open `Calls` streams' answers.
     call_streams: Vec<mpsc::Sender<Result<v1::CallResult, Status>>>,
+    /// Whether a `Calls` stream is accepted only once its first call came.
+    headers_after_first_call: bool,
 }
 
 #[derive(Clone)]
@@ -136,6 +138,33 @@ impl Fake {
             })
         };
         Some((Duration::from_millis(delay.unwrap_or(0)), kind))
+    }
+
+    /// Handles one call of a `Calls` stream, answering on `tx`.
+    fn on_call(&self, call: v1::Call, tx: &mpsc::Sender<Result<v1::CallResult, Status>>) {
+        let id = call.id;
+        let answer = match call.kind {
+            Some(v1::CallKind::Cancel(_)) => {
+                self.note(|s| s.cancels.push(id));
+                return;
+            }
+            Some(v1::CallKind::Acquire(request)) => {
+                self.note(|s| s.calls.push((id, request.name.clone())));
+                self.one_shot(&request)
+            }
+            _ => {
+                let code = tonic::Code::Unimplemented as i32;
+                let error = v1::CallError { code, message: "fake".into(), ..Default::default() };
+                Some((Duration::ZERO, v1::ResultKind::Error(error)))
+            }
+        };
+        if let Some((delay, kind)) = answer {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = tx.send(Ok(v1::CallResult { id, kind: Some(kind) })).await;
+            });
+        }
     }
 
     /// Forgets a session (it expired while its client was away), without telling anyone.
@@ -263,40 +292,27 @@ impl Locks for Fake {
     /// Answers acquires as [`Fake::one_shot`] says, each in its own time; refuses the other calls.
     async fn calls(&self, request: Request<Streaming<v1::Call>>) -> Result<Response<Self::CallsStream>, Status> {
         let (tx, rx) = mpsc::channel(64);
-        {
+        let headers_after_first_call = {
             let mut state = self.state.lock().unwrap();
             if state.no_calls {
                 return Err(Status::unimplemented("this fake has no Calls stream"));
             }
             state.call_streams.push(tx.clone());
-        }
+            state.headers_after_first_call
+        };
         self.note(|s| s.call_streams += 1);
         let (fake, mut inbound) = (self.clone(), request.into_inner());
+        if headers_after_first_call {
+            // The stream is accepted only once its first call came: a client that waits for the
+            // acceptance before it sends never gets it.
+            match timeout(BOUND, inbound.message()).await {
+                Ok(Ok(Some(call))) => fake.on_call(call, &tx),
+                other => return Err(Status::invalid_argument(format!("no first call with the opening: {other:?}"))),
+            }
+        }
         tokio::spawn(async move {
             while let Ok(Some(call)) = inbound.message().await {
-                let id = call.id;
-                let answer = match call.kind {
-                    Some(v1::CallKind::Cancel(_)) => {
-                        fake.note(|s| s.cancels.push(id));
-                        continue;
-                    }
-                    Some(v1::CallKind::Acquire(request)) => {
-                        fake.note(|s| s.calls.push((id, request.name.clone())));
-                        fake.one_shot(&request)
-                    }
-                    _ => {
-                        let code = tonic::Code::Unimplemented as i32;
-                        let error = v1::CallError { code, message: "fake".into(), ..Default::default() };
-                        Some((Duration::ZERO, v1::ResultKind::Error(error)))
-                    }
-                };
-                if let Some((delay, kind)) = answer {
-                    let tx = tx.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        let _ = tx.send(Ok(v1::CallResult { id, kind: Some(kind) })).await;
-                    });
-                }
+                fake.on_call(call, &tx);
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -697,4 +713,16 @@ async fn a_node_without_a_calls_stream_gets_unary_calls() {
     }
     let seen = fake.wait_for("two unary acquires", |s| s.unary_acquires == 2).await;
     assert_eq!((seen.call_streams, seen.calls.len()), (0, 0));
+}
+
+#[tokio::test]
+async fn the_first_call_travels_with_the_opening_of_the_stream() {
+    let fake = Fake::new();
+    fake.state.lock().unwrap().headers_after_first_call = true;
+    let client = Client::builder([serve(&fake).await]).max_attempts(1).build().unwrap();
+    let hold = timeout(BOUND, client.acquire("first", Duration::from_secs(30), Duration::ZERO)).await;
+    assert_eq!(hold.expect("answered in time").expect("granted").name, "first");
+    let hold = client.acquire("second", Duration::from_secs(30), Duration::ZERO).await.expect("granted");
+    assert_eq!(hold.name, "second");
+    assert_eq!(fake.wait_for("two calls", |s| s.calls.len() == 2).await.call_streams, 1);
 }
