@@ -23,10 +23,10 @@ use tonic::{Status, Streaming};
 
 use crate::auth::Scope;
 use crate::error::{ApiError, GrpcError};
-use crate::grpc::{hold, lock, or_anonymous};
+use crate::grpc::{hold, lock, or_anonymous, ttl_or_default};
 use crate::metrics::Api;
 use crate::node::Node;
-use crate::ops::{self, TTL_MS_DEFAULT};
+use crate::ops;
 
 /// Calls of one stream outstanding at once, at most; the stream reads no further call until one is done.
 pub const CALLS_MAX: usize = 1024;
@@ -48,6 +48,7 @@ pub struct CallStream {
 }
 
 impl CallStream {
+    /// The answers to the calls read from `inbound`, each run under `scope` (the stream's authentication).
     pub fn new(node: Arc<Node>, scope: Scope, inbound: Streaming<Call>) -> Self {
         CallStream {
             node,
@@ -164,9 +165,7 @@ async fn run(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> (&'stat
 async fn answer(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> Result<ResultKind, ApiError> {
     match kind {
         Some(CallKind::Acquire(r)) => {
-            let limits = &node.limits;
-            let ttl_ms =
-                if r.ttl_ms == 0 { TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max) } else { r.ttl_ms };
+            let ttl_ms = ttl_or_default(node, r.ttl_ms);
             let grant = ops::acquire(node, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
             Ok(ResultKind::Hold(hold(&grant)))
         }

@@ -38,6 +38,16 @@ pub struct LocksService {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
+/// An acquire's TTL: as given, or for `0` the default, within the server's bounds.
+pub(crate) fn ttl_or_default(node: &Node, ttl_ms: u64) -> u64 {
+    let limits = &node.limits;
+    if ttl_ms == 0 {
+        TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max)
+    } else {
+        ttl_ms
+    }
+}
+
 pub(crate) fn or_anonymous(owner: String) -> String {
     if owner.is_empty() {
         "anonymous".into()
@@ -70,8 +80,7 @@ impl Locks for LocksService {
     async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {
         let scope = auth::authenticate(&self.node, authorization(&request))?;
         let r = request.into_inner();
-        let limits = &self.node.limits;
-        let ttl_ms = if r.ttl_ms == 0 { TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max) } else { r.ttl_ms };
+        let ttl_ms = ttl_or_default(&self.node, r.ttl_ms);
         let grant = ops::acquire(&self.node, &scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
         Ok(GrpcResponse::new(hold(&grant)))
     }
