@@ -3,9 +3,10 @@
 //! A unary gRPC call costs both ends an HTTP/2 stream of its own (headers, trailers, a task on the
 //! server, a trip through the channel's buffer task here); on a `Calls` stream a call is one message each
 //! way. The pool opens a node's stream with its first one-shot call (which travels with the opening) and
-//! keeps it; a task reads the answers and hands each to the call waiting under its id. A call given up (its attempt timed out, its future dropped)
-//! is cancelled on the stream, as a unary call's stream would be reset. When the stream fails, every call
-//! waiting on it fails as a unary call on a broken connection does, and the next call opens a new one.
+//! keeps it; a task reads the answers and hands each to the call waiting under its id. A call given up
+//! (its attempt timed out, its future dropped) is cancelled on the stream, as a unary call's stream would
+//! be reset. When the stream fails, every call waiting on it fails as a unary call on a broken connection
+//! does, and the next call opens a new one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
