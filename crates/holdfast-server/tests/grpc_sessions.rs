@@ -300,6 +300,15 @@ impl Calls {
         self.tx.send(holdfast_proto::v1::Call { id, kind: Some(kind) }).await.unwrap();
     }
 
+    /// Takes `name` for `owner` with call `id` (nothing else outstanding) and returns the hold.
+    async fn hold(&mut self, id: u64, name: &str, owner: &str) -> holdfast_proto::v1::Hold {
+        self.send(id, call_acquire(name, owner, 0)).await;
+        match self.next().await {
+            (answered, holdfast_proto::v1::ResultKind::Hold(hold)) if answered == id => hold,
+            other => panic!("expected a hold for call {id}, got {other:?}"),
+        }
+    }
+
     /// The next result: its id and kind.
     async fn next(&mut self) -> (u64, holdfast_proto::v1::ResultKind) {
         let result = tokio::time::timeout(BOUND, self.results.message()).await.expect("a result in time");
@@ -329,9 +338,8 @@ async fn calls_on_one_stream_answer_as_their_unary_twins_under_their_own_ids() {
     let mut client = node.client().await;
     let mut calls = Calls::open(&mut client).await;
 
-    calls.send(7, call_acquire("a", "alpha", 0)).await;
-    let (id, ResultKind::Hold(a)) = calls.next().await else { panic!("expected a hold") };
-    assert_eq!((id, a.name.as_str(), a.owner.as_str(), a.ttl_ms), (7, "a", "alpha", 30_000));
+    let a = calls.hold(7, "a", "alpha").await;
+    assert_eq!((a.name.as_str(), a.owner.as_str(), a.ttl_ms), ("a", "alpha", 30_000));
 
     // A busy lock: the error the unary call would have, holder included.
     calls.send(8, call_acquire("a", "beta", 0)).await;
@@ -397,8 +405,7 @@ async fn a_cancelled_call_is_dropped_unanswered_and_leaves_the_queue() {
     let node = Node::start().await;
     let mut client = node.client().await;
     let mut calls = Calls::open(&mut client).await;
-    calls.send(1, call_acquire("q", "holder", 0)).await;
-    let (1, ResultKind::Hold(held)) = calls.next().await else { panic!("expected a hold") };
+    let held = calls.hold(1, "q", "holder").await;
     calls.send(2, call_acquire("q", "waiter", 30_000)).await;
     let queued = || async {
         let lock = node.client().await.get(holdfast_proto::v1::GetRequest { name: "q".into() }).await.unwrap();
@@ -434,8 +441,7 @@ async fn a_stream_ends_after_its_last_answer_and_on_a_reused_outstanding_id() {
 
     // The client ends its side with a call outstanding: the call is answered, then the stream ends.
     let mut calls = Calls::open(&mut client).await;
-    calls.send(1, call_acquire("h", "holder", 0)).await;
-    let (1, ResultKind::Hold(held)) = calls.next().await else { panic!("expected a hold") };
+    let held = calls.hold(1, "h", "holder").await;
     calls.send(2, call_acquire("h", "waiter", 30_000)).await;
     let Calls { tx, mut results } = calls;
     drop(tx);
@@ -449,8 +455,7 @@ async fn a_stream_ends_after_its_last_answer_and_on_a_reused_outstanding_id() {
     assert!(matches!(end, Ok(None)), "then the stream ends: {end:?}");
 
     // An id still outstanding, used again, ends the stream with INVALID_ARGUMENT.
-    other.send(5, call_acquire("busy", "one", 0)).await;
-    let (5, ResultKind::Hold(_)) = other.next().await else { panic!("expected a hold") };
+    other.hold(5, "busy", "one").await;
     other.send(6, call_acquire("busy", "two", 30_000)).await;
     other.send(6, call_get("busy")).await;
     let status = tokio::time::timeout(BOUND, async {
