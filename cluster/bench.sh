@@ -14,6 +14,8 @@
 #   LOCKS=100000 SCALE_CLIENTS=128                  the scale workload
 #   ELECTION_TIMEOUT=250ms  the nodes' --election-timeout (and the base of the failover target)
 #   FAILOVER_WARMUP=2s FAILOVER_AFTER=5s            the failover workload
+#   WORKER_THREADS=         each node's --worker-threads; default: its share of this machine's cores
+#                           (nproc / 3, at least 1), as for any nodes that share a machine
 #   SERVER_ARGS=            more flags for every node
 #   BENCH_BASE_PORT=27070   node i's client port is this + 100*(i-1), its peer port one more
 #   BENCH_DIR=target/bench  the cluster's data and logs (BENCH_DIR/run), results (BENCH_DIR/results-TIME)
@@ -37,6 +39,7 @@ SCALE_CLIENTS=${SCALE_CLIENTS:-128}
 ELECTION_TIMEOUT=${ELECTION_TIMEOUT:-250ms}
 FAILOVER_WARMUP=${FAILOVER_WARMUP:-2s}
 FAILOVER_AFTER=${FAILOVER_AFTER:-5s}
+WORKER_THREADS=${WORKER_THREADS:-$(($(nproc) / 3 > 0 ? $(nproc) / 3 : 1))}
 DOC=${DOC:-$ROOT/docs/benchmarks.md}
 WRITE_DOC=${WRITE_DOC:-1}
 KEEP=${KEEP:-0}
@@ -93,7 +96,7 @@ record_run() {
     jq -n --arg date "$(date -u '+%Y-%m-%d %H:%M UTC')" --arg cpu "${cpu:-unknown CPU}" --arg cores "$(nproc)" \
         --arg mem_gib "$mem_gib" --arg kernel "$(uname -r)" --arg os "${os:-Linux}" --arg fs "$fs" \
         --arg commit "$commit" --argjson smoke "$smoke" \
-        --arg settings "DURATION=$DURATION SESSIONS=$SESSIONS LEASE=$LEASE SESSIONS_DURATION=$SESSIONS_DURATION LOCKS=$LOCKS ELECTION_TIMEOUT=$ELECTION_TIMEOUT" \
+        --arg settings "DURATION=$DURATION SESSIONS=$SESSIONS LEASE=$LEASE SESSIONS_DURATION=$SESSIONS_DURATION LOCKS=$LOCKS ELECTION_TIMEOUT=$ELECTION_TIMEOUT WORKER_THREADS=$WORKER_THREADS" \
         '$ARGS.named' >"$RESULTS/run.json"
 }
 
@@ -214,7 +217,7 @@ run_all() {
     export HOLDFAST_BIN=$BIN
     export HOLDFAST_BASE_PORT=$BASE_PORT
     export HOLDFAST_RUN_DIR=$RUN_DIR
-    export HOLDFAST_SERVER_ARGS="--election-timeout $ELECTION_TIMEOUT ${SERVER_ARGS:-}"
+    export HOLDFAST_SERVER_ARGS="--election-timeout $ELECTION_TIMEOUT --worker-threads $WORKER_THREADS ${SERVER_ARGS:-}"
 
     trap cleanup EXIT
     trap 'exit 130' INT

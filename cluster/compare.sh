@@ -15,6 +15,9 @@
 #   GENERATOR=              the binary that runs `holdfast bench` (default: the first build), the same
 #                           for every build so that only the nodes differ; `each`: every build runs its
 #                           own load (for a change to the client as well as the nodes)
+#   WORKER_THREADS=         each node's worker threads, as cluster/bench.sh gives them (nproc / 3, at
+#                           least 1); set through TOKIO_WORKER_THREADS, which builds older than the
+#                           --worker-threads flag read too; `default`: one per core, as before
 #   SERVER_ARGS=            more flags for every node
 #   COMPARE_BASE_PORT=29070 node i's client port is this + 100*(i-1), its peer port one more
 #   COMPARE_DIR=target/compare  the clusters' data (COMPARE_DIR/run) and results (COMPARE_DIR/results-TIME)
@@ -61,6 +64,11 @@ for workload in $WORKLOADS; do
 done
 
 export HOLDFAST_RUN_DIR=$RUN_DIR HOLDFAST_BASE_PORT=$BASE_PORT HOLDFAST_SERVER_ARGS=${SERVER_ARGS:-}
+WORKER_THREADS=${WORKER_THREADS:-$(($(nproc) / 3 > 0 ? $(nproc) / 3 : 1))}
+if [[ $WORKER_THREADS != default ]]; then
+    [[ $WORKER_THREADS =~ ^[1-9][0-9]*$ ]] || die "WORKER_THREADS=$WORKER_THREADS is not a positive number (nor 'default')"
+    export TOKIO_WORKER_THREADS=$WORKER_THREADS
+fi
 ENDPOINTS=$(for i in 1 2 3; do printf '127.0.0.1:%s,' $((BASE_PORT + 100 * (i - 1))); done)
 ENDPOINTS=${ENDPOINTS%,}
 mkdir -p "$RESULTS"

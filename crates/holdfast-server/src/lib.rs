@@ -97,7 +97,7 @@ pub struct Config {
 pub struct Listeners {
     /// Clients: HTTP/JSON and gRPC side by side.
     pub client: TcpListener,
-    /// Peers: Raft and forwarded requests over gRPC.
+    /// Peers: Raft and forwarded requests (the peer protocol, [`wire`]).
     pub peer: TcpListener,
     /// Optional plain port for `/livez`, `/readyz` and `/metrics` only.
     pub health: Option<TcpListener>,
@@ -221,7 +221,9 @@ where
         config.id,
         config.members
     );
-    let events = Arc::new(Events::new(Arc::new(metrics::Metrics::new())));
+    let metrics = metrics::Metrics::new();
+    metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
+    let events = Arc::new(Events::new(Arc::new(metrics)));
     let Storage { log: log_store, machine: sm_store, state, committed_index, durable } = storage(events.clone())?;
 
     let raft_config = openraft::Config {

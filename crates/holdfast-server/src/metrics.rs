@@ -167,6 +167,9 @@ pub struct Metrics {
     pub forwarded: Family<ForwardedLabels, Counter>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<EndpointLabels, Histogram, HistogramMaker>,
+
+    // The process.
+    pub worker_threads: Gauge,
 }
 
 impl Default for Metrics {
@@ -191,6 +194,7 @@ impl Metrics {
             proposals: Family::default(),
             entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             held_back: Gauge::default(),
+            worker_threads: Gauge::default(),
             fsync: latency_histogram(),
             snapshot_bytes: Gauge::default(),
             snapshot_index: Gauge::default(),
@@ -278,6 +282,11 @@ impl Metrics {
             "Client request latency by front and endpoint (for gRPC streams: until the stream opened)",
             Unit::Seconds,
             m.request_duration.clone(),
+        );
+        root.register(
+            "worker_threads",
+            "Threads of the async runtime this node runs on (--worker-threads)",
+            m.worker_threads.clone(),
         );
         Metrics { registry: root, ..m }
     }

@@ -300,7 +300,7 @@ struct ServerArgs {
     /// Where to listen for clients (HTTP).
     #[arg(long, env = "HOLDFAST_CLIENT_ADDR", default_value = "127.0.0.1:7070")]
     client_addr: SocketAddr,
-    /// Where to listen for peers (Raft over gRPC).
+    /// Where to listen for peers (Raft and forwarded requests).
     #[arg(long, env = "HOLDFAST_PEER_ADDR", default_value = "127.0.0.1:7071")]
     peer_addr: SocketAddr,
     /// Where to also serve /livez, /readyz and /metrics, alone, on plain HTTP (default: only on the client
@@ -341,6 +341,11 @@ struct ServerArgs {
     /// Log format on stderr; the level comes from RUST_LOG (default: info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Threads that run the node's tasks. Default: one per CPU the process may use (a container's CPU
+    /// quota counts). Nodes that share a machine do better with their share of its cores, e.g. 1 for
+    /// three nodes on two cores (docs/deployment.md).
+    #[arg(long, env = "HOLDFAST_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -468,7 +473,11 @@ fn exit(code: u8) -> ! {
 fn server(args: ServerArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let config = server_config(&args)?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.worker_threads {
+        runtime.worker_threads(threads.into());
+    }
+    let runtime = runtime.enable_all().build().context("starting the async runtime")?;
     runtime.block_on(async {
         let client = tokio::net::TcpListener::bind(args.client_addr)
             .await
@@ -709,6 +718,25 @@ mod tests {
         let extra = parse(&["holdfast", "server", "--id", "4", "--members", "1=h1:7071,2=h2:7071"]).unwrap();
         assert!(extra.join, "node 4 is not in the list: it waits to be added");
         assert!(parse(&["holdfast", "server", "--join", "--members", "1=h1:7071"]).is_err());
+    }
+
+    #[test]
+    fn worker_threads_are_a_count_from_1_to_1024() {
+        let threads = |value: &str| {
+            let flag = format!("--worker-threads={value}");
+            let cli = Cli::try_parse_from(["holdfast", "server", flag.as_str()]).map_err(|e| e.to_string())?;
+            let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
+            Ok::<_, String>(args.worker_threads)
+        };
+        assert_eq!(threads("1"), Ok(Some(1)));
+        assert_eq!(threads("1024"), Ok(Some(1024)));
+        for bad in ["0", "1025", "-1", "two", ""] {
+            let refused = threads(bad).expect_err(bad);
+            assert!(refused.contains("--worker-threads"), "{bad:?}: {refused}");
+        }
+        let cli = Cli::try_parse_from(["holdfast", "server"]).unwrap();
+        let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
+        assert_eq!(args.worker_threads, None, "one per CPU unless given");
     }
 
     #[test]
