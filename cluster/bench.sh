@@ -134,12 +134,13 @@ bench() {
 
 # After the fill: memory and data size per node; a snapshot of every node's state, asked for with
 # POST /v1/cluster/snapshot (the fill is far fewer entries than --snapshot-every), its size and how long it
-# took; then a follower stopped (SIGTERM, as for an upgrade) and restarted, which opens from its snapshot:
-# until it answers /readyz 200, and until it applied the leader's whole log. Writes nodes.json.
+# took, and each node's peak memory since (a snapshot encodes the whole state); then a follower stopped
+# (SIGTERM, as for an upgrade) and restarted, which opens from its snapshot: until it answers /readyz 200,
+# until it applied the leader's whole log, and its peak memory by then. Writes nodes.json.
 measure_nodes() {
     say "scale: memory, data size, snapshots, a follower's restart and catch-up"
     local leader follower i pid last_index t0 t_ready caught_up=null applied deadline nodes=() fsync=()
-    local snapshots=() answer
+    local snapshots=() answer snapshot_peaks=()
     leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
     [[ -n $leader ]] || leader=1
     follower=$((leader % 3 + 1))
@@ -153,6 +154,9 @@ measure_nodes() {
         answer=$(curl --noproxy '*' -s --max-time 90 -X POST "$(node_url "$i")/v1/cluster/snapshot")
         jq -e '.snapshot_bytes' <<<"$answer" >/dev/null || die "node $i did not snapshot: $answer"
         snapshots+=("$(jq -c --argjson s "$(since "$t0" "$(now)")" '. + {seconds: $s}' <<<"$answer")")
+    done
+    for i in 1 2 3; do
+        snapshot_peaks+=("{\"id\": $i, \"peak_bytes\": $(peak_bytes "$(node_pid "$i")")}")
     done
     last_index=$(metric "$leader" holdfast_raft_last_log_index)
     pid=$(node_pid "$follower")
@@ -177,9 +181,11 @@ measure_nodes() {
     done
     local IFS=,
     cat <<EOF >"$RESULTS/nodes.json"
-{"nodes": [${nodes[*]}], "fsync": [${fsync[*]}], "snapshots": [${snapshots[*]}], "restarted": $follower,
+{"nodes": [${nodes[*]}], "fsync": [${fsync[*]}], "snapshots": [${snapshots[*]}],
+ "snapshot_peaks": [${snapshot_peaks[*]}], "restarted": $follower,
  "restart_ready_s": $(since "$t0" "$t_ready"), "caught_up_s": $caught_up, "caught_up_to": $last_index,
- "restarted_rss_bytes": $(rss_bytes "$(node_pid "$follower")")}
+ "restarted_rss_bytes": $(rss_bytes "$(node_pid "$follower")"),
+ "restarted_peak_bytes": $(peak_bytes "$(node_pid "$follower")")}
 EOF
     jq -c . "$RESULTS/nodes.json" | tee -a "$LOG" >&2
 }
@@ -285,7 +291,11 @@ def row($what; $x; $result; $target; $ok):
 $run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se |
 $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
 ($nd.nodes | map(.rss_bytes) | max) as $rss_max |
-($nd.nodes | map(.peak_bytes) | if any(. == null) then null else max end) as $peak_max |
+($nd.nodes | map(.peak_bytes) | if any(. == null) then null else max end) as $fill_peak_max |
+# The peak through the snapshots and the restart (results from before 2026-12-02 evening have only the
+# peak after the fill, or none).
+([$fill_peak_max, ($nd.snapshot_peaks // [] | map(.peak_bytes) | max), $nd.restarted_peak_bytes]
+  | map(select(. != null)) | if length > 0 then max else null end) as $peak_max |
 ($nd.nodes | map(.data_bytes) | max) as $data_max |
 ($nd.snapshots // [] | map(.snapshot_bytes) | max) as $snapshot_max |
 ($nd.snapshots // [] | map(.seconds) | max) as $snapshot_s |
@@ -327,7 +337,7 @@ $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
                and le($se.cpu_cores_total; 1))
         + (if $se.sessions < 10000 then " (at \(i($se.sessions)), not 10,000)" else "" end))),
   row("\(i($sc.locks)) held locks"; $sc;
-      "filled at \(i($sc.rate_per_s)) locks/s (1,000,000 would take \(i($sc.projected_1m_seconds)) s); the largest node \(mib($rss_max)) resident after the fill\(if $peak_max then ", \(mib($peak_max)) at its peak (since it started)" else "" end), data dir \(mib($data_max)); a snapshot of every node's state \(mib($snapshot_max)), taken in \(r($snapshot_s)) s at most; a restarted follower ready from it in \(r($nd.restart_ready_s)) s, caught up in \(r($nd.caught_up_s)) s";
+      "filled at \(i($sc.rate_per_s)) locks/s (1,000,000 would take \(i($sc.projected_1m_seconds)) s); the largest node \(mib($rss_max)) resident after the fill\(if $nd.snapshot_peaks then ", \(mib($fill_peak_max)) at its peak by then; \(mib($peak_max)) the largest peak of any node through the snapshots below and the restart (the target is judged by it)" elif $peak_max then ", \(mib($peak_max)) at its peak (since it started)" else "" end), data dir \(mib($data_max)); a snapshot of every node's state \(mib($snapshot_max)), taken in \(r($snapshot_s)) s at most; a restarted follower ready from it in \(r($nd.restart_ready_s)) s, caught up in \(r($nd.caught_up_s)) s";
       "1,000,000 locks: ≤ 1 GiB per node, restart with catch-up ≤ 10 s";
       (verdict(le($peak_max // $rss_max; 1073741824) and le($nd.caught_up_s; 10))
         + (if $sc.locks < 1000000 then " (at \(i($sc.locks)), not 1,000,000)" else "" end))),
