@@ -86,7 +86,7 @@ impl CallStream {
                 ResultKind::Error(e) => e.code,
                 _ => 0,
             };
-            node.metrics.request(Api::Grpc, endpoint.to_owned(), code as u16, began.elapsed());
+            node.metrics.request(Api::Grpc, endpoint, code as u16, began.elapsed());
             CallResult { id, kind: Some(answer) }
         });
         self.outstanding.insert(id, (seq, cancel));

@@ -6,6 +6,7 @@
 //! state (locks held, Raft's term and indexes) are read when scraped, so they cost nothing in between.
 //! No label carries a lock name, owner, token or key: label values come from small fixed sets.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -39,7 +40,9 @@ impl Api {
 pub struct RequestLabels {
     pub api: &'static str,
     /// `METHOD /route/{param}` for HTTP, `/package.Service/Method` for gRPC; `unmatched` otherwise.
-    pub endpoint: String,
+    /// Borrowed where the endpoint is a fixed name (the calls of a `Calls` stream), so that counting a
+    /// call allocates nothing.
+    pub endpoint: Cow<'static, str>,
     /// The HTTP status, or the gRPC status code (0 is OK).
     pub code: u16,
 }
@@ -47,7 +50,7 @@ pub struct RequestLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
     pub api: &'static str,
-    pub endpoint: String,
+    pub endpoint: Cow<'static, str>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,8 +295,8 @@ impl Metrics {
     }
 
     /// Counts one answered client request.
-    pub fn request(&self, api: Api, endpoint: String, code: u16, took: Duration) {
-        let api = api.label();
+    pub fn request(&self, api: Api, endpoint: impl Into<Cow<'static, str>>, code: u16, took: Duration) {
+        let (api, endpoint) = (api.label(), endpoint.into());
         self.requests.get_or_create(&RequestLabels { api, endpoint: endpoint.clone(), code }).inc();
         self.request_duration.get_or_create(&EndpointLabels { api, endpoint }).observe(took.as_secs_f64());
     }
@@ -331,7 +334,7 @@ mod tests {
         let m = Metrics::new();
         m.grants.inc();
         m.proposal(ProposalResult::Failed, 3);
-        m.request(Api::Http, "POST /v1/locks/{name}".into(), 200, Duration::from_millis(3));
+        m.request(Api::Http, "POST /v1/locks/{name}", 200, Duration::from_millis(3));
         m.fsync.observe(0.002);
         let text = m.encode();
         for line in [
