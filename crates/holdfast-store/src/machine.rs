@@ -35,8 +35,10 @@ pub(crate) trait SnapshotStore: Send + Sync + 'static {
 
     /// Makes `meta` and `data` the current snapshot, durable before this returns, unless `replace`
     /// keeps the stored one; true if it did. Saves and loads are serialised: each sees the whole of the
-    /// one before.
-    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<bool, StoreError>;
+    /// one before. Takes the bytes, so that a backend that copies them to keep them can let go of the
+    /// caller's first (a snapshot's encoding is the whole state: about 107 MiB for a million held locks),
+    /// and gives them back, for the snapshot openraft is answered with.
+    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Vec<u8>), StoreError>;
 }
 
 /// Whether a snapshot save replaces a stored snapshot that covers more of the log.
@@ -175,9 +177,9 @@ impl<S: SnapshotStore> Machine<S> {
     /// meanwhile) and returns it (`RaftSnapshotBuilder::build_snapshot`).
     pub(crate) async fn build_snapshot(&self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let (meta, data) = self.build().map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-        let saved = self
+        let (saved, data) = self
             .snapshots
-            .save(&meta, &data, Replace::IfNotOlder)
+            .save(&meta, data, Replace::IfNotOlder)
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         if saved {
@@ -219,8 +221,9 @@ impl<S: SnapshotStore> Machine<S> {
         let data = snapshot.into_inner();
         let new_state = blocking(|| restore(&data)).map_err(|e| StorageIOError::read_snapshot(signature(), &e))?;
         // Stored first: once the state is replaced, openraft may purge the log the snapshot covers.
-        self.snapshots
-            .save(meta, &data, Replace::Always)
+        let (_, data) = self
+            .snapshots
+            .save(meta, data, Replace::Always)
             .await
             .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
         self.stored(meta, data.len());

@@ -437,19 +437,19 @@ impl SnapshotStore for MemSnapshots {
         self.opened.read(|records| records.snapshot.as_deref().cloned())
     }
 
-    async fn save(&self, meta: &Meta, data: &[u8], replace: Replace) -> Result<bool, StoreError> {
+    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Vec<u8>), StoreError> {
         // The check and the write happen under one hold of the disk's lock, so saves are serialised.
         let mut disk = self.opened.lock()?;
         let stored = disk.current.snapshot.as_deref().map(|(meta, _)| meta);
         if !replace.replaces(stored, meta) {
-            return Ok(false);
+            return Ok((false, data));
         }
-        disk.write(Write::Snapshot(Arc::new((meta.clone(), data.to_vec()))));
+        disk.write(Write::Snapshot(Arc::new((meta.clone(), data.clone()))));
         disk.flush();
         self.opened.publish(&disk);
         drop(disk);
         self.opened.observer.flushed(Duration::ZERO);
-        Ok(true)
+        Ok((true, data))
     }
 }
 
