@@ -37,9 +37,12 @@ pub(crate) trait SnapshotStore: Send + Sync + 'static {
     /// keeps the stored one; true if it did. Saves and loads are serialised: each sees the whole of the
     /// one before. Takes the bytes, so that a backend that copies them to keep them can let go of the
     /// caller's first (a snapshot's encoding is the whole state: about 107 MiB for a million held locks),
-    /// and gives them back, for the snapshot openraft is answered with.
-    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Vec<u8>), StoreError>;
+    /// and gives back, without a copy, the bytes it kept (or, if it kept none, the ones it was given).
+    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Bytes), StoreError>;
 }
+
+/// A snapshot's bytes as a [`SnapshotStore`] keeps them.
+pub(crate) type Bytes = Box<dyn AsRef<[u8]> + Send>;
 
 /// Whether a snapshot save replaces a stored snapshot that covers more of the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +185,7 @@ impl<S: SnapshotStore> Machine<S> {
             .save(&meta, data, Replace::IfNotOlder)
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let data = (*data).as_ref().to_vec();
         if saved {
             self.stored(&meta, data.len());
         }
@@ -226,7 +230,7 @@ impl<S: SnapshotStore> Machine<S> {
             .save(meta, data, Replace::Always)
             .await
             .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
-        self.stored(meta, data.len());
+        self.stored(meta, (*data).as_ref().len());
         self.replace(meta, new_state).map_err(|e| StorageIOError::write_state_machine(&e))?;
         Ok(())
     }

@@ -20,7 +20,7 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
 use crate::durable::{Durable, Synced, SyncedSender};
-use crate::machine::{Machine, Meta, Replace, SnapshotStore};
+use crate::machine::{Bytes, Machine, Meta, Replace, SnapshotStore};
 use crate::{log, ApplyObserver, NodeId, SharedState, StoreError, TypeConfig};
 
 /// What survives a simulated crash of a node: what its acknowledged calls made durable. Clone shares it.
@@ -437,19 +437,19 @@ impl SnapshotStore for MemSnapshots {
         self.opened.read(|records| records.snapshot.as_deref().cloned())
     }
 
-    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Vec<u8>), StoreError> {
+    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Bytes), StoreError> {
         // The check and the write happen under one hold of the disk's lock, so saves are serialised.
         let mut disk = self.opened.lock()?;
         let stored = disk.current.snapshot.as_deref().map(|(meta, _)| meta);
         if !replace.replaces(stored, meta) {
-            return Ok((false, data));
+            return Ok((false, Box::new(data)));
         }
         disk.write(Write::Snapshot(Arc::new((meta.clone(), data.clone()))));
         disk.flush();
         self.opened.publish(&disk);
         drop(disk);
         self.opened.observer.flushed(Duration::ZERO);
-        Ok((true, data))
+        Ok((true, Box::new(data)))
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::durable::Durable;
-use crate::machine::{Machine, Meta, Replace, SnapshotStore};
+use crate::machine::{Bytes, Machine, Meta, Replace, SnapshotStore};
 use crate::{flush, keys, ApplyObserver, SharedState, StoreError};
 
 /// The lock state machine of one node: applies committed entries, builds and installs snapshots.
@@ -69,26 +69,26 @@ impl SnapshotStore for SledSnapshots {
         read_snapshot(&self.snapshots)
     }
 
-    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Vec<u8>), StoreError> {
+    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Bytes), StoreError> {
         let _io = self.io.lock().await;
         let stored: Option<Meta> = match self.snapshots.get(keys::SNAPSHOT_META)? {
             Some(bytes) => Some(bincode::deserialize(&bytes)?),
             None => None,
         };
         if !replace.replaces(stored.as_ref(), meta) {
-            return Ok((false, data));
+            return Ok((false, Box::new(data)));
         }
         // sled keeps a value in a buffer of its own, and writes it from another copy (its serialisation
         // of the value for its file). Made from `data`, which is then let go, the value is one of at most
-        // two copies of the encoding in memory at once, not three; the bytes given back are read from it
-        // once it is written. Measured at a million held locks (107 MiB encoded): see docs/benchmarks.md.
+        // two copies of the encoding in memory at once, not three; it is what is given back (sled's
+        // buffer, shared). Measured at a million held locks (107 MiB encoded): see docs/benchmarks.md.
         let value = sled::IVec::from(data);
         let mut batch = sled::Batch::default();
         batch.insert(keys::SNAPSHOT_META, bincode::serialize(meta)?);
         batch.insert(keys::SNAPSHOT_DATA, value.clone());
         self.snapshots.apply_batch(batch)?;
         flush(&self.db, self.observer.as_ref()).await?;
-        Ok((true, value.to_vec()))
+        Ok((true, Box::new(value)))
     }
 }
 
