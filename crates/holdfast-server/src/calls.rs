@@ -17,16 +17,15 @@ use std::time::Instant;
 
 use futures_util::future::{abortable, AbortHandle};
 use futures_util::stream::FuturesUnordered;
-use holdfast_proto::v1::{self, Call, CallError, CallKind, CallResult, ResultKind};
+use holdfast_proto::v1::{Call, CallError, CallKind, CallResult, ResultKind};
 use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
 use crate::auth::Scope;
 use crate::error::{ApiError, GrpcError};
-use crate::grpc::{hold, lock, or_anonymous, ttl_or_default};
+use crate::grpc::one_shot;
 use crate::metrics::Api;
 use crate::node::Node;
-use crate::ops;
 
 /// Calls of one stream outstanding at once, at most; the stream reads no further call until one is done.
 pub const CALLS_MAX: usize = 1024;
@@ -93,6 +92,13 @@ impl CallStream {
         self.running.push(Box::pin(async move { (id, seq, answer.await.ok()) }));
         Ok(())
     }
+
+    /// Reads no more calls and drops the running ones: the stream ends.
+    fn abandon(&mut self) {
+        self.inbound_done = true;
+        self.running.clear();
+        self.outstanding.clear();
+    }
 }
 
 impl Stream for CallStream {
@@ -104,18 +110,12 @@ impl Stream for CallStream {
             match Pin::new(&mut this.inbound).poll_next(cx) {
                 Poll::Ready(Some(Ok(call))) => {
                     if let Err(status) = this.start(call) {
-                        this.inbound_done = true;
-                        this.running.clear();
-                        this.outstanding.clear();
+                        this.abandon();
                         return Poll::Ready(Some(Err(status)));
                     }
                 }
                 // The client's side failed: nobody is left to read the answers.
-                Poll::Ready(Some(Err(_))) => {
-                    this.inbound_done = true;
-                    this.running.clear();
-                    this.outstanding.clear();
-                }
+                Poll::Ready(Some(Err(_))) => this.abandon(),
                 Poll::Ready(None) => this.inbound_done = true,
                 Poll::Pending => break,
             }
@@ -164,21 +164,10 @@ async fn run(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> (&'stat
 
 async fn answer(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> Result<ResultKind, ApiError> {
     match kind {
-        Some(CallKind::Acquire(r)) => {
-            let ttl_ms = ttl_or_default(node, r.ttl_ms);
-            let grant = ops::acquire(node, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
-            Ok(ResultKind::Hold(hold(&grant)))
-        }
-        Some(CallKind::Renew(r)) => {
-            let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
-            let grant = ops::renew(node, scope, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
-            Ok(ResultKind::Hold(hold(&grant)))
-        }
-        Some(CallKind::Release(r)) => {
-            let (name, fence) = ops::release(node, scope, r.name, ops::parse_token(&r.token)?).await?;
-            Ok(ResultKind::Released(v1::ReleaseResponse { name, fence }))
-        }
-        Some(CallKind::Get(r)) => Ok(ResultKind::Lock(lock(&ops::get(node, scope, r.name).await?))),
+        Some(CallKind::Acquire(r)) => Ok(ResultKind::Hold(one_shot::acquire(node, scope, r).await?)),
+        Some(CallKind::Renew(r)) => Ok(ResultKind::Hold(one_shot::renew(node, scope, r).await?)),
+        Some(CallKind::Release(r)) => Ok(ResultKind::Released(one_shot::release(node, scope, r).await?)),
+        Some(CallKind::Get(r)) => Ok(ResultKind::Lock(one_shot::get(node, scope, r).await?)),
         Some(CallKind::Cancel(_)) | None => {
             Err(ApiError::invalid("invalid-call", "a call with no kind, or a kind this server does not know".into()))
         }

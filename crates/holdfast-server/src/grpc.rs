@@ -38,8 +38,39 @@ pub struct LocksService {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
+/// The one-shot calls as both the unary methods and a `Calls` stream ([`CallStream`]) run them: checked
+/// and carried out by [`ops`], answered in the API's shapes.
+pub(crate) mod one_shot {
+    use super::*;
+
+    pub(crate) async fn acquire(node: &Arc<Node>, scope: &auth::Scope, r: AcquireRequest) -> Result<Hold, ApiError> {
+        let ttl_ms = ttl_or_default(node, r.ttl_ms);
+        let grant = ops::acquire(node, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
+        Ok(hold(&grant))
+    }
+
+    pub(crate) async fn renew(node: &Arc<Node>, scope: &auth::Scope, r: RenewRequest) -> Result<Hold, ApiError> {
+        let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
+        let grant = ops::renew(node, scope, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
+        Ok(hold(&grant))
+    }
+
+    pub(crate) async fn release(
+        node: &Arc<Node>,
+        scope: &auth::Scope,
+        r: ReleaseRequest,
+    ) -> Result<ReleaseResponse, ApiError> {
+        let (name, fence) = ops::release(node, scope, r.name, ops::parse_token(&r.token)?).await?;
+        Ok(ReleaseResponse { name, fence })
+    }
+
+    pub(crate) async fn get(node: &Arc<Node>, scope: &auth::Scope, r: GetRequest) -> Result<v1::Lock, ApiError> {
+        Ok(lock(&ops::get(node, scope, r.name).await?))
+    }
+}
+
 /// An acquire's TTL: as given, or for `0` the default, within the server's bounds.
-pub(crate) fn ttl_or_default(node: &Node, ttl_ms: u64) -> u64 {
+fn ttl_or_default(node: &Node, ttl_ms: u64) -> u64 {
     let limits = &node.limits;
     if ttl_ms == 0 {
         TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max)
@@ -48,7 +79,7 @@ pub(crate) fn ttl_or_default(node: &Node, ttl_ms: u64) -> u64 {
     }
 }
 
-pub(crate) fn or_anonymous(owner: String) -> String {
+fn or_anonymous(owner: String) -> String {
     if owner.is_empty() {
         "anonymous".into()
     } else {
@@ -79,25 +110,17 @@ impl Locks for LocksService {
 
     async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {
         let scope = auth::authenticate(&self.node, authorization(&request))?;
-        let r = request.into_inner();
-        let ttl_ms = ttl_or_default(&self.node, r.ttl_ms);
-        let grant = ops::acquire(&self.node, &scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
-        Ok(GrpcResponse::new(hold(&grant)))
+        Ok(GrpcResponse::new(one_shot::acquire(&self.node, &scope, request.into_inner()).await?))
     }
 
     async fn renew(&self, request: GrpcRequest<RenewRequest>) -> Result<GrpcResponse<Hold>, Status> {
         let scope = auth::authenticate(&self.node, authorization(&request))?;
-        let r = request.into_inner();
-        let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
-        let grant = ops::renew(&self.node, &scope, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
-        Ok(GrpcResponse::new(hold(&grant)))
+        Ok(GrpcResponse::new(one_shot::renew(&self.node, &scope, request.into_inner()).await?))
     }
 
     async fn release(&self, request: GrpcRequest<ReleaseRequest>) -> Result<GrpcResponse<ReleaseResponse>, Status> {
         let scope = auth::authenticate(&self.node, authorization(&request))?;
-        let r = request.into_inner();
-        let (name, fence) = ops::release(&self.node, &scope, r.name, ops::parse_token(&r.token)?).await?;
-        Ok(GrpcResponse::new(ReleaseResponse { name, fence }))
+        Ok(GrpcResponse::new(one_shot::release(&self.node, &scope, request.into_inner()).await?))
     }
 
     async fn calls(&self, request: GrpcRequest<Streaming<Call>>) -> Result<GrpcResponse<CallStream>, Status> {
@@ -107,8 +130,7 @@ impl Locks for LocksService {
 
     async fn get(&self, request: GrpcRequest<GetRequest>) -> Result<GrpcResponse<v1::Lock>, Status> {
         let scope = auth::authenticate(&self.node, authorization(&request))?;
-        let view = ops::get(&self.node, &scope, request.into_inner().name).await?;
-        Ok(GrpcResponse::new(lock(&view)))
+        Ok(GrpcResponse::new(one_shot::get(&self.node, &scope, request.into_inner()).await?))
     }
 
     async fn list(&self, request: GrpcRequest<ListRequest>) -> Result<GrpcResponse<ListResponse>, Status> {
