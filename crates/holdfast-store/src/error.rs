@@ -27,6 +27,13 @@ pub enum StoreError {
     /// The snapshot tree holds its metadata without its data, or the other way round.
     #[error("the stored snapshot is incomplete: {0} is missing")]
     SnapshotIncomplete(&'static str),
+    /// A snapshot's file could not be created, read, written, synced or moved.
+    #[error("snapshot file: {0}")]
+    SnapshotFile(#[source] std::io::Error),
+    /// A snapshot's bytes are not what was stored: a file whose length or checksum differ from those
+    /// recorded with it, or bytes after the lock state.
+    #[error("the stored snapshot is corrupt: {0}")]
+    SnapshotCorrupt(String),
     /// The lock state's lock is poisoned: an earlier apply panicked while holding it.
     #[error("the lock state is poisoned: an earlier apply panicked")]
     Poisoned,

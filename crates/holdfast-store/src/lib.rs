@@ -1,5 +1,5 @@
-//! holdfast's openraft storage: the Raft log in files of its own, the vote and snapshots on sled, for nodes;
-//! everything in memory for simulations; and the async runtime holdfast runs openraft on.
+//! holdfast's openraft storage: the Raft log and snapshots in files of their own, the vote and the rest on
+//! sled, for nodes; everything in memory for simulations; and the async runtime holdfast runs openraft on.
 //!
 //! CONTRACT (used by holdfast-server and holdfast-sim; keep these names and signatures):
 //! - [`TypeConfig`], [`NodeId`], [`Response`], [`ApplyObserver`], [`open`], [`LogStore`],
@@ -14,7 +14,9 @@
 //! - `durable`: how far a node's log is durable ([`Durable`]), for a leader that acknowledges its own
 //!   appends before their sync.
 //! - `log_store`, `wal` and `state_machine`: the node's store ([`open`]): the log in `wal`'s segment
-//!   files, the rest in sled.
+//!   files, snapshots in files of their own, the rest in sled.
+//! - `snapshot`: [`SnapshotData`], a snapshot's bytes as openraft moves them, in a file or in memory,
+//!   and their encoding and decoding as a stream.
 //! - `memory`: the memory store ([`open_memory`]), the same behaviour and contract on a [`MemDisk`].
 //! - `log` and `machine`: what the two stores share, so that they cannot drift apart: reading a
 //!   range of the log and its state, when an append is acknowledged; applying an entry to the lock
@@ -23,23 +25,30 @@
 //!   its records are kept and when they are flushed.
 //! - `runtime`: [`Runtime`], openraft's tokio runtime with a random source a simulation can seed.
 //!
-//! # Layout (format 3)
+//! # Layout (format 4)
 //!
 //! Under the directory given to [`open`]:
 //!
 //! - `raft-log/`: the Raft log, as segment files of CRC-checked records, one `openraft::Entry` (bincode 1)
 //!   each; see the `wal` module for the record format and how a crash's torn tail is cut.
+//! - `snapshots/`: the current snapshot's bytes (those of [`holdfast_core::LockState::snapshot`]), as one
+//!   file, `<n>.snapshot`; while a snapshot is built or received from the leader, its file `<n>.new` beside
+//!   it. Any other file there is left from a crash and removed when the directory is opened.
 //! - one `sled::Db` with two trees, every value bincode 1:
 //!   - `meta`: `format` (this layout's version, checked on open), `vote`, `committed` and
 //!     `last_purged` (the log id of the last entry removed by a purge);
-//!   - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `data` (the bytes of
-//!     [`holdfast_core::LockState::snapshot`]), written together in one batch.
+//!   - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `file` (its file's name, and
+//!     the length and CRC-32 of its bytes, checked when it is read at open), written together in one
+//!     batch.
 //!
 //! Format 1 kept the log in a third sled tree, `log` (key: the index, big-endian). [`open`] moves such a
-//! log into `raft-log/` and records format 3; a crash part-way starts the move again on the next open.
-//! Format 2 is this layout too; format 3 says that the log may hold entries a build of format 2 cannot
-//! decode (`Command::Group`), which such a build would take for a torn tail and cut off. [`open`] records
-//! format 3 over 2, durably, before anything is appended, so that an older build refuses the directory.
+//! log into `raft-log/` and records format 4; a crash part-way starts the move again on the next open.
+//! Format 2 is format 3's layout; format 3 says that the log may hold entries a build of format 2 cannot
+//! decode (`Command::Group`), which such a build would take for a torn tail and cut off. Format 3 kept a
+//! snapshot's bytes in the `snapshot` tree, as `data`, where format 4 still reads them until the next
+//! snapshot replaces them; a format 3 build would find no `data` beside a format 4 snapshot's `meta`.
+//! [`open`] records format 4 over 2 and 3, durably, before anything is appended or stored, so that an
+//! older build refuses the directory.
 //!
 //! The lock state itself lives in memory ([`SharedState`]). It is not written on apply: it is
 //! rebuilt on [`open`] from the snapshot, and openraft re-applies the log after the snapshot up to
@@ -60,7 +69,10 @@
 //!   returns; entries at or below `last_purged` are never read back, so a crash in between never leaves a
 //!   log that seems to start at 0;
 //! - a vote, flushed to sled (write and fsync), before `save_vote` returns;
-//! - a snapshot, flushed to sled, before `build_snapshot` or `install_snapshot` returns. openraft purges
+//! - a snapshot, before `build_snapshot` or `install_snapshot` returns: its file written and synced
+//!   (`<n>.new`), renamed to `<n>.snapshot` and the directory synced, then its name and metadata flushed
+//!   to sled; only then is the file of the snapshot before it removed. A crash anywhere in between leaves
+//!   the earlier snapshot whole and named, and an unnamed file that the next open removes. openraft purges
 //!   only logs a snapshot covers, so the snapshot and the log after it always rebuild the state.
 //!
 //! `committed` is written to sled but not flushed on its own (it rides on the next sled flush, and sled's
@@ -95,6 +107,7 @@ mod log_store;
 mod machine;
 pub mod memory;
 mod runtime;
+mod snapshot;
 mod state_machine;
 mod wal;
 
@@ -110,6 +123,7 @@ pub use error::StoreError;
 pub use log_store::LogStore;
 pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
 pub use runtime::{seed_thread_rng, Runtime};
+pub use snapshot::SnapshotData;
 pub use state_machine::{SnapshotBuilder, StateMachineStore};
 
 /// A node's id in the cluster.
@@ -123,7 +137,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = std::io::Cursor<Vec<u8>>,
+        SnapshotData = SnapshotData,
         AsyncRuntime = Runtime,
 );
 
@@ -170,8 +184,8 @@ impl ApplyObserver for NoObserver {
 }
 
 /// The version of the layout described in the crate docs. A directory of format 1 (the log in sled's `log`
-/// tree) is converted when opened, one of format 2 marked 3; any other is refused.
-const FORMAT: u32 = 3;
+/// tree) is converted when opened, one of format 2 or 3 marked 4; any other is refused.
+const FORMAT: u32 = 4;
 
 /// Tree names and the keys of the fixed records in them.
 mod keys {
@@ -186,7 +200,9 @@ mod keys {
     pub const LAST_PURGED: &str = "last_purged";
 
     pub const SNAPSHOT_META: &str = "meta";
-    pub const SNAPSHOT_DATA: &str = "data";
+    /// Format 3 kept a snapshot's bytes here; format 4 keeps them in a file, named under `SNAPSHOT_FILE`.
+    pub const SNAPSHOT_DATA_FORMAT_3: &str = "data";
+    pub const SNAPSHOT_FILE: &str = "file";
 }
 
 /// Opens (or creates) the node's storage under `dir`.
@@ -220,10 +236,12 @@ pub fn open_with_cache(
         Some(bytes) => match bincode::deserialize::<u32>(&bytes)? {
             FORMAT => {}
             1 => convert_format_1(&db, &meta, &wal_dir)?,
-            2 => {
+            found @ (2 | 3) => {
                 meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
                 db.flush()?;
-                tracing::info!("marked the storage directory as format {FORMAT} (format 2 builds cannot read it)");
+                tracing::info!(
+                    "marked the storage directory as format {FORMAT} (format {found} builds cannot read it)"
+                );
             }
             found => return Err(StoreError::Format { found, expected: FORMAT }),
         },
@@ -239,11 +257,12 @@ pub fn open_with_cache(
         None => None,
     };
     let log_store = LogStore::new(db.clone(), wal, meta, purged, observer.clone(), vote);
-    let state_machine = StateMachineStore::open(db, snapshots, observer, log_store.durable())?;
+    let state_machine =
+        StateMachineStore::open(db, snapshots, &dir.join(state_machine::DIR), observer, log_store.durable())?;
     Ok((log_store, state_machine))
 }
 
-/// Moves a format-1 directory's log, kept in sled's `log` tree, into the log files, then records format 3 and
+/// Moves a format-1 directory's log, kept in sled's `log` tree, into the log files, then records format 4 and
 /// drops the tree, each step durable before the next. A crash part-way leaves format 1 recorded and the tree
 /// whole, and the next open starts the move again from the beginning.
 fn convert_format_1(db: &sled::Db, meta: &sled::Tree, wal_dir: &Path) -> Result<(), StoreError> {

@@ -4,7 +4,6 @@
 //! snapshot bytes and back, and the order of a snapshot build and install. A backend adds only where the
 //! current snapshot is kept, as a [`SnapshotStore`].
 
-use std::io::Cursor;
 use std::sync::{Arc, Mutex, RwLock};
 
 use holdfast_core::LockState;
@@ -15,6 +14,7 @@ use openraft::{
 
 use crate::durable::Durable;
 use crate::runtime::blocking;
+use crate::snapshot::{SnapshotData, Summary};
 use crate::{ApplyObserver, NodeId, Response, SharedState, StoreError, TypeConfig};
 
 /// A snapshot's metadata.
@@ -23,26 +23,35 @@ pub(crate) type Meta = SnapshotMeta<NodeId, BasicNode>;
 /// The last applied log id and the membership as of it, as `RaftStateMachine::applied_state` answers.
 pub(crate) type AppliedState = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
 
-/// Where a backend keeps the current snapshot (its metadata and the bytes of
-/// [`LockState::snapshot`]).
+/// A snapshot a store found when it was opened: its metadata, the lock state restored from it, and the
+/// length of its bytes.
+pub(crate) type Restored = (Meta, LockState, u64);
+
+/// Where a backend keeps the current snapshot (its metadata and the bytes of [`LockState::snapshot`]).
 pub(crate) trait SnapshotStore: Send + Sync + 'static {
     /// A number this node's storage never returned before, not even before a restart: it makes
     /// snapshot ids unique.
     fn next_seq(&self) -> Result<u64, StoreError>;
 
+    /// A new, empty place for a snapshot's bytes: one being built, or received from the leader. Not the
+    /// current snapshot until saved; gone when dropped unsaved.
+    fn create(&self) -> Result<SnapshotData, StoreError>;
+
     /// The current snapshot, if one was stored.
-    async fn load(&self) -> Result<Option<(Meta, Vec<u8>)>, StoreError>;
+    async fn load(&self) -> Result<Option<(Meta, SnapshotData)>, StoreError>;
 
-    /// Makes `meta` and `data` the current snapshot, durable before this returns, unless `replace`
-    /// keeps the stored one; true if it did. Saves and loads are serialised: each sees the whole of the
-    /// one before. Takes the bytes, so that a backend that copies them to keep them can let go of the
-    /// caller's first (a snapshot's encoding is the whole state: about 107 MiB for a million held locks),
-    /// and gives back, without a copy, the bytes it kept (or, if it kept none, the ones it was given).
-    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Bytes), StoreError>;
+    /// Makes `meta` and `data` (made by [`SnapshotStore::create`] and written in full; `summary` is of
+    /// its bytes) the current snapshot, durable before this returns, unless `replace` keeps the stored
+    /// one; true if it did. Saves and loads are serialised: each sees the whole of the one before. Gives
+    /// the bytes back, as kept (or, if they were not, as they were given).
+    async fn save(
+        &self,
+        meta: &Meta,
+        data: SnapshotData,
+        summary: Summary,
+        replace: Replace,
+    ) -> Result<(bool, SnapshotData), StoreError>;
 }
-
-/// A snapshot's bytes as a [`SnapshotStore`] keeps them.
-pub(crate) type Bytes = Box<dyn AsRef<[u8]> + Send>;
 
 /// Whether a snapshot save replaces a stored snapshot that covers more of the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,16 +100,16 @@ pub(crate) struct Machine<S> {
 }
 
 impl<S: SnapshotStore> Machine<S> {
-    /// A machine at `stored`, the snapshot `snapshots` holds (the state restored from it and the
-    /// observer told), or empty without one: openraft then re-applies only the log after it.
+    /// A machine at `stored`, the snapshot `snapshots` holds, restored (and the observer told), or empty
+    /// without one: openraft then re-applies only the log after it.
     pub(crate) fn open(
         snapshots: S,
-        stored: Option<(Meta, Vec<u8>)>,
+        stored: Option<Restored>,
         observer: Arc<dyn ApplyObserver>,
         durable: Durable,
     ) -> Result<Self, StoreError> {
         let (state, progress, stored) = match stored {
-            Some((meta, data)) => (restore(&data)?, Progress::of(&meta), Some((meta, data.len()))),
+            Some((meta, state, len)) => (state, Progress::of(&meta), Some((meta, len))),
             None => (LockState::new(), Progress::default(), None),
         };
         let restored = progress.last_applied.is_some();
@@ -179,39 +188,40 @@ impl<S: SnapshotStore> Machine<S> {
     /// Snapshots the state as it is now, stores the snapshot (unless a newer one was stored
     /// meanwhile) and returns it (`RaftSnapshotBuilder::build_snapshot`).
     pub(crate) async fn build_snapshot(&self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let (meta, data) = self.build().map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let (meta, copy) = self.copy().map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let signature = || Some(meta.signature());
+        let mut data = self.snapshots.create().map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
+        let summary = data.encode(copy).await.map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
         let (saved, data) = self
             .snapshots
-            .save(&meta, data, Replace::IfNotOlder)
+            .save(&meta, data, summary, Replace::IfNotOlder)
             .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        let data = (*data).as_ref().to_vec();
+            .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
         if saved {
-            self.stored(&meta, data.len());
+            self.stored(&meta, summary.len);
         }
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+        Ok(Snapshot { meta, snapshot: Box::new(data) })
     }
 
-    /// The state's bytes and the metadata of a snapshot of them, read together.
+    /// A copy of the state and the metadata of a snapshot of it, read together.
     ///
     /// The state's lock is held only to copy it, which takes the same short time whatever its size
-    /// (see [`LockState`]); the copy is serialized afterwards, off the async workers, while entries go on
-    /// being applied. Serializing under the lock held every apply up for as long (a second or more for a
+    /// (see [`LockState`]); the copy is encoded afterwards, off the async workers, while entries go on
+    /// being applied. Encoding under the lock held every apply up for as long (a second or more for a
     /// million held locks), and with it every worker thread that then waited for the lock: the node
     /// stopped answering its peers, and its followers elected another leader.
-    fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
+    fn copy(&self) -> Result<(Meta, LockState), StoreError> {
         let (copy, progress) = {
             let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
             (state.clone(), self.progress()?)
         };
-        let data = blocking(move || copy.snapshot());
         let seq = self.snapshots.next_seq()?;
         let snapshot_id = match &progress.last_applied {
             Some(id) => format!("{}-{}-{}", id.leader_id.term, id.index, seq),
             None => format!("none-{seq}"),
         };
         let meta = Meta { last_log_id: progress.last_applied, last_membership: progress.last_membership, snapshot_id };
-        Ok((meta, data))
+        Ok((meta, copy))
     }
 
     /// Replaces the state with the snapshot `meta` and `snapshot` (`RaftStateMachine::install_snapshot`):
@@ -219,25 +229,33 @@ impl<S: SnapshotStore> Machine<S> {
     pub(crate) async fn install_snapshot(
         &self,
         meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        mut snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError<NodeId>> {
         let signature = || Some(meta.signature());
-        let data = snapshot.into_inner();
-        let new_state = blocking(|| restore(&data)).map_err(|e| StorageIOError::read_snapshot(signature(), &e))?;
+        let (new_state, summary) =
+            snapshot.decode().await.map_err(|e| StorageIOError::read_snapshot(signature(), &e))?;
         // Stored first: once the state is replaced, openraft may purge the log the snapshot covers.
-        let (_, data) = self
-            .snapshots
-            .save(meta, data, Replace::Always)
+        self.snapshots
+            .save(meta, *snapshot, summary, Replace::Always)
             .await
             .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
-        self.stored(meta, (*data).as_ref().len());
+        self.stored(meta, summary.len);
         self.replace(meta, new_state).map_err(|e| StorageIOError::write_state_machine(&e))?;
         Ok(())
     }
 
+    /// A new, empty place for a snapshot the leader sends (`RaftStateMachine::begin_receiving_snapshot`).
+    #[allow(
+        clippy::result_large_err,
+        reason = "the body of an openraft trait method, whose error is openraft's `StorageError`"
+    )]
+    pub(crate) fn receive_snapshot(&self) -> Result<Box<SnapshotData>, StorageError<NodeId>> {
+        Ok(Box::new(self.snapshots.create().map_err(|e| StorageIOError::write_snapshot(None, &e))?))
+    }
+
     /// Tells the observer that the snapshot `meta` describes, `len` bytes, is now this node's current one.
-    fn stored(&self, meta: &Meta, len: usize) {
-        self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), len as u64);
+    fn stored(&self, meta: &Meta, len: u64) {
+        self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), len);
     }
 
     /// Replaces the lock state and progress with a snapshot's.
@@ -264,16 +282,8 @@ impl<S: SnapshotStore> Machine<S> {
     /// The stored snapshot (`RaftStateMachine::get_current_snapshot`).
     pub(crate) async fn current_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let stored = self.snapshots.load().await.map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        Ok(stored.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+        Ok(stored.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(data) }))
     }
-}
-
-/// The lock state in `data`, checked: a snapshot that breaks an invariant is a bug, not an input to
-/// run with.
-fn restore(data: &[u8]) -> Result<LockState, StoreError> {
-    let state = LockState::restore(data)?;
-    state.check_invariants();
-    Ok(state)
 }
 
 /// openraft's state machine and snapshot builder traits for a backend's pair of types, both holding the
@@ -315,14 +325,14 @@ macro_rules! raft_state_machine {
 
             async fn begin_receiving_snapshot(
                 &mut self,
-            ) -> Result<Box<std::io::Cursor<Vec<u8>>>, openraft::StorageError<$crate::NodeId>> {
-                Ok(Box::new(std::io::Cursor::new(Vec::new())))
+            ) -> Result<Box<$crate::SnapshotData>, openraft::StorageError<$crate::NodeId>> {
+                self.machine.receive_snapshot()
             }
 
             async fn install_snapshot(
                 &mut self,
                 meta: &$crate::machine::Meta,
-                snapshot: Box<std::io::Cursor<Vec<u8>>>,
+                snapshot: Box<$crate::SnapshotData>,
             ) -> Result<(), openraft::StorageError<$crate::NodeId>> {
                 self.machine.install_snapshot(meta, snapshot).await
             }

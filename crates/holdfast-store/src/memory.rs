@@ -20,7 +20,8 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
 use crate::durable::{Durable, Synced, SyncedSender};
-use crate::machine::{Bytes, Machine, Meta, Replace, SnapshotStore};
+use crate::machine::{Machine, Meta, Replace, SnapshotStore};
+use crate::snapshot::{self, SnapshotData, Summary};
 use crate::{log, ApplyObserver, NodeId, SharedState, StoreError, TypeConfig};
 
 /// What survives a simulated crash of a node: what its acknowledged calls made durable. Clone shares it.
@@ -271,8 +272,13 @@ pub fn open_memory(disk: &MemDisk, observer: Arc<dyn ApplyObserver>) -> (MemLogS
         let opened = opened.clone();
         Durable::new(opened.synced.subscribe(), Some(Arc::new(move || opened.sync_now())))
     };
-    let machine = Machine::open(MemSnapshots { opened: opened.clone() }, stored, observer, durable.clone())
-        .expect("a stored snapshot restores: its bytes are a state that passed its invariant checks");
+    let restored = stored.map(|(meta, data)| {
+        let (state, summary) = snapshot::decode(data.as_slice())
+            .expect("a stored snapshot restores: its bytes are a state that passed its invariant checks");
+        (meta, state, summary.len)
+    });
+    let machine = Machine::open(MemSnapshots { opened: opened.clone() }, restored, observer, durable.clone())
+        .expect("opening a machine on a restored state fails only on a poisoned lock");
     let log_store = MemLogStore { opened, committed_index: Default::default(), own: None, durable };
     (log_store, MemStateMachine { machine: Arc::new(machine) })
 }
@@ -433,23 +439,35 @@ impl SnapshotStore for MemSnapshots {
         Ok(disk.snapshot_seq)
     }
 
-    async fn load(&self) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
-        self.opened.read(|records| records.snapshot.as_deref().cloned())
+    fn create(&self) -> Result<SnapshotData, StoreError> {
+        Ok(SnapshotData::in_memory(Vec::new()))
     }
 
-    async fn save(&self, meta: &Meta, data: Vec<u8>, replace: Replace) -> Result<(bool, Bytes), StoreError> {
+    async fn load(&self) -> Result<Option<(Meta, SnapshotData)>, StoreError> {
+        let stored = self.opened.read(|records| records.snapshot.as_deref().cloned())?;
+        Ok(stored.map(|(meta, data)| (meta, SnapshotData::in_memory(data))))
+    }
+
+    async fn save(
+        &self,
+        meta: &Meta,
+        data: SnapshotData,
+        _summary: Summary,
+        replace: Replace,
+    ) -> Result<(bool, SnapshotData), StoreError> {
+        let data = data.into_bytes().await?;
         // The check and the write happen under one hold of the disk's lock, so saves are serialised.
         let mut disk = self.opened.lock()?;
         let stored = disk.current.snapshot.as_deref().map(|(meta, _)| meta);
         if !replace.replaces(stored, meta) {
-            return Ok((false, Box::new(data)));
+            return Ok((false, SnapshotData::in_memory(data)));
         }
         disk.write(Write::Snapshot(Arc::new((meta.clone(), data.clone()))));
         disk.flush();
         self.opened.publish(&disk);
         drop(disk);
         self.opened.observer.flushed(Duration::ZERO);
-        Ok((true, Box::new(data)))
+        Ok((true, SnapshotData::in_memory(data)))
     }
 }
 

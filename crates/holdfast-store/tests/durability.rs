@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::io::Cursor;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{acquire, blank, log_id, membership, model, Counting};
+use common::{acquire, blank, log_id, membership, model, receive, snapshot_bytes, Counting};
 use holdfast_store::{open, LogStore, NoObserver, NodeId, StateMachineStore};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{RaftLogReader, RaftSnapshotBuilder, StorageHelper, Vote};
@@ -120,7 +119,8 @@ async fn snapshot_restores_lock_state_on_reopen() -> Result {
     assert_eq!(state_bytes(&sm), bytes);
     let current = sm.get_current_snapshot().await?.expect("the built snapshot is stored");
     assert_eq!(current.meta, built.meta);
-    assert_eq!(current.snapshot.into_inner(), built.snapshot.into_inner());
+    let (mut current_data, mut built_data) = (current.snapshot, built.snapshot);
+    assert_eq!(snapshot_bytes(&mut current_data).await?, snapshot_bytes(&mut built_data).await?);
 
     // The log after the snapshot applies on top of the restored state.
     sm.apply([acquire(1, 6, "beta", "d", 4)]).await?;
@@ -137,13 +137,13 @@ async fn installed_snapshot_matches_source_bytes() -> Result {
     source
         .apply([membership(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(2, 3, "alpha", "b", 2), blank(2, 4)])
         .await?;
-    let snapshot = source.get_snapshot_builder().await.build_snapshot().await?;
+    let mut snapshot = source.get_snapshot_builder().await.build_snapshot().await?;
 
     let observer = Arc::new(Counting::default());
     {
         let (_target_log, mut target) = open(target_dir.path(), observer.clone())?;
         let mut received = target.begin_receiving_snapshot().await?;
-        *received = Cursor::new(snapshot.snapshot.get_ref().clone());
+        receive(&mut received, &snapshot_bytes(&mut snapshot.snapshot).await?).await?;
         target.install_snapshot(&snapshot.meta, received).await?;
 
         assert_eq!(state_bytes(&target), state_bytes(&source));
@@ -288,7 +288,7 @@ async fn flush_from_many_stores() -> Result {
 
 /// A directory written by format 1 (the Raft log in sled's `log` tree, keyed by big-endian index) opens with
 /// its log, vote and purge point intact, the log now in the log files; sled's `log` tree is gone, and the
-/// directory opens as format 3 from then on.
+/// directory opens as format 4 from then on.
 #[tokio::test]
 async fn a_format_1_directory_is_converted_when_opened() -> Result {
     let dir = tempfile::tempdir()?;
@@ -315,42 +315,170 @@ async fn a_format_1_directory_is_converted_when_opened() -> Result {
     }
     let db = sled::open(dir.path())?;
     assert!(!db.tree_names().iter().any(|name| name.as_ref() == b"log"), "{:?}", db.tree_names());
-    assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&3u32)?[..]));
+    assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&4u32)?[..]));
     Ok(())
 }
 
-/// A directory of format 2 (the same layout, from builds that knew no `Command::Group`) opens with its log
-/// and is marked format 3, so that such a build refuses it from then on; a format this build does not know
-/// is refused and left as it was.
+/// The format a directory records.
+fn format_of(dir: &Path) -> Result<Option<u32>> {
+    let db = sled::open(dir)?;
+    Ok(db.open_tree("meta")?.get("format")?.map(|b| bincode::deserialize(&b)).transpose()?)
+}
+
+/// Records `format` in a directory, as a build of that format would have.
+fn set_format(dir: &Path, format: u32) -> Result {
+    let db = sled::open(dir)?;
+    db.open_tree("meta")?.insert("format", bincode::serialize(&format)?)?;
+    db.flush()?;
+    Ok(())
+}
+
+/// A directory of format 2 or 3 (format 3's layout, from builds that knew no `Command::Group`, or that kept
+/// snapshots in sled) opens with its log and is marked format 4, so that such a build refuses it from then
+/// on; a format this build does not know is refused and left as it was.
 #[tokio::test]
-async fn a_format_2_directory_is_marked_3_and_an_unknown_format_is_refused() -> Result {
+async fn a_format_2_or_3_directory_is_marked_4_and_an_unknown_format_is_refused() -> Result {
     let dir = tempfile::tempdir()?;
     let entries = vec![acquire(1, 1, "alpha", "a", 1), blank(1, 2)];
     {
         let (mut log, _sm) = open_quiet(dir.path())?;
         log.blocking_append(entries.clone()).await?;
     }
-    let format_of = |dir: &std::path::Path| -> std::result::Result<Option<u32>, Box<dyn std::error::Error>> {
-        let db = sled::open(dir)?;
-        Ok(db.open_tree("meta")?.get("format")?.map(|b| bincode::deserialize(&b)).transpose()?)
-    };
-    let set_format = |dir: &std::path::Path, format: u32| -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let db = sled::open(dir)?;
-        db.open_tree("meta")?.insert("format", bincode::serialize(&format)?)?;
-        db.flush()?;
-        Ok(())
-    };
-    set_format(dir.path(), 2)?;
-    {
-        let (mut log, _sm) = open_quiet(dir.path())?;
-        assert_eq!(log.try_get_log_entries(..).await?, entries);
+    for older in [2, 3] {
+        set_format(dir.path(), older)?;
+        {
+            let (mut log, _sm) = open_quiet(dir.path())?;
+            assert_eq!(log.try_get_log_entries(..).await?, entries);
+        }
+        assert_eq!(format_of(dir.path())?, Some(4));
     }
-    assert_eq!(format_of(dir.path())?, Some(3));
 
-    set_format(dir.path(), 4)?;
+    set_format(dir.path(), 5)?;
     let refused = open_quiet(dir.path()).err().map(|e| e.to_string());
-    assert_eq!(refused.as_deref(), Some("storage format 4 is not supported (expected 3)"));
+    assert_eq!(refused.as_deref(), Some("storage format 5 is not supported (expected 4)"));
+    assert_eq!(format_of(dir.path())?, Some(5));
+    Ok(())
+}
+
+/// The files in a directory's `snapshots/`, by name.
+fn snapshot_files(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir.join("snapshots"))? {
+        names.push(entry?.file_name().into_string().map_err(|name| format!("{name:?} is not UTF-8"))?);
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// A format 3 directory kept its snapshot's bytes in sled's `snapshot` tree, as `data`. It opens with its
+/// state restored from them and sends them to a follower that asks; the next snapshot goes to a file, and
+/// the tree's bytes are gone.
+#[tokio::test]
+async fn a_format_3_snapshot_in_sled_is_read_and_the_next_one_goes_to_a_file() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![membership(0, 0), acquire(1, 1, "alpha", "a", 1), acquire(1, 2, "beta", "b", 2)];
+    let meta = {
+        let (mut log, mut sm) = open_quiet(dir.path())?;
+        log.blocking_append(entries.clone()).await?;
+        sm.apply(entries[..2].to_vec()).await?;
+        log.save_committed(Some(log_id(1, 2))).await?;
+        sm.get_snapshot_builder().await.build_snapshot().await?.meta
+    };
+    // The directory as a format 3 build would have left it: the same snapshot, its bytes in the tree.
+    {
+        let [name] = &snapshot_files(dir.path())?[..] else { panic!("one snapshot file") };
+        let bytes = std::fs::read(dir.path().join("snapshots").join(name))?;
+        assert_eq!(bytes, model(&entries[..2]).snapshot());
+        std::fs::remove_dir_all(dir.path().join("snapshots"))?;
+        let db = sled::open(dir.path())?;
+        let tree = db.open_tree("snapshot")?;
+        tree.remove("file")?;
+        tree.insert("data", bytes)?;
+        db.open_tree("meta")?.insert("format", bincode::serialize(&3u32)?)?;
+        db.flush()?;
+    }
+    {
+        let (mut log, mut sm) = open_quiet(dir.path())?;
+        assert_eq!(state_bytes(&sm), model(&entries[..2]).snapshot());
+        let mut current = sm.get_current_snapshot().await?.expect("the tree's snapshot is current");
+        assert_eq!(current.meta, meta);
+        assert_eq!(snapshot_bytes(&mut current.snapshot).await?, model(&entries[..2]).snapshot());
+        StorageHelper::new(&mut log, &mut sm).get_initial_state().await?;
+        assert_eq!(state_bytes(&sm), model(&entries).snapshot(), "the log after the snapshot re-applied");
+        sm.get_snapshot_builder().await.build_snapshot().await?;
+    }
+    let [name] = &snapshot_files(dir.path())?[..] else { panic!("one snapshot file") };
+    assert_eq!(std::fs::read(dir.path().join("snapshots").join(name))?, model(&entries).snapshot());
+    {
+        let db = sled::open(dir.path())?;
+        assert_eq!(db.open_tree("snapshot")?.get("data")?, None);
+    }
     assert_eq!(format_of(dir.path())?, Some(4));
+    let (_log, sm) = open_quiet(dir.path())?;
+    assert_eq!(state_bytes(&sm), model(&entries).snapshot());
+    Ok(())
+}
+
+/// Only the current snapshot's file stays in `snapshots/`: a newer snapshot removes the one before (whose
+/// bytes a transfer that opened it earlier still reads), a transfer from the leader that was given up
+/// removes what it received, and files a crash left there are removed when the directory is opened.
+#[tokio::test]
+async fn snapshots_leave_only_the_current_file() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![membership(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(1, 3, "beta", "b", 2)];
+    {
+        let (_log, mut sm) = open_quiet(dir.path())?;
+        sm.apply(entries[..2].to_vec()).await?;
+        sm.get_snapshot_builder().await.build_snapshot().await?;
+        let mut sending = sm.get_current_snapshot().await?.expect("a snapshot is stored");
+        sm.apply(entries[2..].to_vec()).await?;
+        sm.get_snapshot_builder().await.build_snapshot().await?;
+        assert_eq!(snapshot_files(dir.path())?.len(), 1, "{:?}", snapshot_files(dir.path())?);
+        assert_eq!(snapshot_bytes(&mut sending.snapshot).await?, model(&entries[..2]).snapshot());
+
+        let mut received = sm.begin_receiving_snapshot().await?;
+        receive(&mut received, b"part of a snapshot").await?;
+        assert_eq!(snapshot_files(dir.path())?.len(), 2);
+        drop(received);
+        assert_eq!(snapshot_files(dir.path())?.len(), 1);
+    }
+    let kept = snapshot_files(dir.path())?;
+    for left in ["17.new", "16.snapshot"] {
+        std::fs::write(dir.path().join("snapshots").join(left), b"left by a crash")?;
+    }
+    let (_log, sm) = open_quiet(dir.path())?;
+    assert_eq!(snapshot_files(dir.path())?, kept);
+    assert_eq!(state_bytes(&sm), model(&entries).snapshot());
+    Ok(())
+}
+
+/// A snapshot file whose bytes are not those recorded with it (a bit flipped on disk) refuses the open, and
+/// says which file; so does one cut short.
+#[tokio::test]
+async fn a_snapshot_file_that_changed_on_disk_refuses_the_open() -> Result {
+    let dir = tempfile::tempdir()?;
+    {
+        let (_log, mut sm) = open_quiet(dir.path())?;
+        sm.apply([membership(1, 1), acquire(1, 2, "alpha", "owner-a", 1)]).await?;
+        sm.get_snapshot_builder().await.build_snapshot().await?;
+    }
+    let [name] = &snapshot_files(dir.path())?[..] else { panic!("one snapshot file") };
+    let path = dir.path().join("snapshots").join(name);
+    let bytes = std::fs::read(&path)?;
+    let at = bytes.windows(7).position(|w| w == b"owner-a").expect("the owner is in the snapshot");
+    let mut changed = bytes.clone();
+    changed[at + 6] = b'b';
+    std::fs::write(&path, &changed)?;
+    let refused = open_quiet(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.starts_with("the stored snapshot is corrupt: "), "{refused}");
+    assert!(refused.contains(name.as_str()), "{refused}");
+
+    std::fs::write(&path, &bytes[..bytes.len() - 1])?;
+    let refused = open_quiet(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.starts_with("snapshot: snapshot does not decode"), "{refused}");
+
+    std::fs::write(&path, &bytes)?;
+    open_quiet(dir.path())?;
     Ok(())
 }
 

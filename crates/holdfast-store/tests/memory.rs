@@ -5,11 +5,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Cursor;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{acquire, blank, log_id, membership, model, state_bytes, Counting};
+use common::{acquire, blank, log_id, membership, model, receive, snapshot_bytes, state_bytes, Counting};
 use holdfast_store::{open_memory, MemDisk, MemLogStore, MemStateMachine, NoObserver, NodeId};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{LogId, RaftLogReader, RaftSnapshotBuilder, StorageHelper, Vote};
@@ -137,7 +136,8 @@ async fn crash_restores_snapshot_and_reapplies_committed_log() -> Result {
     assert_eq!(state_bytes(&sm.state()), model(&entries[..4]).snapshot());
     let current = sm.get_current_snapshot().await?.expect("the built snapshot is durable");
     assert_eq!(current.meta, built.meta);
-    assert_eq!(current.snapshot.into_inner(), built.snapshot.into_inner());
+    let (mut current_data, mut built_data) = (current.snapshot, built.snapshot);
+    assert_eq!(snapshot_bytes(&mut current_data).await?, snapshot_bytes(&mut built_data).await?);
 
     StorageHelper::new(&mut log, &mut sm).get_initial_state().await?;
     assert_eq!(state_bytes(&sm.state()), model(&entries).snapshot());
@@ -177,11 +177,11 @@ async fn installed_snapshot_survives_crash() -> Result {
     source
         .apply([membership(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(2, 3, "alpha", "b", 2), blank(2, 4)])
         .await?;
-    let snapshot = source.get_snapshot_builder().await.build_snapshot().await?;
+    let mut snapshot = source.get_snapshot_builder().await.build_snapshot().await?;
     {
         let (_target_log, mut target) = reopen(&target_disk);
         let mut received = target.begin_receiving_snapshot().await?;
-        *received = Cursor::new(snapshot.snapshot.get_ref().clone());
+        receive(&mut received, &snapshot_bytes(&mut snapshot.snapshot).await?).await?;
         target.install_snapshot(&snapshot.meta, received).await?;
         assert_eq!(state_bytes(&target.state()), state_bytes(&source.state()));
     }

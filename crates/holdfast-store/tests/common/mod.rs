@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use holdfast_core::{Acquire, Applied, Command, LockState, Token};
-use holdfast_store::{ApplyObserver, NodeId, SharedState, TypeConfig};
+use holdfast_store::{ApplyObserver, NodeId, SharedState, SnapshotData, TypeConfig};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership};
 
 pub fn log_id(term: u64, index: u64) -> LogId<NodeId> {
@@ -49,6 +49,26 @@ pub fn model(entries: &[Entry<TypeConfig>]) -> LockState {
 
 pub fn state_bytes(state: &SharedState) -> Vec<u8> {
     state.read().expect("no apply panicked").snapshot()
+}
+
+/// The bytes of a snapshot, read as openraft reads them to send them.
+pub async fn snapshot_bytes(data: &mut SnapshotData) -> std::io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    data.seek(std::io::SeekFrom::Start(0)).await?;
+    let mut bytes = Vec::new();
+    data.read_to_end(&mut bytes).await?;
+    Ok(bytes)
+}
+
+/// Writes `bytes` into a snapshot being received as openraft does: a chunk at a time, each at its offset,
+/// then a shutdown.
+pub async fn receive(data: &mut SnapshotData, bytes: &[u8]) -> std::io::Result<()> {
+    use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+    for (i, chunk) in bytes.chunks(7).enumerate() {
+        data.seek(std::io::SeekFrom::Start(i as u64 * 7)).await?;
+        data.write_all(chunk).await?;
+    }
+    data.shutdown().await
 }
 
 /// Counts what the store tells its observer.

@@ -1,0 +1,369 @@
+//! [`SnapshotData`]: a snapshot's bytes as openraft moves them (built here, sent to a follower, received
+//! from the leader), and their encoding and decoding as a stream.
+//!
+//! The disk store keeps a snapshot in a file of its own and reads and writes it a buffer at a time, so
+//! that no node ever holds a whole encoding in memory (about 110 bytes per held lock: 107 MiB for a
+//! million); the memory store keeps it in memory. Either way it is [`LockState::snapshot`]'s encoding,
+//! byte for byte, and that is what travels between nodes.
+
+use std::io::{self, Cursor, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use holdfast_core::LockState;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
+
+use crate::runtime::blocking;
+use crate::StoreError;
+
+/// The size of the buffer a snapshot is encoded through and decoded from.
+const BUFFER_BYTES: usize = 1 << 20;
+
+/// A snapshot's bytes ([`LockState::snapshot`]'s encoding of the lock state), in memory or in a file of
+/// the node's storage: openraft's `SnapshotData`. openraft reads it to send it in chunks and writes
+/// what it receives into one the store made.
+pub struct SnapshotData {
+    inner: Inner,
+}
+
+enum Inner {
+    Memory(Cursor<Vec<u8>>),
+    File(FileData),
+}
+
+struct FileData {
+    file: tokio::fs::File,
+    path: PathBuf,
+    /// Whether the file is removed when this is dropped: true until a store keeps it as its current
+    /// snapshot, so that a build that was not kept, or a transfer the leader gave up, leaves nothing behind.
+    temporary: bool,
+}
+
+impl Drop for FileData {
+    fn drop(&mut self) {
+        if self.temporary {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!(path = %self.path.display(), "cannot remove an unused snapshot file: {e}");
+            }
+        }
+    }
+}
+
+/// How many bytes a snapshot has and their CRC-32: the disk store keeps it beside the file's name, and
+/// checks the file against it when it reads it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Summary {
+    pub(crate) len: u64,
+    pub(crate) crc: u32,
+}
+
+impl SnapshotData {
+    /// `bytes`, in memory.
+    pub(crate) fn in_memory(bytes: Vec<u8>) -> Self {
+        Self { inner: Inner::Memory(Cursor::new(bytes)) }
+    }
+
+    /// The file `file` at `path`; removed when dropped if `temporary` (see [`SnapshotData::kept_at`]).
+    pub(crate) fn in_file(file: std::fs::File, path: PathBuf, temporary: bool) -> Self {
+        Self { inner: Inner::File(FileData { file: tokio::fs::File::from_std(file), path, temporary }) }
+    }
+
+    /// Where the bytes are, if in a file.
+    pub(crate) fn path(&self) -> Option<&Path> {
+        match &self.inner {
+            Inner::Memory(_) => None,
+            Inner::File(data) => Some(&data.path),
+        }
+    }
+
+    /// Whether the bytes are in a file made in `dir` for a new snapshot, not kept yet.
+    pub(crate) fn is_new_in(&self, dir: &Path) -> bool {
+        match &self.inner {
+            Inner::Memory(_) => false,
+            Inner::File(data) => data.temporary && data.path.parent() == Some(dir),
+        }
+    }
+
+    /// Records that the file was moved to `path` and is kept there: it is no longer removed when dropped.
+    pub(crate) fn kept_at(&mut self, path: PathBuf) {
+        if let Inner::File(data) = &mut self.inner {
+            data.path = path;
+            data.temporary = false;
+        }
+    }
+
+    /// Replaces the bytes with `state`'s snapshot; their summary. The encoding runs off the async
+    /// workers (see [`blocking`]).
+    pub(crate) async fn encode(&mut self, state: LockState) -> Result<Summary, StoreError> {
+        match &mut self.inner {
+            Inner::Memory(cursor) => {
+                let bytes = blocking(move || state.snapshot());
+                let summary = Summary { len: bytes.len() as u64, crc: crc32fast::hash(&bytes) };
+                *cursor = Cursor::new(bytes);
+                Ok(summary)
+            }
+            Inner::File(data) => {
+                let mut file = data.std_file().await?;
+                blocking(move || {
+                    file.set_len(0).map_err(StoreError::SnapshotFile)?;
+                    file.seek(SeekFrom::Start(0)).map_err(StoreError::SnapshotFile)?;
+                    encode(&state, file)
+                })
+            }
+        }
+    }
+
+    /// The lock state the bytes hold, read from their start to their end, and their summary. The decoding
+    /// runs off the async workers (see [`blocking`]).
+    pub(crate) async fn decode(&mut self) -> Result<(LockState, Summary), StoreError> {
+        match &mut self.inner {
+            Inner::Memory(cursor) => blocking(|| decode(cursor.get_ref().as_slice())),
+            Inner::File(data) => {
+                let mut file = data.std_file().await?;
+                blocking(move || {
+                    file.seek(SeekFrom::Start(0)).map_err(StoreError::SnapshotFile)?;
+                    decode(file)
+                })
+            }
+        }
+    }
+
+    /// Writes the bytes over what `to`, a file, held; a buffer at a time, off the async workers.
+    pub(crate) async fn copy_to(&mut self, to: &mut SnapshotData) -> Result<(), StoreError> {
+        let Inner::File(target) = &to.inner else {
+            return Err(StoreError::SnapshotFile(io::Error::other("a snapshot is copied only into a file")));
+        };
+        let mut target = target.std_file().await?;
+        let copy = |from: &mut dyn Read, target: &mut std::fs::File| -> io::Result<()> {
+            target.set_len(0)?;
+            target.seek(SeekFrom::Start(0))?;
+            io::copy(from, &mut io::BufWriter::with_capacity(BUFFER_BYTES, target))?;
+            Ok(())
+        };
+        match &mut self.inner {
+            Inner::Memory(cursor) => blocking(|| copy(&mut cursor.get_ref().as_slice(), &mut target)),
+            Inner::File(data) => {
+                let mut file = data.std_file().await?;
+                blocking(move || {
+                    file.seek(SeekFrom::Start(0))?;
+                    copy(&mut io::BufReader::with_capacity(BUFFER_BYTES, file), &mut target)
+                })
+            }
+        }
+        .map_err(StoreError::SnapshotFile)
+    }
+
+    /// Makes the bytes durable: a file's contents and size are synced; bytes in memory have nowhere to go.
+    pub(crate) async fn sync(&mut self) -> Result<(), StoreError> {
+        match &mut self.inner {
+            Inner::Memory(_) => Ok(()),
+            Inner::File(data) => data.file.sync_all().await.map_err(StoreError::SnapshotFile),
+        }
+    }
+
+    /// The bytes, whole: for the memory store, which keeps them so.
+    pub(crate) async fn into_bytes(mut self) -> Result<Vec<u8>, StoreError> {
+        match &mut self.inner {
+            Inner::Memory(cursor) => Ok(std::mem::take(cursor.get_mut())),
+            Inner::File(data) => {
+                let mut file = data.std_file().await?;
+                blocking(move || {
+                    let mut bytes = Vec::new();
+                    file.seek(SeekFrom::Start(0)).and_then(|_| file.read_to_end(&mut bytes)).map(|_| bytes)
+                })
+                .map_err(StoreError::SnapshotFile)
+            }
+        }
+    }
+}
+
+impl FileData {
+    /// A second handle on the file, for blocking reads and writes; it shares the file's position, which
+    /// openraft sets itself (it seeks before every read or write of a chunk).
+    async fn std_file(&self) -> Result<std::fs::File, StoreError> {
+        Ok(self.file.try_clone().await.map_err(StoreError::SnapshotFile)?.into_std().await)
+    }
+}
+
+impl AsyncRead for SnapshotData {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Memory(cursor) => Pin::new(cursor).poll_read(cx, buf),
+            Inner::File(data) => Pin::new(&mut data.file).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for SnapshotData {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().inner {
+            Inner::Memory(cursor) => Pin::new(cursor).poll_write(cx, buf),
+            Inner::File(data) => Pin::new(&mut data.file).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Memory(cursor) => Pin::new(cursor).poll_flush(cx),
+            Inner::File(data) => Pin::new(&mut data.file).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Memory(cursor) => Pin::new(cursor).poll_shutdown(cx),
+            Inner::File(data) => Pin::new(&mut data.file).poll_shutdown(cx),
+        }
+    }
+}
+
+impl AsyncSeek for SnapshotData {
+    fn start_seek(self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
+        match &mut self.get_mut().inner {
+            Inner::Memory(cursor) => Pin::new(cursor).start_seek(position),
+            Inner::File(data) => Pin::new(&mut data.file).start_seek(position),
+        }
+    }
+
+    fn poll_complete(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        match &mut self.get_mut().inner {
+            Inner::Memory(cursor) => Pin::new(cursor).poll_complete(cx),
+            Inner::File(data) => Pin::new(&mut data.file).poll_complete(cx),
+        }
+    }
+}
+
+impl std::fmt::Debug for SnapshotData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Inner::Memory(cursor) => write!(f, "SnapshotData({} bytes in memory)", cursor.get_ref().len()),
+            Inner::File(data) => write!(f, "SnapshotData({})", data.path.display()),
+        }
+    }
+}
+
+/// Writes `state`'s snapshot to `out` a buffer at a time; what was written, summed.
+pub(crate) fn encode(state: &LockState, out: impl Write) -> Result<Summary, StoreError> {
+    let mut out = io::BufWriter::with_capacity(BUFFER_BYTES, Summing::new(out));
+    state.write_snapshot(&mut out)?;
+    let summing = out.into_inner().map_err(|e| StoreError::SnapshotFile(e.into_error()))?;
+    Ok(summing.summary())
+}
+
+/// The lock state in a snapshot's bytes, read from `input` a buffer at a time up to its end, and the
+/// summary of what was read. Bytes after the state are refused, and the state is checked: a snapshot that
+/// breaks an invariant is a bug, not an input to run with.
+pub(crate) fn decode(input: impl Read) -> Result<(LockState, Summary), StoreError> {
+    let mut input = io::BufReader::with_capacity(BUFFER_BYTES, Summing::new(input));
+    let state = LockState::read_snapshot(&mut input)?;
+    let mut after = [0; 1];
+    if input.read(&mut after).map_err(StoreError::SnapshotFile)? != 0 {
+        return Err(StoreError::SnapshotCorrupt("bytes follow the lock state".into()));
+    }
+    state.check_invariants();
+    Ok((state, input.into_inner().summary()))
+}
+
+/// A reader or writer that counts and sums the bytes that pass through it.
+struct Summing<T> {
+    inner: T,
+    len: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl<T> Summing<T> {
+    fn new(inner: T) -> Self {
+        Self { inner, len: 0, crc: crc32fast::Hasher::new() }
+    }
+
+    fn summary(self) -> Summary {
+        Summary { len: self.len, crc: self.crc.finalize() }
+    }
+
+    fn passed(&mut self, bytes: &[u8]) {
+        self.len += bytes.len() as u64;
+        self.crc.update(bytes);
+    }
+}
+
+impl<W: Write> Write for Summing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.passed(&buf[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read> Read for Summing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.passed(&buf[..read]);
+        Ok(read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_core::{Command, Entry};
+
+    use super::*;
+
+    fn state() -> LockState {
+        let mut state = LockState::new();
+        for id in 1..=100 {
+            let cmd = Command::OpenSession { id, owner: format!("worker-{id}"), lease_ms: 2_000 };
+            state.apply(id, &Entry { at_ms: 1_000 + id, cmd });
+        }
+        state
+    }
+
+    #[test]
+    fn a_stream_encoding_is_the_snapshot_and_its_summary_sums_it() {
+        let state = state();
+        let mut bytes = Vec::new();
+        let summary = encode(&state, &mut bytes).unwrap();
+        assert_eq!(bytes, state.snapshot());
+        assert_eq!(summary, Summary { len: bytes.len() as u64, crc: crc32fast::hash(&bytes) });
+
+        let (decoded, read) = decode(bytes.as_slice()).unwrap();
+        assert_eq!(decoded.snapshot(), bytes);
+        assert_eq!(read, summary);
+    }
+
+    #[test]
+    fn bytes_after_the_state_are_refused() {
+        let mut bytes = state().snapshot();
+        bytes.push(0);
+        let refused = decode(bytes.as_slice()).unwrap_err();
+        assert_eq!(refused.to_string(), "the stored snapshot is corrupt: bytes follow the lock state");
+    }
+
+    #[tokio::test]
+    async fn a_file_is_encoded_over_what_it_held_and_a_temporary_one_is_removed_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.new");
+        std::fs::write(&path, vec![7; 100_000]).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let mut data = SnapshotData::in_file(file, path.clone(), true);
+        let summary = data.encode(state()).await.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), state().snapshot(), "the earlier, longer contents are gone");
+        let (decoded, read) = data.decode().await.unwrap();
+        assert_eq!((decoded.snapshot(), read), (state().snapshot(), summary));
+        drop(data);
+        assert!(!path.exists());
+
+        let kept_path = dir.path().join("1.snapshot");
+        std::fs::write(&path, b"x").unwrap();
+        let mut kept = SnapshotData::in_file(std::fs::File::open(&path).unwrap(), path.clone(), true);
+        std::fs::rename(&path, &kept_path).unwrap();
+        kept.kept_at(kept_path.clone());
+        drop(kept);
+        assert!(kept_path.exists());
+    }
+}
