@@ -159,11 +159,17 @@ async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) 
         match Call::from_byte(call) {
             Some(Call::Append) => {
                 let rpc: AppendEntriesRequest<TypeConfig> = decode(body)?;
+                node.heard_from_leader();
                 encode_into(&mut answer, &node.raft.append_entries(rpc).await);
             }
             Some(Call::Vote) => {
                 let rpc: VoteRequest<NodeId> = decode(body)?;
-                encode_into(&mut answer, &node.raft.vote(rpc).await);
+                let (term, last) = (rpc.vote.leader_id().term, rpc.last_log_id);
+                let voted = node.raft.vote(rpc).await;
+                if let Ok(voted) = &voted {
+                    node.answered_vote(term, last, voted);
+                }
+                encode_into(&mut answer, &voted);
             }
             Some(Call::Snapshot) => {
                 let rpc: InstallSnapshotRequest<TypeConfig> = decode(body)?;

@@ -40,9 +40,9 @@ pub(crate) trait SnapshotStore: Send + Sync + 'static {
     /// The current snapshot, if one was stored.
     async fn load(&self) -> Result<Option<(Meta, SnapshotData)>, StoreError>;
 
-    /// Makes `meta` and `data` (made by [`SnapshotStore::create`] and written in full; `summary` is of
-    /// its bytes) the current snapshot, durable before this returns, unless `replace` keeps the stored
-    /// one; true if it did. Saves and loads are serialised: each sees the whole of the one before. Gives
+    /// Makes `meta` and `data` (written in full; `summary` is of its bytes) the current snapshot, durable
+    /// before this returns, unless `replace` keeps the stored one; true if it did. Bytes that were not
+    /// made by this store's [`SnapshotStore::create`] are copied into a place that was. Saves and loads are serialised: each sees the whole of the one before. Gives
     /// the bytes back, as kept (or, if they were not, as they were given).
     async fn save(
         &self,
