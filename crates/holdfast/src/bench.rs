@@ -158,16 +158,26 @@ impl Samples {
         sorted[i] as f64 / 1000.0
     }
 
-    /// `p50 1.23 ms, p99 4.56 ms, max 7.89 ms`.
+    /// `p50 1.23 ms, p99 4.56 ms, max 7.89 ms (N samples)`.
     fn describe(&self) -> String {
+        self.describe_in(Unit::Millis)
+    }
+
+    /// [`Samples::describe`] in `unit`: to the microsecond, `p50 94 us, p99 151 us, max 980 us (N samples)`.
+    fn describe_in(&self, unit: Unit) -> String {
         if self.0.is_empty() {
             return "no samples".into();
         }
+        let (per_ms, decimals, name) = match unit {
+            Unit::Millis => (1.0, 2, "ms"),
+            Unit::Micros => (1000.0, 0, "us"),
+        };
+        let at = |p| self.percentile(p) * per_ms;
         format!(
-            "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples)",
-            self.percentile(0.5),
-            self.percentile(0.99),
-            self.percentile(1.0),
+            "p50 {:.decimals$} {name}, p99 {:.decimals$} {name}, max {:.decimals$} {name} ({} samples)",
+            at(0.5),
+            at(0.99),
+            at(1.0),
             self.len()
         )
     }
@@ -178,6 +188,14 @@ impl Samples {
         report.field(&format!("{prefix}p99_ms"), round3(self.percentile(0.99)));
         report.field(&format!("{prefix}max_ms"), round3(self.percentile(1.0)));
     }
+}
+
+/// The unit [`Samples::describe_in`] gives times in.
+#[derive(Debug, Clone, Copy)]
+enum Unit {
+    Millis,
+    /// For times of tens or hundreds of microseconds (a thread's wake-up, an fdatasync).
+    Micros,
 }
 
 fn round3(x: f64) -> f64 {
@@ -470,6 +488,17 @@ mod tests {
         assert_eq!(s.percentile(0.0), 1.0);
         assert_eq!(s.percentile(1.0), 4.0);
         assert_eq!(Samples::default().percentile(0.5), 0.0);
+    }
+
+    #[test]
+    fn samples_are_described_in_milliseconds_or_microseconds() {
+        let mut s = Samples::default();
+        for us in [94, 120, 151] {
+            s.push(Duration::from_micros(us));
+        }
+        assert_eq!(s.describe(), "p50 0.12 ms, p99 0.15 ms, max 0.15 ms (3 samples)");
+        assert_eq!(s.describe_in(Unit::Micros), "p50 120 us, p99 151 us, max 151 us (3 samples)");
+        assert_eq!(Samples::default().describe_in(Unit::Micros), "no samples");
     }
 
     #[test]

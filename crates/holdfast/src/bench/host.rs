@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use super::{Report, Samples};
+use super::{Report, Samples, Unit};
 
 /// `holdfast bench host`.
 #[derive(clap::Args, Debug, Clone)]
@@ -49,32 +49,21 @@ pub fn run(args: HostArgs) -> anyhow::Result<Report> {
     let two_cores = cores.get(1).and_then(|&second| wake_round_trips(args.round_trips, (first, second)));
     let sync = synced_appends(&args.dir, args.syncs)?;
     let mut report = Report::new("host", "host: thread wake-up round trips and fdatasync");
-    report.row("wake-up, one core", format!("round trip {}", in_micros(&one_core)));
+    report.row("wake-up, one core", format!("round trip {}", one_core.describe_in(Unit::Micros)));
     report.field("wake_round_trips", one_core.len());
     one_core.fields(&mut report, "wake_one_core_");
     match &two_cores {
         Some(two_cores) => {
-            report.row("wake-up, two cores", format!("round trip {}", in_micros(two_cores)));
+            report.row("wake-up, two cores", format!("round trip {}", two_cores.describe_in(Unit::Micros)));
             two_cores.fields(&mut report, "wake_two_cores_");
         }
         None => report.row("wake-up, two cores", "not measured: this process may run on one core only"),
     }
-    report.row("fdatasync", format!("{APPEND}-byte append + fdatasync {}", in_micros(&sync)));
+    report.row("fdatasync", format!("{APPEND}-byte append + fdatasync {}", sync.describe_in(Unit::Micros)));
     report.row("file in", args.dir.display().to_string());
     report.field("syncs", sync.len());
     sync.fields(&mut report, "fdatasync_");
     Ok(report)
-}
-
-/// Quantiles to the microsecond: these are short.
-fn in_micros(samples: &Samples) -> String {
-    format!(
-        "p50 {:.0} us, p99 {:.0} us, max {:.0} us ({} samples)",
-        samples.percentile(0.5) * 1000.0,
-        samples.percentile(0.99) * 1000.0,
-        samples.percentile(1.0) * 1000.0,
-        samples.len()
-    )
 }
 
 /// `count` round trips of a token between two threads, each blocked until the other wakes it, the
