@@ -107,8 +107,7 @@ impl SnapshotData {
             Inner::File(data) => {
                 let mut file = data.std_file().await?;
                 blocking(move || {
-                    file.set_len(0).map_err(StoreError::SnapshotFile)?;
-                    file.seek(SeekFrom::Start(0)).map_err(StoreError::SnapshotFile)?;
+                    rewind(&mut file, Rewind::Emptied).map_err(StoreError::SnapshotFile)?;
                     encode(&state, file)
                 })
             }
@@ -123,7 +122,7 @@ impl SnapshotData {
             Inner::File(data) => {
                 let mut file = data.std_file().await?;
                 blocking(move || {
-                    file.seek(SeekFrom::Start(0)).map_err(StoreError::SnapshotFile)?;
+                    rewind(&mut file, Rewind::Kept).map_err(StoreError::SnapshotFile)?;
                     decode(file)
                 })
             }
@@ -137,8 +136,7 @@ impl SnapshotData {
         };
         let mut target = target.std_file().await?;
         let copy = |from: &mut dyn Read, target: &mut std::fs::File| -> io::Result<()> {
-            target.set_len(0)?;
-            target.seek(SeekFrom::Start(0))?;
+            rewind(target, Rewind::Emptied)?;
             io::copy(from, &mut io::BufWriter::with_capacity(BUFFER_BYTES, target))?;
             Ok(())
         };
@@ -147,7 +145,7 @@ impl SnapshotData {
             Inner::File(data) => {
                 let mut file = data.std_file().await?;
                 blocking(move || {
-                    file.seek(SeekFrom::Start(0))?;
+                    rewind(&mut file, Rewind::Kept)?;
                     copy(&mut io::BufReader::with_capacity(BUFFER_BYTES, file), &mut target)
                 })
             }
@@ -171,12 +169,29 @@ impl SnapshotData {
                 let mut file = data.std_file().await?;
                 blocking(move || {
                     let mut bytes = Vec::new();
-                    file.seek(SeekFrom::Start(0)).and_then(|_| file.read_to_end(&mut bytes)).map(|_| bytes)
+                    rewind(&mut file, Rewind::Kept).and_then(|()| file.read_to_end(&mut bytes)).map(|_| bytes)
                 })
                 .map_err(StoreError::SnapshotFile)
             }
         }
     }
+}
+
+/// What [`rewind`] does with a file's bytes.
+#[derive(Clone, Copy)]
+enum Rewind {
+    /// Keeps them, to read them.
+    Kept,
+    /// Drops them, to write new ones.
+    Emptied,
+}
+
+/// Puts a (blocking) handle on a snapshot's file at its start, emptied first if asked.
+fn rewind(file: &mut std::fs::File, how: Rewind) -> io::Result<()> {
+    if let Rewind::Emptied = how {
+        file.set_len(0)?;
+    }
+    file.seek(SeekFrom::Start(0)).map(|_| ())
 }
 
 impl FileData {
