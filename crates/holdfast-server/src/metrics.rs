@@ -148,6 +148,7 @@ pub struct Metrics {
     pub apply_lag: Gauge,
     // Raft, counted as it happens.
     pub leader_changes: Counter,
+    pub early_campaigns: Counter,
     pub proposals: Family<ProposalLabels, Counter>,
     pub entry_commands: Histogram,
     pub held_back: Gauge,
@@ -194,6 +195,7 @@ impl Metrics {
             applied_index: Gauge::default(),
             apply_lag: Gauge::default(),
             leader_changes: Counter::default(),
+            early_campaigns: Counter::default(),
             proposals: Family::default(),
             entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             held_back: Gauge::default(),
@@ -227,6 +229,12 @@ impl Metrics {
             m.apply_lag.clone(),
         );
         raft.register("leader_changes", "Times this node saw a new leader", m.leader_changes.clone());
+        raft.register(
+            "early_campaigns",
+            "Elections this node started at once, on refusing a candidate whose log was behind its own after no leader \
+             was heard from for a lease",
+            m.early_campaigns.clone(),
+        );
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
         raft.register(
             "entry_commands",

@@ -408,6 +408,7 @@ impl Node {
         if self.campaigned_against.fetch_max(candidate_term, Ordering::SeqCst) >= candidate_term {
             return;
         }
+        self.metrics.early_campaigns.inc();
         tracing::info!(
             candidate_term,
             campaigns,

@@ -15,12 +15,24 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// Sends `method path` to `addr` and answers the status and the JSON body (`Null` if none).
 pub async fn call(addr: &str, method: Method, path: &str) -> anyhow::Result<(StatusCode, Value)> {
-    tokio::time::timeout(CALL_TIMEOUT, call_unbounded(addr, method, path))
+    let (status, body) = bounded(addr, method, path).await?;
+    let json = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body)? };
+    Ok((status, json))
+}
+
+/// Sends `GET path` to `addr` and answers the status and the body as text (`/metrics`).
+pub async fn text(addr: &str, path: &str) -> anyhow::Result<(StatusCode, String)> {
+    let (status, body) = bounded(addr, Method::GET, path).await?;
+    Ok((status, String::from_utf8(body.to_vec())?))
+}
+
+async fn bounded(addr: &str, method: Method, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
+    tokio::time::timeout(CALL_TIMEOUT, unbounded(addr, method, path))
         .await
         .map_err(|_| anyhow::anyhow!("no answer from {addr} within {CALL_TIMEOUT:?}"))?
 }
 
-async fn call_unbounded(addr: &str, method: Method, path: &str) -> anyhow::Result<(StatusCode, Value)> {
+async fn unbounded(addr: &str, method: Method, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
     let stream = turmoil::net::TcpStream::connect(addr).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let connection = tokio::spawn(connection);
@@ -29,9 +41,7 @@ async fn call_unbounded(addr: &str, method: Method, path: &str) -> anyhow::Resul
     let result = async {
         let response = response?;
         let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        let json = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body)? };
-        Ok((status, json))
+        Ok((status, response.into_body().collect().await?.to_bytes()))
     }
     .await;
     connection.abort();

@@ -41,8 +41,15 @@ pub enum Fault {
     CrashAll,
     /// A crashed node starts again from its disk.
     Restart(NodeId),
-    /// Messages between nodes are held (delayed) until the next `Heal`.
+    /// Messages between nodes are held (delayed) until the next `Heal` or `Release`.
     Hold(Vec<NodeId>, Vec<NodeId>),
+    /// Messages between one follower of the node that leads now (the lowest-numbered) and every other
+    /// node are held (a stalled link): it hears nothing, and what it sends, its candidacies included,
+    /// arrives all at once at the next `Heal` or `Release`.
+    HoldFollower,
+    /// Messages held between nodes are delivered, and links stop holding; cuts, crashes and everything
+    /// else stay as they are.
+    Release,
     /// Messages take up to this long from now on.
     Latency(Duration),
     /// Every link, at each message sent, breaks with this probability: what it had in flight is lost.
@@ -539,6 +546,15 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
                 }
             }
         }
+        Fault::HoldFollower => {
+            let Some(leader) = leader(sim, plan, registry) else { return " (no leader)".into() };
+            let Some(follower) = (1..=plan.nodes).find(|n| *n != leader) else { return " (no follower)".into() };
+            for other in (1..=total).filter(|n| *n != follower) {
+                sim.hold(host(follower), host(other));
+            }
+            return format!(" (n{follower}, led by n{leader})");
+        }
+        Fault::Release => release_all(sim, total),
         Fault::Latency(max) => sim.set_max_message_latency(*max),
         Fault::Lossy(rate) => sim.set_fail_rate(*rate),
         Fault::ClockJump { node, by_ms } => {
@@ -570,6 +586,15 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
         }
     }
     String::new()
+}
+
+/// Delivers every message held between nodes, and stops holding them.
+fn release_all(sim: &mut turmoil::Sim<'_>, total: u64) {
+    for x in 1..=total {
+        for y in (1..=total).filter(|y| *y != x) {
+            sim.release(host(x), host(y));
+        }
+    }
 }
 
 /// Runs the healed cluster until a leader has applied everything it committed and every node caught up

@@ -1,0 +1,108 @@
+//! A leader's failure in the ways a random schedule reaches only now and then, forced by a scenario.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use holdfast_sim::history::{At, Outcome};
+use holdfast_sim::isolated::test_in_own_process;
+use holdfast_sim::record::now;
+use holdfast_sim::sim::{run, script, Fault, Plan};
+use holdfast_sim::workload::{http_acquire, leader_of, until, KEPT_PREFIX, MODEL_TTL_MS};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// What the scenario's client saw.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The leader before the faults, and the follower they hold off (the lowest-numbered other node).
+    old: u64,
+    held: u64,
+    /// The third node: it takes every write while the other follower is held, so its log is longer.
+    other: u64,
+    /// Grants through the old leader while the follower was held.
+    granted_before: usize,
+    /// When a lock was first granted through the third node after the old leader crashed.
+    granted_after: Option<At>,
+    /// The leader the third node knows of then.
+    leader_after: Option<u64>,
+    /// The third node's `holdfast_raft_early_campaigns_total`.
+    early_campaigns: Option<u64>,
+}
+
+/// A follower's link stalls, the leader goes on with the other follower, and then crashes. The stalled
+/// follower's candidacies (sent while it heard nothing) arrive at the other follower after the old leader's
+/// lease has run out there: its log is behind, so it is refused, and the follower that refused it, which
+/// has to lead (it alone holds the last entries), campaigns at once rather than on its own election timer
+/// (`Node::answered_vote`; ARCHITECTURE.md, "Election timing").
+#[test]
+fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {
+    test_in_own_process("a_follower_that_refuses_a_shorter_log_campaigns_at_once", || {
+        holdfast_sim::record::log_if_asked();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let mut plan = Plan::quiet(7, 3, secs(8.0));
+        let shared = seen.clone();
+        plan.scripts.push(script(move |ctx| {
+            let seen = shared.clone();
+            async move {
+                until(secs(0.5)).await;
+                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+                let held = (1..=3).find(|n| *n != old).ok_or("no follower")?;
+                let other = (1..=3).find(|n| *n != old && *n != held).ok_or("no third node")?;
+                // The follower is held from 1 s: these entries reach the third node only.
+                until(secs(1.1)).await;
+                let mut granted_before = 0;
+                for i in 0..3 {
+                    let lock = format!("{KEPT_PREFIX}elections-{i}");
+                    if let (Outcome::Granted { .. }, _) =
+                        http_acquire(&ctx, &format!("n{old}:7070"), &lock, MODEL_TTL_MS).await
+                    {
+                        granted_before += 1;
+                    }
+                }
+                // The leader crashes at 1.5 s and the held messages arrive at 1.9 s.
+                until(secs(1.9)).await;
+                let through = format!("n{other}:7070");
+                let mut granted_after = None;
+                while granted_after.is_none() && now() < secs(5.0) {
+                    let lock = format!("{KEPT_PREFIX}elections-after");
+                    match http_acquire(&ctx, &through, &lock, MODEL_TTL_MS).await {
+                        (Outcome::Granted { .. }, _) => granted_after = Some(now()),
+                        _ => tokio::time::sleep(secs(0.02)).await,
+                    }
+                }
+                let leader_after = leader_of(&through).await;
+                let metrics = holdfast_sim::http::text(&through, "/metrics").await?.1;
+                let early_campaigns = metrics
+                    .lines()
+                    .find_map(|line| line.strip_prefix("holdfast_raft_early_campaigns_total "))
+                    .and_then(|value| value.trim().parse().ok());
+                *seen.lock().expect("poisoned") =
+                    Seen { old, held, other, granted_before, granted_after, leader_after, early_campaigns };
+                Ok(())
+            }
+        }));
+        plan.faults.push((secs(1.0), Fault::HoldFollower));
+        plan.faults.push((secs(1.5), Fault::CrashLeader));
+        plan.faults.push((secs(1.9), Fault::Release));
+        plan.faults.push((secs(6.0), Fault::Heal));
+        plan.healed_at = secs(6.0);
+        let report = run(&plan);
+        let seen = seen.lock().expect("poisoned");
+        println!("{}\n{}\n{seen:?}", report.summary(), report.trace.join("\n"));
+        assert!(report.violations.is_empty(), "{}", report.summary());
+        // The faults hit the nodes the client took them for, and the third node's log was ahead.
+        let (old, held, other) = (seen.old, seen.held, seen.other);
+        assert!(report.trace.iter().any(|line| line.ends_with(&format!("HoldFollower (n{held}, led by n{old})"))));
+        assert!(report.trace.iter().any(|line| line.ends_with(&format!("CrashLeader (n{old})"))));
+        assert!(seen.granted_before > 0, "nothing was written while the follower was held: {seen:?}");
+        // The third node campaigned at once, and leads.
+        assert!(seen.early_campaigns.is_some_and(|n| n >= 1), "n{other} did not campaign early: {seen:?}");
+        assert_eq!(seen.leader_after, Some(other), "{seen:?}");
+        // On its own timer it would have campaigned a lease (300 ms) and an election timeout (at least
+        // 250 ms) after it last heard from the old leader, which sent heartbeats every 100 ms until 1.5 s.
+        let own_timer = secs(1.5 - 0.1 + 0.3 + 0.25);
+        assert!(seen.granted_after.is_some_and(|at| at < own_timer), "granted only at {:?}", seen.granted_after);
+    });
+}
