@@ -149,6 +149,18 @@ pub enum ForwardRequest {
     },
 }
 
+impl ForwardRequest {
+    /// Whether the leader may serve this request twice with no effect beyond once: everything but writes
+    /// and membership changes. Such a request, left with a leader that stopped leading, is sent again to
+    /// the next one.
+    fn repeatable(&self) -> bool {
+        !matches!(
+            self,
+            ForwardRequest::Write(_) | ForwardRequest::AddMember { .. } | ForwardRequest::RemoveMember { .. }
+        )
+    }
+}
+
 /// What the leader answers a follower.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ForwardReply {
@@ -602,13 +614,36 @@ impl Node {
             ForwardRequest::AddMember { .. } | ForwardRequest::RemoveMember { .. } => Forwarded::Membership,
         });
         let timeout = deadline.saturating_duration_since(Instant::now());
-        match self.peers.call(leader, &addr, Call::Forward, request, timeout).await {
+        // A leader that stops answering without closing its connections (its host lost power, or the network
+        // between dropped everything) would hold the request until the deadline, long after another leader
+        // took over. So the wait ends when this node stops following it.
+        let call = self.peers.call(leader, &addr, Call::Forward, request, timeout);
+        let answered = tokio::select! {
+            answered = call => answered,
+            () = self.stops_following(leader) => {
+                return Err(if request.repeatable() {
+                    NodeError::Unreachable(format!("node {leader} stopped leading before it answered"))
+                } else {
+                    NodeError::Unavailable(format!(
+                        "node {leader} stopped leading before it answered; the request may or may not have taken effect"
+                    ))
+                });
+            }
+        };
+        match answered {
             Ok(reply) => reply,
             Err(CallError::Timeout(timeout)) => Err(NodeError::Timeout(timeout)),
             // Nothing was sent: the request may go to the next leader.
             Err(e @ CallError::Connect(_)) => Err(NodeError::Unreachable(format!("node {leader}: {e}"))),
             Err(e) => Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}"))),
         }
+    }
+
+    /// Resolves once this node no longer takes `leader` for the leader: it learned of another, or of an
+    /// election (which a node joins only once it has not heard from its leader for a lease), or it stopped.
+    async fn stops_following(&self, leader: NodeId) {
+        let mut metrics = self.raft.metrics();
+        let _ = metrics.wait_for(|metrics| metrics.current_leader != Some(leader)).await;
     }
 
     /// Serves a request as the leader; answers [`NodeError::NotLeader`] if this node is not.

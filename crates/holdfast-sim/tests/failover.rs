@@ -8,6 +8,7 @@ use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::record::now;
 use holdfast_sim::sim::{run, script, Fault, Plan};
 use holdfast_sim::workload::{http_acquire, leader_of, until, KEPT_PREFIX, MODEL_TTL_MS};
+use hyper::{Method, StatusCode};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -104,5 +105,75 @@ fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {
         // 250 ms) after it last heard from the old leader, which sent heartbeats every 100 ms until 1.5 s.
         let own_timer = secs(1.5 - 0.1 + 0.3 + 0.25);
         assert!(seen.granted_after.is_some_and(|at| at < own_timer), "granted only at {:?}", seen.granted_after);
+    });
+}
+
+/// What the client of the forwarding scenario saw.
+#[derive(Debug, Default)]
+struct Forwarded {
+    old: u64,
+    /// The follower the calls went through.
+    through: u64,
+    /// When the read through it was answered, and with what.
+    read: Option<(At, StatusCode)>,
+    /// When the write through it was answered, and how (any answer: it may have been lost with the leader).
+    write: Option<(At, Outcome)>,
+}
+
+/// The leader's host goes silent (a crash in the simulation sends nothing, as a host that loses power). A
+/// follower that has not noticed yet forwards a read and a write to it. They must not wait out the
+/// request's whole bound (5 s) once the follower stops following the old leader: the read goes to the new
+/// leader and is answered; the write, which the old leader may have taken, is answered as unknown (503).
+#[test]
+fn a_request_forwarded_to_a_leader_that_went_silent_ends_with_its_leadership() {
+    test_in_own_process("a_request_forwarded_to_a_leader_that_went_silent_ends_with_its_leadership", || {
+        holdfast_sim::record::log_if_asked();
+        let seen = Arc::new(Mutex::new(Forwarded::default()));
+        let mut plan = Plan::quiet(11, 3, secs(9.0));
+        let shared = seen.clone();
+        plan.scripts.push(script(move |ctx| {
+            let seen = shared.clone();
+            async move {
+                until(secs(0.5)).await;
+                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+                let through = (1..=3).find(|n| *n != old).ok_or("no follower")?;
+                // A lock to read, written while the leader is up.
+                let lock = format!("{KEPT_PREFIX}forwarded");
+                http_acquire(&ctx, &format!("n{old}:7070"), &lock, MODEL_TTL_MS).await;
+                // The leader crashes at 1.5 s; within a lease the follower still takes it for the leader.
+                until(secs(1.6)).await;
+                let node = format!("n{through}:7070");
+                let read = async {
+                    let answer = holdfast_sim::http::call(&node, Method::GET, &format!("/v1/locks/{lock}")).await;
+                    answer.ok().map(|(status, _)| (now(), status))
+                };
+                let write = async {
+                    let (outcome, _) =
+                        http_acquire(&ctx, &node, &format!("{KEPT_PREFIX}forwarded-write"), MODEL_TTL_MS).await;
+                    (now(), outcome)
+                };
+                let (read, write) = tokio::join!(read, write);
+                *seen.lock().expect("poisoned") = Forwarded { old, through, read, write: Some(write) };
+                Ok(())
+            }
+        }));
+        plan.faults.push((secs(1.5), Fault::CrashLeader));
+        plan.faults.push((secs(8.0), Fault::Heal));
+        plan.healed_at = secs(8.0);
+        let report = run(&plan);
+        let seen = seen.lock().expect("poisoned");
+        println!("{}\n{}\n{seen:?}", report.summary(), report.trace.join("\n"));
+        assert!(report.violations.is_empty(), "{}", report.summary());
+        assert!(report.trace.iter().any(|line| line.ends_with(&format!("CrashLeader (n{})", seen.old))));
+        // A new leader leads about 0.6 s after the crash; both calls end soon after, where before they
+        // waited until 1.6 + 5 s.
+        let (read_at, status) = seen.read.expect("the read was answered");
+        assert_eq!(status, StatusCode::OK, "the read through n{} was not answered by the new leader", seen.through);
+        assert!(read_at < secs(3.0), "the read was answered only at {read_at:?}");
+        assert!(
+            seen.write.as_ref().is_some_and(|(at, _)| *at < secs(3.0)),
+            "the write was answered only at {:?}",
+            seen.write
+        );
     });
 }
