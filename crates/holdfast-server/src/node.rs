@@ -152,7 +152,7 @@ pub enum ForwardRequest {
 impl ForwardRequest {
     /// Whether the leader may serve this request twice with no effect beyond once: everything but writes
     /// and membership changes. Such a request, left with a leader that stopped leading, is sent again to
-    /// the next one.
+    /// the next one (see [`Node::forward`]).
     fn repeatable(&self) -> bool {
         !matches!(
             self,
@@ -616,19 +616,21 @@ impl Node {
         let timeout = deadline.saturating_duration_since(Instant::now());
         // A leader that stops answering without closing its connections (its host lost power, or the network
         // between dropped everything) would hold the request until the deadline, long after another leader
-        // took over. So the wait ends when this node stops following it.
+        // took over. So a request that changes nothing when served twice stops waiting when this node stops
+        // following that leader, and goes to the next one. A write does not: a leader that lost its office
+        // but lives still answers it (its proposal fails, or commits, or it passes the request on itself),
+        // and leaving would turn that answer into an unknown outcome; a write to a silent leader waits out
+        // its bound.
         let call = self.peers.call(leader, &addr, Call::Forward, request, timeout);
-        let answered = tokio::select! {
-            answered = call => answered,
-            () = self.stops_following(leader) => {
-                return Err(if request.repeatable() {
-                    NodeError::Unreachable(format!("node {leader} stopped leading before it answered"))
-                } else {
-                    NodeError::Unavailable(format!(
-                        "node {leader} stopped leading before it answered; the request may or may not have taken effect"
-                    ))
-                });
+        let answered = if request.repeatable() {
+            tokio::select! {
+                answered = call => answered,
+                () = self.stops_following(leader) => {
+                    return Err(NodeError::Unreachable(format!("node {leader} stopped leading before it answered")));
+                }
             }
+        } else {
+            call.await
         };
         match answered {
             Ok(reply) => reply,
