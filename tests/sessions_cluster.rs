@@ -362,6 +362,42 @@ async fn a_session_survives_losing_the_leader_its_stream_runs_through() {
     a_session_survives_losing_its_node(Through::Leader).await;
 }
 
+/// The leader is killed while a session holds a lock through a follower and nobody writes anything: the
+/// new leader's log then ends with its own blank entry, which no lock command follows. Its heartbeat
+/// acknowledgements must not wait for one: for two whole leases the client keeps the lock (until the fix,
+/// the client lost it one lease after the kill, its heartbeats unacknowledged though the leader kept them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_its_lock_through_a_failover_in_a_cluster_nobody_writes_to() {
+    const LEASE: Duration = Duration::from_secs(2);
+    let mut cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let f1 = cluster.other_than(&[leader]);
+    let f2 = cluster.other_than(&[leader, f1]);
+    let client = client_through(&cluster, "quiet", f1, &[f2]);
+    let session = session_through(&cluster, &client, LEASE, f1).await;
+    let held = session.try_lock("quiet").await.expect("try-lock quiet").expect("quiet is free");
+
+    cluster.kill(leader);
+    let killed = Instant::now();
+    let span = 2 * LEASE;
+    // Only reads from here on (a GET confirms leadership and writes nothing).
+    wait_for(span + ELECTION_BOUND, "two leases after the kill, quiet still held", async || {
+        assert!(!held.is_lost(), "quiet was lost {:?} after the leader was killed", killed.elapsed());
+        let new_leader = match cluster.try_get(f2, "/v1/cluster").await {
+            Ok(reply) => reply.body["leader"].as_u64(),
+            Err(_) => None,
+        };
+        match new_leader {
+            Some(id) if id as usize != leader && killed.elapsed() >= span => Ok(()),
+            _ => Err(format!("{:?} after the kill, leader {new_leader:?}", killed.elapsed())),
+        }
+    })
+    .await;
+    assert!(!held.is_lost(), "quiet was lost {:?} after the leader was killed", killed.elapsed());
+    held.release().await.expect("release quiet");
+    session.close().await.expect("close the session");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_session_keeps_its_place_in_the_queue_across_a_resume() {
     const LEASE: Duration = Duration::from_secs(3);

@@ -1040,9 +1040,16 @@ impl Node {
     }
 
     /// The leader floor, if this node has not applied it yet.
+    ///
+    /// Raft's applied index, not the lock state's: the state counts only the entries that carry lock
+    /// commands, and the floor is often a new leader's blank entry, which the state never counts. Compared
+    /// with the state's index, a leader that had taken no lock command since its election never reached
+    /// its floor: it acknowledged no session heartbeat until some client wrote (found by the simulation's
+    /// `tests/failover.rs`: a session through a follower lost its lock after the leader's crash).
     fn floor_to_apply(&self) -> Option<u64> {
         let floor = self.leader_floor();
-        (self.state.read().expect("lock state poisoned").applied_index() < floor).then_some(floor)
+        let applied = self.raft.metrics().borrow().last_applied.map_or(0, |applied| applied.index);
+        (applied < floor).then_some(floor)
     }
 
     /// Confirms with a quorum that this node is still the leader, and that it applied everything

@@ -7,7 +7,7 @@ use holdfast_sim::history::{At, Outcome};
 use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::record::now;
 use holdfast_sim::sim::{run, script, Fault, Plan};
-use holdfast_sim::workload::{http_acquire, leader_of, until, KEPT_PREFIX, MODEL_TTL_MS};
+use holdfast_sim::workload::{http_acquire, leader_of, session_hold, until, KEPT_PREFIX, MODEL_TTL_MS, SESSION_LEASE};
 use hyper::{Method, StatusCode};
 
 fn secs(s: f64) -> Duration {
@@ -159,5 +159,47 @@ fn a_request_forwarded_to_a_leader_that_went_silent_ends_with_its_leadership() {
         let (read_at, status) = seen.read.expect("the read was answered");
         assert_eq!(status, StatusCode::OK, "the read through n{} was not answered by the new leader", seen.through);
         assert!(read_at < secs(3.0), "the read was answered only at {read_at:?}");
+    });
+}
+
+/// A session held through a follower when the leader's host goes silent: its heartbeats, forwarded to the
+/// old leader, must reach the new one in time for the session's lease (2 s), or the client gives the lock
+/// up although the new leader kept it.
+#[test]
+fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
+    test_in_own_process("a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent", || {
+        holdfast_sim::record::log_if_asked();
+        let through = Arc::new(Mutex::new(None));
+        let mut plan = Plan::quiet(13, 3, secs(8.0));
+        let shared = through.clone();
+        plan.scripts.push(script(move |ctx| {
+            let through = shared.clone();
+            async move {
+                until(secs(0.5)).await;
+                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+                let node = (1..=3).find(|n| *n != old).ok_or("no follower")?;
+                *through.lock().expect("poisoned") = Some((old, node));
+                session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "session", secs(1.0), secs(6.0)).await
+            }
+        }));
+        plan.faults.push((secs(1.5), Fault::CrashLeader));
+        plan.faults.push((secs(7.0), Fault::Heal));
+        plan.healed_at = secs(7.0);
+        let report = run(&plan);
+        let (old, node) = through.lock().expect("poisoned").expect("the client found the leader");
+        println!(
+            "{}\n{}\n{:?}\n{:?}",
+            report.summary(),
+            report.trace.join("\n"),
+            report.history.holds,
+            report.history.ops
+        );
+        assert!(report.violations.is_empty(), "{}", report.summary());
+        assert!(report.trace.iter().any(|line| line.ends_with(&format!("CrashLeader (n{old})"))));
+        // Held from before the crash until the client let go at 6 s, and released then.
+        let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
+        assert!(hold.from < secs(1.5) && hold.until >= secs(6.0), "through n{node}, the hold ended early: {hold:?}");
+        let released = report.history.ops.iter().any(|op| op.outcome == Outcome::Released);
+        assert!(released, "the release was not acknowledged: {:?}", report.history.ops);
     });
 }
