@@ -112,7 +112,7 @@ fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {
 #[derive(Debug, Default)]
 struct Forwarded {
     old: u64,
-    /// The follower the calls went through.
+    /// The follower the read went through.
     through: u64,
     /// When the read through it was answered, and with what.
     read: Option<(At, StatusCode)>,
@@ -122,8 +122,8 @@ struct Forwarded {
 /// follower that has not noticed yet forwards a read to it. The read must not wait out the request's whole
 /// bound (5 s): once the follower stops following the old leader it goes to the new one, and is answered.
 #[test]
-fn a_request_forwarded_to_a_leader_that_went_silent_ends_with_its_leadership() {
-    test_in_own_process("a_request_forwarded_to_a_leader_that_went_silent_ends_with_its_leadership", || {
+fn a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one() {
+    test_in_own_process("a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one", || {
         holdfast_sim::record::log_if_asked();
         let seen = Arc::new(Mutex::new(Forwarded::default()));
         let mut plan = Plan::quiet(11, 3, secs(9.0));
@@ -162,9 +162,10 @@ fn a_request_forwarded_to_a_leader_that_went_silent_ends_with_its_leadership() {
     });
 }
 
-/// A session held through a follower when the leader's host goes silent: its heartbeats, forwarded to the
-/// old leader, must reach the new one in time for the session's lease (2 s), or the client gives the lock
-/// up although the new leader kept it.
+/// A session holds a lock through a follower when the leader's host goes silent, and nothing else is
+/// written. The new leader must acknowledge its heartbeats within the session's lease (2 s), or the client
+/// gives the lock up although the new leader kept it: until bug 4's fix (testing.md) a new leader that had
+/// applied no lock command since its election acknowledged none.
 #[test]
 fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
     test_in_own_process("a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent", || {
