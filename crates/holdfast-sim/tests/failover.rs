@@ -204,3 +204,43 @@ fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
         assert!(released, "the release was not acknowledged: {:?}", report.history.ops);
     });
 }
+
+/// A queue through a failover in a cluster only sessions talk to: one session holds a lock through a
+/// follower, another waits for it through the other follower; the leader's host goes silent. The new
+/// leader keeps both, and when the holder lets go after the failover the waiter is granted at once.
+#[test]
+fn a_queue_survives_a_failover_in_a_cluster_only_sessions_talk_to() {
+    test_in_own_process("a_queue_survives_a_failover_in_a_cluster_only_sessions_talk_to", || {
+        holdfast_sim::record::log_if_asked();
+        let mut plan = Plan::quiet(17, 3, secs(9.0));
+        for (client, (wait, starts, hold_until)) in [(0.5, 0.5, 4.0), (6.0, 1.0, 7.0)].into_iter().enumerate() {
+            plan.scripts.push(script(move |ctx| async move {
+                until(secs(0.3)).await;
+                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+                // The first client goes through the lower-numbered follower, the second through the other.
+                let node = (1..=3).filter(|n| *n != old).nth(client).ok_or("no follower")?;
+                until(secs(starts)).await;
+                session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "queue", secs(wait), secs(hold_until))
+                    .await
+            }));
+        }
+        plan.faults.push((secs(1.5), Fault::CrashLeader));
+        plan.faults.push((secs(8.0), Fault::Heal));
+        plan.healed_at = secs(8.0);
+        let report = run(&plan);
+        println!(
+            "{}\n{}\n{:?}\n{:?}",
+            report.summary(),
+            report.trace.join("\n"),
+            report.history.holds,
+            report.history.ops
+        );
+        assert!(report.violations.is_empty(), "{}", report.summary());
+        let [first, second] = &report.history.holds[..] else { panic!("not two holds: {:?}", report.history.holds) };
+        assert!(first.from < secs(1.0) && first.until >= secs(4.0), "the first hold ended early: {first:?}");
+        // Granted within a few round trips of the release, and kept until the client let go.
+        assert!(second.from >= secs(4.0) && second.from < secs(4.2), "the waiter was granted at {:?}", second.from);
+        assert!(second.until >= secs(7.0), "the second hold ended early: {second:?}");
+        assert!(second.fence > first.fence, "fences {} then {}", first.fence, second.fence);
+    });
+}
