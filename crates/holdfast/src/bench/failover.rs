@@ -1,8 +1,9 @@
 //! `failover`: a prober acquires and releases its own lock in a loop while a command kills the leader.
 //!
-//! Before the fault, a few locks are taken with a TTL long enough to outlive it. After a warm-up the leader
-//! is found and the kill command runs with its id. The prober goes on for a while after the kill; then the
-//! locks taken before the fault are read back: each must still be held, with the same fence.
+//! Before the fault, a few locks are taken with a TTL long enough to outlive it, and one more by a session
+//! (heartbeats, a short lease). After a warm-up the leader is found and the kill command runs with its id.
+//! The prober goes on for a while after the kill; then the locks taken before the fault are read back: each
+//! must still be held, with the same fence, and the session's client must never have seen its lock lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,9 @@ pub struct FailoverArgs {
     /// Their TTL: longer than the whole run.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub held_ttl: Duration,
+    /// The lease of a session that holds one more lock through the kill.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub session_lease: Duration,
     /// Probing before the kill.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub warmup: Duration,
@@ -102,7 +106,19 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
             client.acquire(&name, args.held_ttl, Duration::ZERO).await.with_context(|| format!("acquiring {name}"))?;
         held.push(hold);
     }
-    note(format!("holding {} locks (TTL {:?}) through the fault", held.len(), args.held_ttl));
+    let session = client.session(args.session_lease).await.context("opening a session")?;
+    let session_lock = format!("bench-{run_id:08x}-session");
+    let session_held = session
+        .try_lock(session_lock.as_str())
+        .await
+        .with_context(|| format!("taking {session_lock} in a session"))?
+        .with_context(|| format!("{session_lock} is held by someone else"))?;
+    note(format!(
+        "holding {} locks (TTL {:?}) and one in a session ({:?} lease) through the fault",
+        held.len(),
+        args.held_ttl,
+        args.session_lease
+    ));
 
     let started = Instant::now();
     let counters = Counters::shared();
@@ -185,6 +201,17 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
         }
     }
     release_all(client, &held).await;
+    // The session's lock: its client must never have seen it lost (its token fires the moment a lease ran
+    // out without an ack, and stays fired), and the cluster must show the same grant.
+    let session_seen_lost = session_held.lost().is_cancelled() || session_held.is_lost();
+    let session_lost = match client.get(&session_lock).await {
+        Ok(Some(info)) if info.holder.as_ref().is_some_and(|h| h.fence == session_held.fence()) => None,
+        Ok(info) => Some(format!("held by {:?}", info.and_then(|i| i.holder).map(|h| h.fence))),
+        Err(e) => Some(e.to_string()),
+    };
+    let session_kept = !session_seen_lost && session_lost.is_none();
+    let _ = session_held.release().await;
+    let _ = session.close().await;
 
     let restart = match &args.restart {
         Some(command) => {
@@ -223,13 +250,15 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
     report.field(
         "target_met",
         match (first_grant, target) {
-            (Some(g), Some(t)) => json!(g <= t && lost.is_empty()),
+            (Some(g), Some(t)) => json!(g <= t && lost.is_empty() && session_kept),
             _ => json!(null),
         },
     );
     report.field("held", held.len());
     report.field("held_kept", kept);
     report.field("held_all_kept", lost.is_empty());
+    report.field("session_lease_ms", ms(args.session_lease));
+    report.field("session_kept", session_kept);
     report.field("restarted", restart.map(|(ok, _)| ok));
     report.field("restart_ms", restart.map(|(_, t)| ms(t)));
     probe.latency.fields(&mut report, "cycle_");
@@ -264,6 +293,17 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
         match lost.is_empty() {
             true => format!("{kept} of {} still held, same fence", held.len()),
             false => format!("{kept} of {} still held; lost: {}", held.len(), lost.join(", ")),
+        },
+    );
+    report.row(
+        "a session's lock",
+        match (session_seen_lost, &session_lost) {
+            (false, None) => format!("kept through the fault ({:?} lease), same fence", args.session_lease),
+            (seen, cluster) => format!(
+                "LOST: {}{}",
+                if seen { "its client saw it lost; " } else { "" },
+                cluster.as_deref().map_or("the cluster still shows it".to_owned(), |c| format!("the cluster: {c}"))
+            ),
         },
     );
     report.row(
