@@ -342,10 +342,10 @@ $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
       (verdict(le($peak_max // $rss_max; 1073741824) and le($nd.caught_up_s; 10))
         + (if $sc.locks < 1000000 then " (at \(i($sc.locks)), not 1,000,000)" else "" end))),
   row("leader killed, \(i($sc.locks)) locks held"; $fh;
-      "first grant \(i($fh.first_grant_after_kill_ms)) ms after the kill (new leader seen at \(i($fh.new_leader_after_kill_ms)) ms), longest gap \(i($fh.longest_gap_ms)) ms; \(i($fh.locks_held_before)) locks held before the kill, \(i($fh.locks_held_after)) after it";
+      "first grant \(i($fh.first_grant_after_kill_ms)) ms after the kill (new leader seen at \(i($fh.new_leader_after_kill_ms)) ms), longest gap \(i($fh.longest_gap_ms)) ms; \(i($fh.locks_held_before)) locks held before the kill, \(i($fh.locks_held_after)) after it\(if $fh.session_kept == null then "" elif $fh.session_kept then "; a session's lock kept" else "; a session's lock LOST" end)";
       "as for the leader killed above; no held lock lost";
       verdict(le($fh.first_grant_after_kill_ms; $fh.target_ms) and $fh.held_all_kept == true
-              and ge($fh.locks_held_after; $fh.locks_held_before))),
+              and ge($fh.locks_held_after; $fh.locks_held_before) and $fh.session_kept != false)),
   "",
   "Every workload's JSON is kept in `target/bench/results-*/` on the machine that ran it.",
   "<!-- bench:end -->"
