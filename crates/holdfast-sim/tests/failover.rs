@@ -6,12 +6,23 @@ use std::time::Duration;
 use holdfast_sim::history::{At, Outcome};
 use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::record::now;
-use holdfast_sim::sim::{run, script, Fault, Plan};
+use holdfast_sim::sim::{run, script, Fault, Plan, Report};
 use holdfast_sim::workload::{http_acquire, leader_of, session_hold, until, KEPT_PREFIX, MODEL_TTL_MS, SESSION_LEASE};
 use hyper::{Method, StatusCode};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
+}
+
+/// The `n`th (from 0) node of a three-node cluster other than `leader`, lowest first: the one
+/// `Fault::HoldFollower` holds is the 0th.
+fn follower(leader: u64, n: usize) -> Result<u64, &'static str> {
+    (1..=3).filter(|id| *id != leader).nth(n).ok_or("no such follower")
+}
+
+/// Whether the run applied `fault`, with its note (e.g. `CrashLeader (n3)`).
+fn applied(report: &Report, fault: &str) -> bool {
+    report.trace.iter().any(|line| line.ends_with(fault))
 }
 
 /// What the scenario's client saw.
@@ -49,8 +60,7 @@ fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {
             async move {
                 until(secs(0.5)).await;
                 let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-                let held = (1..=3).find(|n| *n != old).ok_or("no follower")?;
-                let other = (1..=3).find(|n| *n != old && *n != held).ok_or("no third node")?;
+                let (held, other) = (follower(old, 0)?, follower(old, 1)?);
                 // The follower is held from 1 s: these entries reach the third node only.
                 until(secs(1.1)).await;
                 let mut granted_before = 0;
@@ -95,8 +105,8 @@ fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {
         assert!(report.violations.is_empty(), "{}", report.summary());
         // The faults hit the nodes the client took them for, and the third node's log was ahead.
         let (old, held, other) = (seen.old, seen.held, seen.other);
-        assert!(report.trace.iter().any(|line| line.ends_with(&format!("HoldFollower (n{held}, led by n{old})"))));
-        assert!(report.trace.iter().any(|line| line.ends_with(&format!("CrashLeader (n{old})"))));
+        assert!(applied(&report, &format!("HoldFollower (n{held}, led by n{old})")));
+        assert!(applied(&report, &format!("CrashLeader (n{old})")));
         assert!(seen.granted_before > 0, "nothing was written while the follower was held: {seen:?}");
         // The third node campaigned at once, and leads.
         assert!(seen.early_campaigns.is_some_and(|n| n >= 1), "n{other} did not campaign early: {seen:?}");
@@ -133,7 +143,7 @@ fn a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one() {
             async move {
                 until(secs(0.5)).await;
                 let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-                let through = (1..=3).find(|n| *n != old).ok_or("no follower")?;
+                let through = follower(old, 0)?;
                 // A lock to read, written while the leader is up.
                 let lock = format!("{KEPT_PREFIX}forwarded");
                 http_acquire(&ctx, &format!("n{old}:7070"), &lock, MODEL_TTL_MS).await;
@@ -153,7 +163,7 @@ fn a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one() {
         let seen = seen.lock().expect("poisoned");
         println!("{}\n{}\n{seen:?}", report.summary(), report.trace.join("\n"));
         assert!(report.violations.is_empty(), "{}", report.summary());
-        assert!(report.trace.iter().any(|line| line.ends_with(&format!("CrashLeader (n{})", seen.old))));
+        assert!(applied(&report, &format!("CrashLeader (n{})", seen.old)));
         // A new leader leads about 0.6 s after the crash; the read ends soon after, where before it waited
         // until 1.6 + 5 s.
         let (read_at, status) = seen.read.expect("the read was answered");
@@ -178,7 +188,7 @@ fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
             async move {
                 until(secs(0.5)).await;
                 let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-                let node = (1..=3).find(|n| *n != old).ok_or("no follower")?;
+                let node = follower(old, 0)?;
                 *through.lock().expect("poisoned") = Some((old, node));
                 session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "session", secs(1.0), secs(6.0)).await
             }
@@ -196,7 +206,7 @@ fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
             report.history.ops
         );
         assert!(report.violations.is_empty(), "{}", report.summary());
-        assert!(report.trace.iter().any(|line| line.ends_with(&format!("CrashLeader (n{old})"))));
+        assert!(applied(&report, &format!("CrashLeader (n{old})")));
         // Held from before the crash until the client let go at 6 s, and released then.
         let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
         assert!(hold.from < secs(1.5) && hold.until >= secs(6.0), "through n{node}, the hold ended early: {hold:?}");
@@ -218,7 +228,7 @@ fn a_queue_survives_a_failover_in_a_cluster_only_sessions_talk_to() {
                 until(secs(0.3)).await;
                 let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
                 // The first client goes through the lower-numbered follower, the second through the other.
-                let node = (1..=3).filter(|n| *n != old).nth(client).ok_or("no follower")?;
+                let node = follower(old, client)?;
                 until(secs(starts)).await;
                 session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "queue", secs(wait), secs(hold_until))
                     .await
