@@ -254,3 +254,52 @@ fn a_queue_survives_a_failover_in_a_cluster_only_sessions_talk_to() {
         assert!(second.fence > first.fence, "fences {} then {}", first.fence, second.fence);
     });
 }
+
+/// A hold with a short TTL through a failover in a cluster nobody else writes to: the new leader must
+/// expire it (its keeper proposes the expiry) once the TTL has run out, counted from its promotion at the
+/// latest, and a client polling through a follower then gets the lock.
+#[test]
+fn a_ttl_hold_expires_after_a_failover_in_a_quiet_cluster() {
+    test_in_own_process("a_ttl_hold_expires_after_a_failover_in_a_quiet_cluster", || {
+        holdfast_sim::record::log_if_asked();
+        let granted = Arc::new(Mutex::new(Vec::new()));
+        let mut plan = Plan::quiet(19, 3, secs(9.0));
+        let shared = granted.clone();
+        plan.scripts.push(script(move |ctx| {
+            let granted = shared.clone();
+            async move {
+                until(secs(0.5)).await;
+                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+                let node = format!("n{}:7070", follower(old, 0)?);
+                until(secs(1.2)).await;
+                // Taken through the leader with a 1 s TTL and never released; then, from 2 s, tried through a
+                // follower every 50 ms until it is granted again.
+                if let (Outcome::Granted { .. }, _) =
+                    http_acquire(&ctx, &format!("n{old}:7070"), "quiet-ttl", 1_000).await
+                {
+                    granted.lock().expect("poisoned").push(now());
+                }
+                until(secs(2.0)).await;
+                while now() < secs(7.0) {
+                    if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &node, "quiet-ttl", 60_000).await {
+                        granted.lock().expect("poisoned").push(now());
+                        break;
+                    }
+                    tokio::time::sleep(secs(0.05)).await;
+                }
+                Ok(())
+            }
+        }));
+        plan.faults.push((secs(1.5), Fault::CrashLeader));
+        plan.faults.push((secs(8.0), Fault::Heal));
+        plan.healed_at = secs(8.0);
+        let report = run(&plan);
+        let granted = granted.lock().expect("poisoned");
+        println!("{}\n{}\n{granted:?}", report.summary(), report.trace.join("\n"));
+        assert!(report.violations.is_empty(), "{}", report.summary());
+        let [first, second] = granted[..] else { panic!("not granted twice: {granted:?}") };
+        assert!(first < secs(1.5), "the first grant came at {first:?}");
+        // Not before the TTL ran out; by the new leader's promotion (about 2 s) plus the TTL, and a tick.
+        assert!(second >= first + secs(1.0) && second < secs(3.5), "granted again at {second:?}");
+    });
+}
