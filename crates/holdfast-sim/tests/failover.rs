@@ -1,5 +1,6 @@
 //! A leader's failure in the ways a random schedule reaches only now and then, forced by a scenario.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -7,7 +8,9 @@ use holdfast_sim::history::{At, Outcome};
 use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::record::now;
 use holdfast_sim::sim::{run, script, Fault, Plan, Report};
-use holdfast_sim::workload::{http_acquire, leader_of, session_hold, until, KEPT_PREFIX, MODEL_TTL_MS, SESSION_LEASE};
+use holdfast_sim::workload::{
+    http_acquire, leader_of, session_hold, until, Ctx, KEPT_PREFIX, MODEL_TTL_MS, SESSION_LEASE,
+};
 use hyper::{Method, StatusCode};
 
 fn secs(s: f64) -> Duration {
@@ -23,6 +26,42 @@ fn follower(leader: u64, n: usize) -> Result<u64, &'static str> {
 /// Whether the run applied `fault`, with its note (e.g. `CrashLeader (n3)`).
 fn applied(report: &Report, fault: &str) -> bool {
     report.trace.iter().any(|line| line.ends_with(fault))
+}
+
+/// Adds a client to `plan` that finds the leader at 0.5 s and then runs `client` with the leader's id and
+/// the place it records what it saw, which this answers.
+fn client<T, F, Fut>(plan: &mut Plan, client: F) -> Arc<Mutex<T>>
+where
+    T: Default + 'static,
+    F: Fn(Ctx, u64, Arc<Mutex<T>>) -> Fut + 'static,
+    Fut: Future<Output = turmoil::Result> + 'static,
+{
+    let seen = Arc::new(Mutex::new(T::default()));
+    let (shared, client) = (seen.clone(), Arc::new(client));
+    plan.scripts.push(script(move |ctx| {
+        let (seen, client) = (shared.clone(), client.clone());
+        async move {
+            until(secs(0.5)).await;
+            let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+            client(ctx, leader, seen).await
+        }
+    }));
+    seen
+}
+
+/// Sets `plan`'s faults, in order; the last must be the heal.
+fn schedule(plan: &mut Plan, faults: Vec<(f64, Fault)>) {
+    plan.healed_at = faults.last().map(|(at, _)| secs(*at)).expect("a heal");
+    plan.faults = faults.into_iter().map(|(at, fault)| (secs(at), fault)).collect();
+}
+
+/// Runs `plan`, prints what it did, and checks that it kept every guarantee.
+fn run_clean(plan: &Plan) -> Report {
+    let report = run(plan);
+    println!("{}\n{}", report.summary(), report.trace.join("\n"));
+    println!("holds: {:?}\ncalls: {:?}", report.history.holds, report.history.ops);
+    assert!(report.violations.is_empty(), "{}", report.summary());
+    report
 }
 
 /// What the scenario's client saw.
@@ -52,57 +91,48 @@ struct Seen {
 fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {
     test_in_own_process("a_follower_that_refuses_a_shorter_log_campaigns_at_once", || {
         holdfast_sim::record::log_if_asked();
-        let seen = Arc::new(Mutex::new(Seen::default()));
         let mut plan = Plan::quiet(7, 3, secs(8.0));
-        let shared = seen.clone();
-        plan.scripts.push(script(move |ctx| {
-            let seen = shared.clone();
-            async move {
-                until(secs(0.5)).await;
-                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-                let (held, other) = (follower(old, 0)?, follower(old, 1)?);
-                // The follower is held from 1 s: these entries reach the third node only.
-                until(secs(1.1)).await;
-                let mut granted_before = 0;
-                for i in 0..3 {
-                    let lock = format!("{KEPT_PREFIX}elections-{i}");
-                    if let (Outcome::Granted { .. }, _) =
-                        http_acquire(&ctx, &format!("n{old}:7070"), &lock, MODEL_TTL_MS).await
-                    {
-                        granted_before += 1;
-                    }
+        let seen = client(&mut plan, |ctx, old, seen: Arc<Mutex<Seen>>| async move {
+            let (held, other) = (follower(old, 0)?, follower(old, 1)?);
+            // The follower is held from 1 s: these entries reach the third node only.
+            until(secs(1.1)).await;
+            let mut granted_before = 0;
+            for i in 0..3 {
+                let lock = format!("{KEPT_PREFIX}elections-{i}");
+                if let (Outcome::Granted { .. }, _) =
+                    http_acquire(&ctx, &format!("n{old}:7070"), &lock, MODEL_TTL_MS).await
+                {
+                    granted_before += 1;
                 }
-                // The leader crashes at 1.5 s and the held messages arrive at 1.9 s.
-                until(secs(1.9)).await;
-                let through = format!("n{other}:7070");
-                let mut granted_after = None;
-                while granted_after.is_none() && now() < secs(5.0) {
-                    let lock = format!("{KEPT_PREFIX}elections-after");
-                    match http_acquire(&ctx, &through, &lock, MODEL_TTL_MS).await {
-                        (Outcome::Granted { .. }, _) => granted_after = Some(now()),
-                        _ => tokio::time::sleep(secs(0.02)).await,
-                    }
-                }
-                let leader_after = leader_of(&through).await;
-                let metrics = holdfast_sim::http::text(&through, "/metrics").await?.1;
-                let early_campaigns = metrics
-                    .lines()
-                    .find_map(|line| line.strip_prefix("holdfast_raft_early_campaigns_total "))
-                    .and_then(|value| value.trim().parse().ok());
-                *seen.lock().expect("poisoned") =
-                    Seen { old, held, other, granted_before, granted_after, leader_after, early_campaigns };
-                Ok(())
             }
-        }));
-        plan.faults.push((secs(1.0), Fault::HoldFollower));
-        plan.faults.push((secs(1.5), Fault::CrashLeader));
-        plan.faults.push((secs(1.9), Fault::Release));
-        plan.faults.push((secs(6.0), Fault::Heal));
-        plan.healed_at = secs(6.0);
-        let report = run(&plan);
+            // The leader crashes at 1.5 s and the held messages arrive at 1.9 s.
+            until(secs(1.9)).await;
+            let through = format!("n{other}:7070");
+            let mut granted_after = None;
+            while granted_after.is_none() && now() < secs(5.0) {
+                let lock = format!("{KEPT_PREFIX}elections-after");
+                match http_acquire(&ctx, &through, &lock, MODEL_TTL_MS).await {
+                    (Outcome::Granted { .. }, _) => granted_after = Some(now()),
+                    _ => tokio::time::sleep(secs(0.02)).await,
+                }
+            }
+            let leader_after = leader_of(&through).await;
+            let metrics = holdfast_sim::http::text(&through, "/metrics").await?.1;
+            let early_campaigns = metrics
+                .lines()
+                .find_map(|line| line.strip_prefix("holdfast_raft_early_campaigns_total "))
+                .and_then(|value| value.trim().parse().ok());
+            *seen.lock().expect("poisoned") =
+                Seen { old, held, other, granted_before, granted_after, leader_after, early_campaigns };
+            Ok(())
+        });
+        schedule(
+            &mut plan,
+            vec![(1.0, Fault::HoldFollower), (1.5, Fault::CrashLeader), (1.9, Fault::Release), (6.0, Fault::Heal)],
+        );
+        let report = run_clean(&plan);
         let seen = seen.lock().expect("poisoned");
-        println!("{}\n{}\n{seen:?}", report.summary(), report.trace.join("\n"));
-        assert!(report.violations.is_empty(), "{}", report.summary());
+        println!("{seen:?}");
         // The faults hit the nodes the client took them for, and the third node's log was ahead.
         let (old, held, other) = (seen.old, seen.held, seen.other);
         assert!(applied(&report, &format!("HoldFollower (n{held}, led by n{old})")));
@@ -135,34 +165,24 @@ struct Forwarded {
 fn a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one() {
     test_in_own_process("a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one", || {
         holdfast_sim::record::log_if_asked();
-        let seen = Arc::new(Mutex::new(Forwarded::default()));
         let mut plan = Plan::quiet(11, 3, secs(9.0));
-        let shared = seen.clone();
-        plan.scripts.push(script(move |ctx| {
-            let seen = shared.clone();
-            async move {
-                until(secs(0.5)).await;
-                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-                let through = follower(old, 0)?;
-                // A lock to read, written while the leader is up.
-                let lock = format!("{KEPT_PREFIX}forwarded");
-                http_acquire(&ctx, &format!("n{old}:7070"), &lock, MODEL_TTL_MS).await;
-                // The leader crashes at 1.5 s; within a lease the follower still takes it for the leader.
-                until(secs(1.6)).await;
-                let node = format!("n{through}:7070");
-                let answer = holdfast_sim::http::call(&node, Method::GET, &format!("/v1/locks/{lock}")).await;
-                let read = answer.ok().map(|(status, _)| (now(), status));
-                *seen.lock().expect("poisoned") = Forwarded { old, through, read };
-                Ok(())
-            }
-        }));
-        plan.faults.push((secs(1.5), Fault::CrashLeader));
-        plan.faults.push((secs(8.0), Fault::Heal));
-        plan.healed_at = secs(8.0);
-        let report = run(&plan);
+        let seen = client(&mut plan, |ctx, old, seen: Arc<Mutex<Forwarded>>| async move {
+            let through = follower(old, 0)?;
+            // A lock to read, written while the leader is up.
+            let lock = format!("{KEPT_PREFIX}forwarded");
+            http_acquire(&ctx, &format!("n{old}:7070"), &lock, MODEL_TTL_MS).await;
+            // The leader crashes at 1.5 s; within a lease the follower still takes it for the leader.
+            until(secs(1.6)).await;
+            let node = format!("n{through}:7070");
+            let answer = holdfast_sim::http::call(&node, Method::GET, &format!("/v1/locks/{lock}")).await;
+            let read = answer.ok().map(|(status, _)| (now(), status));
+            *seen.lock().expect("poisoned") = Forwarded { old, through, read };
+            Ok(())
+        });
+        schedule(&mut plan, vec![(1.5, Fault::CrashLeader), (8.0, Fault::Heal)]);
+        let report = run_clean(&plan);
         let seen = seen.lock().expect("poisoned");
-        println!("{}\n{}\n{seen:?}", report.summary(), report.trace.join("\n"));
-        assert!(report.violations.is_empty(), "{}", report.summary());
+        println!("{seen:?}");
         assert!(applied(&report, &format!("CrashLeader (n{})", seen.old)));
         // A new leader leads about 0.6 s after the crash; the read ends soon after, where before it waited
         // until 1.6 + 5 s.
@@ -180,32 +200,15 @@ fn a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one() {
 fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
     test_in_own_process("a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent", || {
         holdfast_sim::record::log_if_asked();
-        let through = Arc::new(Mutex::new(None));
         let mut plan = Plan::quiet(13, 3, secs(8.0));
-        let shared = through.clone();
-        plan.scripts.push(script(move |ctx| {
-            let through = shared.clone();
-            async move {
-                until(secs(0.5)).await;
-                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-                let node = follower(old, 0)?;
-                *through.lock().expect("poisoned") = Some((old, node));
-                session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "session", secs(1.0), secs(6.0)).await
-            }
-        }));
-        plan.faults.push((secs(1.5), Fault::CrashLeader));
-        plan.faults.push((secs(7.0), Fault::Heal));
-        plan.healed_at = secs(7.0);
-        let report = run(&plan);
+        let through = client(&mut plan, |ctx, old, through: Arc<Mutex<Option<(u64, u64)>>>| async move {
+            let node = follower(old, 0)?;
+            *through.lock().expect("poisoned") = Some((old, node));
+            session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "session", secs(1.0), secs(6.0)).await
+        });
+        schedule(&mut plan, vec![(1.5, Fault::CrashLeader), (7.0, Fault::Heal)]);
+        let report = run_clean(&plan);
         let (old, node) = through.lock().expect("poisoned").expect("the client found the leader");
-        println!(
-            "{}\n{}\n{:?}\n{:?}",
-            report.summary(),
-            report.trace.join("\n"),
-            report.history.holds,
-            report.history.ops
-        );
-        assert!(report.violations.is_empty(), "{}", report.summary());
         assert!(applied(&report, &format!("CrashLeader (n{old})")));
         // Held from before the crash until the client let go at 6 s, and released then.
         let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
@@ -223,29 +226,17 @@ fn a_queue_survives_a_failover_in_a_cluster_only_sessions_talk_to() {
     test_in_own_process("a_queue_survives_a_failover_in_a_cluster_only_sessions_talk_to", || {
         holdfast_sim::record::log_if_asked();
         let mut plan = Plan::quiet(17, 3, secs(9.0));
-        for (client, (wait, starts, hold_until)) in [(0.5, 0.5, 4.0), (6.0, 1.0, 7.0)].into_iter().enumerate() {
-            plan.scripts.push(script(move |ctx| async move {
-                until(secs(0.3)).await;
-                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+        for (n, (wait, starts, hold_until)) in [(0.5, 0.5, 4.0), (6.0, 1.0, 7.0)].into_iter().enumerate() {
+            client(&mut plan, move |ctx, old, _: Arc<Mutex<()>>| async move {
                 // The first client goes through the lower-numbered follower, the second through the other.
-                let node = follower(old, client)?;
+                let node = follower(old, n)?;
                 until(secs(starts)).await;
                 session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "queue", secs(wait), secs(hold_until))
                     .await
-            }));
+            });
         }
-        plan.faults.push((secs(1.5), Fault::CrashLeader));
-        plan.faults.push((secs(8.0), Fault::Heal));
-        plan.healed_at = secs(8.0);
-        let report = run(&plan);
-        println!(
-            "{}\n{}\n{:?}\n{:?}",
-            report.summary(),
-            report.trace.join("\n"),
-            report.history.holds,
-            report.history.ops
-        );
-        assert!(report.violations.is_empty(), "{}", report.summary());
+        schedule(&mut plan, vec![(1.5, Fault::CrashLeader), (8.0, Fault::Heal)]);
+        let report = run_clean(&plan);
         let [first, second] = &report.history.holds[..] else { panic!("not two holds: {:?}", report.history.holds) };
         assert!(first.from < secs(1.0) && first.until >= secs(4.0), "the first hold ended early: {first:?}");
         // Granted within a few round trips of the release, and kept until the client let go.
@@ -262,41 +253,30 @@ fn a_queue_survives_a_failover_in_a_cluster_only_sessions_talk_to() {
 fn a_ttl_hold_expires_after_a_failover_in_a_quiet_cluster() {
     test_in_own_process("a_ttl_hold_expires_after_a_failover_in_a_quiet_cluster", || {
         holdfast_sim::record::log_if_asked();
-        let granted = Arc::new(Mutex::new(Vec::new()));
         let mut plan = Plan::quiet(19, 3, secs(9.0));
-        let shared = granted.clone();
-        plan.scripts.push(script(move |ctx| {
-            let granted = shared.clone();
-            async move {
-                until(secs(0.5)).await;
-                let old = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-                let node = format!("n{}:7070", follower(old, 0)?);
-                until(secs(1.2)).await;
-                // Taken through the leader with a 1 s TTL and never released; then, from 2 s, tried through a
-                // follower every 50 ms until it is granted again.
-                if let (Outcome::Granted { .. }, _) =
-                    http_acquire(&ctx, &format!("n{old}:7070"), "quiet-ttl", 1_000).await
-                {
-                    granted.lock().expect("poisoned").push(now());
-                }
-                until(secs(2.0)).await;
-                while now() < secs(7.0) {
-                    if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &node, "quiet-ttl", 60_000).await {
-                        granted.lock().expect("poisoned").push(now());
-                        break;
-                    }
-                    tokio::time::sleep(secs(0.05)).await;
-                }
-                Ok(())
+        let granted = client(&mut plan, |ctx, old, granted: Arc<Mutex<Vec<At>>>| async move {
+            let node = format!("n{}:7070", follower(old, 0)?);
+            until(secs(1.2)).await;
+            // Taken through the leader with a 1 s TTL and never released; then, from 2 s, tried through a
+            // follower every 50 ms until it is granted again.
+            if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &format!("n{old}:7070"), "quiet-ttl", 1_000).await
+            {
+                granted.lock().expect("poisoned").push(now());
             }
-        }));
-        plan.faults.push((secs(1.5), Fault::CrashLeader));
-        plan.faults.push((secs(8.0), Fault::Heal));
-        plan.healed_at = secs(8.0);
-        let report = run(&plan);
+            until(secs(2.0)).await;
+            while now() < secs(7.0) {
+                if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &node, "quiet-ttl", 60_000).await {
+                    granted.lock().expect("poisoned").push(now());
+                    break;
+                }
+                tokio::time::sleep(secs(0.05)).await;
+            }
+            Ok(())
+        });
+        schedule(&mut plan, vec![(1.5, Fault::CrashLeader), (8.0, Fault::Heal)]);
+        run_clean(&plan);
         let granted = granted.lock().expect("poisoned");
-        println!("{}\n{}\n{granted:?}", report.summary(), report.trace.join("\n"));
-        assert!(report.violations.is_empty(), "{}", report.summary());
+        println!("granted: {granted:?}");
         let [first, second] = granted[..] else { panic!("not granted twice: {granted:?}") };
         assert!(first < secs(1.5), "the first grant came at {first:?}");
         // Not before the TTL ran out; by the new leader's promotion (about 2 s) plus the TTL, and a tick.
