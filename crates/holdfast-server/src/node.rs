@@ -643,9 +643,11 @@ impl Node {
 
     /// Resolves once this node no longer takes `leader` for the leader: it learned of another, or of an
     /// election (which a node joins only once it has not heard from its leader for a lease), or it stopped.
+    /// openraft's server metrics change only with the vote, role, leader or membership, so a forward that
+    /// waits here is not woken by every entry applied meanwhile, as the full metrics would.
     async fn stops_following(&self, leader: NodeId) {
-        let mut metrics = self.raft.metrics();
-        let _ = metrics.wait_for(|metrics| metrics.current_leader != Some(leader)).await;
+        let mut server = self.raft.server_metrics();
+        let _ = server.wait_for(|server| server.current_leader != Some(leader)).await;
     }
 
     /// Serves a request as the leader; answers [`NodeError::NotLeader`] if this node is not.
