@@ -27,7 +27,7 @@ pub struct Violation {
 }
 
 impl Violation {
-    fn new(checker: &'static str, detail: String) -> Self {
+    pub(crate) fn new(checker: &'static str, detail: String) -> Self {
         Self { checker, detail }
     }
 }

@@ -116,6 +116,10 @@ pub struct Plan {
     pub healed_at: At,
     /// How long after `healed_at` (plus an election's time to settle) every call must be answered.
     pub liveness_bound: Duration,
+    /// Whether the run ends with a failover in a cluster nobody else talks to, once the healed cluster has
+    /// converged ([`workload::quiet_probe`]): the leader crashes while a session and a TTL hold, taken
+    /// through a follower, must outlive it and run out respectively.
+    pub quiet_failover: bool,
 }
 
 /// What a run found.
@@ -176,6 +180,8 @@ const SUMMARY_VIOLATIONS_MAX: usize = 12;
 const SETTLE: Duration = Duration::from_secs(3);
 /// How long the healed cluster may take to converge at the end of a run.
 const CONVERGE_MAX: Duration = Duration::from_secs(30);
+/// How long the quiet failover at the end of a run may take ([`Plan::quiet_failover`]).
+const PROBE_MAX: Duration = Duration::from_secs(60);
 
 impl Plan {
     /// A plan with a random fault schedule and client mix drawn from `seed`.
@@ -248,6 +254,7 @@ impl Plan {
             stop_at: healed_at + Duration::from_secs(8),
             healed_at,
             liveness_bound: Duration::from_secs(10),
+            quiet_failover: true,
         }
     }
 
@@ -265,6 +272,7 @@ impl Plan {
             stop_at,
             healed_at: Duration::ZERO,
             liveness_bound: Duration::from_secs(10),
+            quiet_failover: false,
         }
     }
 }
@@ -294,7 +302,7 @@ pub fn run(plan: &Plan) -> Report {
     holdfast_store::seed_thread_rng(plan.seed);
     let mut sim = turmoil::Builder::new()
         .rng_seed(plan.seed)
-        .simulation_duration(plan.stop_at + CONVERGE_MAX + Duration::from_secs(60))
+        .simulation_duration(plan.stop_at + 2 * CONVERGE_MAX + PROBE_MAX + Duration::from_secs(60))
         .epoch(UNIX_EPOCH + Duration::from_secs(1_800_000_000))
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(5))
@@ -419,7 +427,8 @@ pub fn run(plan: &Plan) -> Report {
     let mut trace = Vec::new();
     let mut violations = Vec::new();
     let mut faults = plan.faults.iter().peekable();
-    let mut world = World { registry: registry.clone(), disks, skews, down: Vec::new(), clients: client };
+    let skew_max_ms = skews.values().map(|skew| skew.load(Ordering::Relaxed)).max().unwrap_or_default();
+    let mut world = World { registry: registry.clone(), disks, skews, skew_max_ms, down: Vec::new(), clients: client };
     let mut disrupted = false;
     loop {
         let now = sim.elapsed();
@@ -444,6 +453,9 @@ pub fn run(plan: &Plan) -> Report {
     }
     apply(&mut sim, plan, &mut world, &Fault::Heal);
     let (end, members) = converge(&mut sim, plan, &registry, &mut violations).unzip();
+    if let (true, Some(members)) = (plan.quiet_failover, &members) {
+        quiet_failover(&mut sim, plan, &mut world, members, &mut trace, &mut violations);
+    }
 
     let mut history = recorder.snapshot();
     history.end = end;
@@ -482,6 +494,9 @@ struct World {
     disks: BTreeMap<NodeId, MemDisk>,
     /// How far each node's wall clock is off the simulation's, in milliseconds.
     skews: BTreeMap<NodeId, Arc<AtomicI64>>,
+    /// The most any node's wall clock has been ahead of the simulation's: how far ahead of every clock a
+    /// leader may have stamped the log's time (which stays there).
+    skew_max_ms: i64,
     /// Crashed nodes, restarted at the next heal.
     down: Vec<NodeId>,
     /// How many clients run (hosts `c1`..).
@@ -490,7 +505,7 @@ struct World {
 
 /// Applies `fault`; answers a note on what it hit (e.g. which node led).
 fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fault) -> String {
-    let World { registry, disks, skews, down, clients } = world;
+    let World { registry, disks, skews, skew_max_ms, down, clients } = world;
     let clients = *clients;
     let total = plan.nodes + plan.spares;
     let cut = |sim: &mut turmoil::Sim<'_>, a: &[NodeId], b: &[NodeId]| {
@@ -558,7 +573,8 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
         Fault::Latency(max) => sim.set_max_message_latency(*max),
         Fault::Lossy(rate) => sim.set_fail_rate(*rate),
         Fault::ClockJump { node, by_ms } => {
-            skews[node].fetch_add(*by_ms, Ordering::Relaxed);
+            let skew = skews[node].fetch_add(*by_ms, Ordering::Relaxed) + by_ms;
+            *skew_max_ms = (*skew_max_ms).max(skew);
         }
         Fault::StallClient(client) => {
             for id in 1..=total {
@@ -586,6 +602,72 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
         }
     }
     String::new()
+}
+
+/// The end of a run: a failover in a cluster nobody else talks to (see [`Plan::quiet_failover`]). The
+/// probe takes its locks through a member that does not lead, the driver crashes the leader once it holds
+/// them, and waits for the probe's verdict; then the crashed node restarts and the cluster must converge
+/// again. Clusters left with fewer than three members (an admin's changes cut short) are skipped: a
+/// failover there has no majority to go to.
+fn quiet_failover(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    world: &mut World,
+    members: &[NodeId],
+    trace: &mut Vec<String>,
+    violations: &mut Vec<Violation>,
+) {
+    const CHECKER: &str = "quiet_failover";
+    let started = sim.elapsed();
+    let mut note = |sim: &turmoil::Sim<'_>, what: String| {
+        trace.push(format!("{:>8.3}s quiet failover: {what}", sim.elapsed().as_secs_f64()));
+    };
+    let Some(old) = leader(sim, plan, &world.registry) else {
+        return violations.push(Violation::new(CHECKER, "no leader after the cluster converged".into()));
+    };
+    let Some(through) = members.iter().copied().find(|id| *id != old).filter(|_| members.len() >= 3) else {
+        return note(sim, format!("skipped: members {members:?}"));
+    };
+    // How far behind the log's time the slowest clock may be: a TTL runs out by both.
+    let skew_min_ms = world.skews.values().map(|skew| skew.load(Ordering::Relaxed)).min().unwrap_or_default();
+    let clock_slack = Duration::from_millis((world.skew_max_ms - skew_min_ms).max(0) as u64);
+    let probe = Arc::new(Mutex::new(workload::Probe::default()));
+    world.clients += 1;
+    let recorder = Recorder::default();
+    let ctx = Ctx {
+        client: world.clients,
+        nodes: vec![format!("{}:7070", host(through))],
+        resource: Resource::new(recorder.clone()),
+        recorder,
+        stop_at: started + PROBE_MAX,
+        seed: plan.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(world.clients)),
+    };
+    sim.client(format!("c{}", world.clients), workload::quiet_probe(ctx, clock_slack, probe.clone()));
+    note(sim, format!("a probe through n{through}, leader n{old}, clock slack {clock_slack:?}"));
+    let mut crashed = false;
+    loop {
+        if !crashed && probe.lock().expect("probe poisoned").ready {
+            let applied = apply(sim, plan, world, &Fault::CrashLeader);
+            note(sim, format!("CrashLeader{applied}"));
+            probe.lock().expect("probe poisoned").crashed_at = Some(sim.elapsed());
+            crashed = true;
+        }
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) if sim.elapsed() < started + PROBE_MAX => {}
+            Ok(false) => {
+                violations.push(Violation::new(CHECKER, format!("the probe did not finish within {PROBE_MAX:?}")));
+                break;
+            }
+            Err(e) => return violations.push(Violation::new("run", format!("a host failed: {e}"))),
+        }
+    }
+    let problems = std::mem::take(&mut probe.lock().expect("probe poisoned").problems);
+    violations.extend(problems.into_iter().map(|problem| Violation::new(CHECKER, problem)));
+    apply(sim, plan, world, &Fault::Heal);
+    note(sim, "Heal".into());
+    // Every replica, the restarted one included, must agree again; the final state was taken before.
+    converge(sim, plan, &world.registry, violations);
 }
 
 /// Delivers every message held between nodes, and stops holding them.

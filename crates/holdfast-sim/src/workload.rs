@@ -2,6 +2,7 @@
 //! real Rust client library, each recording every call, every span it believed it held a lock, and its
 //! accesses to the fenced resource.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use holdfast_client::{Client, Error as ClientError};
@@ -321,5 +322,109 @@ pub async fn admin_client(ctx: Ctx, spare: u64, victim: u64, changes_by: At) -> 
         tracing::info!(%method, id, at = ?now(), "membership changed");
         ctx.recorder.membership_changed(now());
     }
+    Ok(())
+}
+
+/// What the quiet failover probe ([`quiet_probe`]) and the run's driver tell each other.
+#[derive(Debug, Default)]
+pub struct Probe {
+    /// Set by the probe once it holds both its locks.
+    pub ready: bool,
+    /// Set by the driver: when it crashed the leader.
+    pub crashed_at: Option<At>,
+    /// What went wrong, each in a line.
+    pub problems: Vec<String>,
+}
+
+/// The session lock and the TTL lock of the quiet failover probe.
+pub const PROBE_LOCKS: [&str; 2] = ["probe-session", "probe-ttl"];
+/// The TTL of the quiet failover probe's one-call hold.
+const PROBE_TTL: Duration = Duration::from_secs(3);
+/// How long the probe's session must keep its lock after the crash: three leases.
+const PROBE_KEEP: Duration = Duration::from_secs(6);
+
+/// A session and a one-call TTL hold, through one node (a follower), in a cluster nobody else talks to, while
+/// the run's driver crashes the leader a lease after they were taken: the session must keep its lock for
+/// three leases after the crash,
+/// and the TTL hold must run out and be granted again (under a larger fence) within an election, its TTL,
+/// and `clock_slack` (how far a leader's clock may lag the log's time). Until bug 4's fix a new leader
+/// acknowledged no heartbeat in a cluster nobody wrote to; a random schedule's clients always write through
+/// its failovers and never showed it. Problems go to `probe.problems`.
+pub async fn quiet_probe(ctx: Ctx, clock_slack: Duration, probe: Arc<Mutex<Probe>>) -> turmoil::Result {
+    let problem = |text: String| probe.lock().expect("probe poisoned").problems.push(text);
+    let through = ctx.nodes[0].clone();
+    let [session_lock, ttl_lock] = PROBE_LOCKS;
+    // The cluster is healed and converged: each step is answered at once, give or take a retry.
+    let client = library_client(&ctx, ctx.nodes.clone())?;
+    let session = match client.session(SESSION_LEASE).await {
+        Ok(session) => session,
+        Err(e) => {
+            problem(format!("no session through {through} in a healed cluster: {e}"));
+            return Ok(());
+        }
+    };
+    let held = match session.lock(session_lock, Some(Duration::from_secs(2))).await {
+        Ok(held) => held,
+        Err(e) => {
+            problem(format!("the session through {through} was not granted {session_lock:?}: {e}"));
+            return Ok(());
+        }
+    };
+    let (ttl_fence, ttl_from) = match http_acquire(&ctx, &through, ttl_lock, PROBE_TTL.as_millis() as u64).await {
+        (Outcome::Granted { fence }, _) => (fence, now()),
+        (outcome, _) => {
+            problem(format!("{ttl_lock:?} through {through} in a healed cluster: {outcome:?}"));
+            return Ok(());
+        }
+    };
+    // Held for a lease before the crash: the other nodes' deadlines for the session, set when they applied
+    // its opening and never moved (heartbeats go to the leader), have then run out; a new leader must give
+    // it a full lease from its promotion.
+    tokio::time::sleep(SESSION_LEASE).await;
+    probe.lock().expect("probe poisoned").ready = true;
+    let crashed_at = loop {
+        if let Some(at) = probe.lock().expect("probe poisoned").crashed_at {
+            break at;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let keep_until = crashed_at + PROBE_KEEP;
+    // A new leader gives the hold a full TTL from its promotion: tried from a TTL after the crash, by
+    // when the node the probe talks to has usually heard of the new leader. One already sent to the old
+    // leader waits out the request bound (a write is not sent twice).
+    let regrant_from = crashed_at + PROBE_TTL;
+    let regrant_by = regrant_from + Duration::from_secs(3) + clock_slack + holdfast_server::node::REQUEST_TIMEOUT;
+    let mut regranted = false;
+    while now() < keep_until || (!regranted && now() < regrant_by) {
+        if now() < keep_until && held.is_lost() {
+            problem(format!(
+                "the session through {through} lost {session_lock:?} at {:?}, {:?} after the leader crashed",
+                now(),
+                now() - crashed_at
+            ));
+            return Ok(());
+        }
+        if !regranted && now() >= regrant_from {
+            match http_acquire(&ctx, &through, ttl_lock, 60_000).await {
+                (Outcome::Granted { fence }, _) if fence > ttl_fence => regranted = true,
+                (Outcome::Granted { fence }, _) => {
+                    problem(format!("{ttl_lock:?} granted again under fence {fence}, not above {ttl_fence}"));
+                    regranted = true;
+                }
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if !regranted {
+        problem(format!(
+            "{ttl_lock:?} (TTL {PROBE_TTL:?}, taken at {ttl_from:?}) was not granted again by {regrant_by:?}; the \
+             leader crashed at {crashed_at:?}"
+        ));
+    }
+    if let Err(e) = held.release().await {
+        problem(format!("the session through {through} could not release {session_lock:?}: {e}"));
+    }
+    let _ = session.close().await;
     Ok(())
 }
