@@ -337,7 +337,7 @@ pub struct Probe {
 }
 
 /// The session lock and the TTL lock of the quiet failover probe.
-pub const PROBE_LOCKS: [&str; 2] = ["probe-session", "probe-ttl"];
+const PROBE_LOCKS: [&str; 2] = ["probe-session", "probe-ttl"];
 /// The TTL of the quiet failover probe's one-call hold.
 const PROBE_TTL: Duration = Duration::from_secs(3);
 /// How long the probe's session must keep its lock after the crash: three leases.
@@ -345,11 +345,11 @@ const PROBE_KEEP: Duration = Duration::from_secs(6);
 
 /// A session and a one-call TTL hold, through one node (a follower), in a cluster nobody else talks to, while
 /// the run's driver crashes the leader a lease after they were taken: the session must keep its lock for
-/// three leases after the crash,
-/// and the TTL hold must run out and be granted again (under a larger fence) within an election, its TTL,
-/// and `clock_slack` (how far a leader's clock may lag the log's time). Until bug 4's fix a new leader
-/// acknowledged no heartbeat in a cluster nobody wrote to; a random schedule's clients always write through
-/// its failovers and never showed it. Problems go to `probe.problems`.
+/// three leases after the crash, and the TTL hold must run out and be granted again (under a larger fence)
+/// within its TTL, an election, a request's bound and `clock_slack` (how far a leader's clock may lag the
+/// log's time). Until bug 4's fix a new leader acknowledged no heartbeat in a cluster nobody wrote to; a
+/// random schedule's clients always write through its failovers and never showed it. Problems go to
+/// `probe.problems`.
 pub async fn quiet_probe(ctx: Ctx, clock_slack: Duration, probe: Arc<Mutex<Probe>>) -> turmoil::Result {
     let problem = |text: String| probe.lock().expect("probe poisoned").problems.push(text);
     let through = ctx.nodes[0].clone();

@@ -203,8 +203,8 @@ fn liveness_catches_leases_that_never_run_out() {
 
 /// The failover in a quiet cluster that ends every random run ([`Plan::quiet_failover`]), here on a
 /// cluster nobody used before: a keeper that never expires leaves the probe's TTL hold held after it, and
-/// a new leader without the promotion's full lease expires the probe's session, opened just before the
-/// crash, on the old deadline. (The check's first purpose, bug 4 in testing.md, is a plain bug with no
+/// a new leader without the promotion's full lease expires the probe's session, opened a lease before the
+/// crash, on the followers' deadline, which heartbeats (sent to the leader only) never moved. (The check's first purpose, bug 4 in testing.md, is a plain bug with no
 /// switch here: put back, it fails every seed.)
 #[test]
 fn quiet_failover_catches_leases_that_never_run_out_and_a_leader_without_promotion_grace() {
