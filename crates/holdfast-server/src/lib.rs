@@ -3,7 +3,7 @@
 //!
 //! Layout:
 //! - [`node`]: proposing on the leader, forwarding from followers, linearizable reads, grant watches,
-//!   heartbeats (batched leadership confirmation) and waiter pings.
+//!   heartbeats (batched leadership confirmation), waiter pings and election timing.
 //! - [`keeper`]: deadlines of TTL holds, sessions and one-shot waiters; the leader's batched expiry;
 //!   watchers of grants and session streams (the apply observer).
 //! - [`network`]: openraft's RPCs and forwarded requests to peers; [`wire`]: their wire format, and the
@@ -286,6 +286,9 @@ where
     let pings_node = node.clone();
     let pings_stop = stop_rx.clone();
     let pings = tokio::spawn(async move { pings_node.run_waiter_pings(pings_stop).await });
+    let elections_node = node.clone();
+    let elections_stop = stop_rx.clone();
+    let elections = tokio::spawn(async move { elections_node.run_election_watch(elections_stop).await });
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let watcher = tokio::spawn(health::watch_raft(node.clone(), health_reporter, stop_rx.clone()));
     let health_server = health.map(|listener| {
@@ -326,6 +329,7 @@ where
     let _ = keeper.await;
     let _ = confirmer.await;
     let _ = pings.await;
+    let _ = elections.await;
     let _ = watcher.await;
     if let Some(reloader) = reloader {
         let _ = reloader.await;

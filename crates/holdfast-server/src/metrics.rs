@@ -149,6 +149,7 @@ pub struct Metrics {
     // Raft, counted as it happens.
     pub leader_changes: Counter,
     pub early_campaigns: Counter,
+    pub silent_leader_campaigns: Counter,
     pub proposals: Family<ProposalLabels, Counter>,
     pub entry_commands: Histogram,
     pub held_back: Gauge,
@@ -196,6 +197,7 @@ impl Metrics {
             apply_lag: Gauge::default(),
             leader_changes: Counter::default(),
             early_campaigns: Counter::default(),
+            silent_leader_campaigns: Counter::default(),
             proposals: Family::default(),
             entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             held_back: Gauge::default(),
@@ -234,6 +236,12 @@ impl Metrics {
             "Elections this node started at once, on refusing a candidate whose log was behind its own after no leader \
              was heard from for a lease",
             m.early_campaigns.clone(),
+        );
+        raft.register(
+            "silent_leader_campaigns",
+            "Elections this node started because no leader was heard from for as long as an election timer waits, \
+             where openraft's own timer waited longer",
+            m.silent_leader_campaigns.clone(),
         );
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
         raft.register(

@@ -242,7 +242,8 @@ pub struct Node {
     rng: Mutex<StdRng>,
     /// Deliberately broken behaviours; all off outside the simulation's checker tests.
     pub bugs: Bugs,
-    /// When this node last took an `AppendEntries`, from whichever leader (see [`Node::answered_vote`]).
+    /// When word from a leader (an `AppendEntries` or a snapshot chunk, from whichever leader) last reached this node
+    /// (see [`Node::answered_vote`] and [`Node::run_election_watch`]).
     heard_from_leader: Mutex<Option<Instant>>,
     /// The highest term of a candidate this node started a campaign of its own against.
     campaigned_against: AtomicU64,
@@ -275,6 +276,34 @@ impl Refused<'_> {
             return None;
         }
         Some((self.candidate_term + 1).saturating_sub(self.term).clamp(1, 3))
+    }
+}
+
+/// What decides whether a node campaigns by itself because its leader fell silent
+/// ([`Node::run_election_watch`]).
+#[derive(Debug, Clone, Copy)]
+struct Silence {
+    state: ServerState,
+    /// Whether this node is a voter.
+    voter: bool,
+    /// How long since this node last heard from a leader; `None`: never since it started.
+    leader_silent: Option<Duration>,
+    /// How long since this node last campaigned this way; `None`: never.
+    since_campaign: Option<Duration>,
+    /// The longest openraft's election timer waits after the last word from a leader when it carries no
+    /// mark: a lease, the longest election timeout, and one of its ticks.
+    wait: Duration,
+}
+
+impl Silence {
+    /// Whether to campaign now: a voter that follows (a candidate's own campaign is left to run), has heard
+    /// no leader for `wait` (it heard one once), and has not campaigned this way within `wait`.
+    fn campaigns(&self) -> bool {
+        let waited = |since: Option<Duration>| since.is_some_and(|since| since >= self.wait);
+        self.voter
+            && self.state == ServerState::Follower
+            && waited(self.leader_silent)
+            && (self.since_campaign.is_none() || waited(self.since_campaign))
     }
 }
 
@@ -376,7 +405,7 @@ impl Node {
         }
     }
 
-    /// Records that a leader's `AppendEntries` reached this node.
+    /// Records that word from a leader (an `AppendEntries`, or a chunk of a snapshot it streams) reached this node.
     pub(crate) fn heard_from_leader(&self) {
         *self.heard_from_leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
     }
@@ -857,6 +886,55 @@ impl Node {
         }
     }
 
+    /// Campaigns when this node, a voter, has heard from no leader for as long as openraft's election
+    /// timer waits at most when it carries no mark, until `shutdown`.
+    ///
+    /// openraft 0.9 adds twice the longest election timeout to a node's timer for as long as the node once
+    /// saw a longer log while it was a candidate itself, a mark only its own next timed campaign clears.
+    /// [`Node::answered_vote`] covers a marked node whose peer asks for its vote; when every node left after
+    /// a leader's crash carries the mark, nobody asks, and the first campaign came 1.05-1.2 s after the
+    /// crash instead of about 0.6 s (the simulation's quiet failover, seeds 110 and 296; `tests/failover.rs`).
+    /// This watch starts that campaign when an unmarked timer would have: a lease, the longest election
+    /// timeout and one of openraft's ticks (1.5 heartbeat intervals) after the last word from a leader
+    /// (750 ms with the defaults), and at most once in as long. It never campaigns while a leader is heard.
+    pub async fn run_election_watch(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let config = self.raft.config();
+        let wait = Duration::from_millis(2 * config.election_timeout_max + config.heartbeat_interval * 3 / 2);
+        let mut tick = tokio::time::interval(Duration::from_millis((config.heartbeat_interval / 2).max(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut campaigned: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let heard = *self.heard_from_leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let Some(heard) = heard.filter(|heard| heard.elapsed() >= wait) else { continue };
+            let (state, voter) = {
+                let metrics = self.raft.metrics();
+                let metrics = metrics.borrow();
+                let voter = metrics.membership_config.membership().voter_ids().any(|id| id == self.id);
+                (metrics.state, voter)
+            };
+            let silence = Silence {
+                state,
+                voter,
+                leader_silent: Some(heard.elapsed()),
+                since_campaign: campaigned.map(|at| at.elapsed()),
+                wait,
+            };
+            if !silence.campaigns() {
+                continue;
+            }
+            campaigned = Some(Instant::now());
+            self.metrics.silent_leader_campaigns.inc();
+            tracing::info!(silent = ?heard.elapsed(), "campaigning: no leader heard from for as long as an election timer waits");
+            if let Err(e) = self.raft.trigger().elect().await {
+                tracing::warn!(%e, "cannot campaign");
+            }
+        }
+    }
+
     /// Runs leadership confirmation rounds on demand until `shutdown`; one round answers every heartbeat
     /// that arrived before it began.
     pub async fn run_confirmer(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
@@ -1122,6 +1200,29 @@ mod tests {
 
     /// Node 3 of the failover in docs/benchmarks.md: it followed node 2 in term 2 up to entry 3853, node 2
     /// is gone, and node 1 asks for its vote in term 3 with a log that ends at 3852.
+    #[test]
+    fn a_follower_campaigns_by_itself_only_after_an_unmarked_timer_would_have() {
+        let ms = Duration::from_millis;
+        let silent = Silence {
+            state: ServerState::Follower,
+            voter: true,
+            leader_silent: Some(ms(760)),
+            since_campaign: None,
+            wait: ms(750),
+        };
+        assert!(silent.campaigns());
+        assert!(Silence { leader_silent: Some(ms(750)), ..silent }.campaigns(), "exactly the wait");
+        assert!(!Silence { leader_silent: Some(ms(749)), ..silent }.campaigns(), "a leader heard within the wait");
+        assert!(!Silence { leader_silent: None, ..silent }.campaigns(), "never heard a leader: openraft's timer");
+        assert!(!Silence { voter: false, ..silent }.campaigns(), "a learner never campaigns");
+        for state in [ServerState::Leader, ServerState::Candidate, ServerState::Learner, ServerState::Shutdown] {
+            assert!(!Silence { state, ..silent }.campaigns(), "{state:?}");
+        }
+        // Once per wait: not again until as long has passed since its own campaign.
+        assert!(!Silence { since_campaign: Some(ms(200)), ..silent }.campaigns());
+        assert!(Silence { since_campaign: Some(ms(800)), leader_silent: Some(ms(1_600)), ..silent }.campaigns());
+    }
+
     fn refused(answer: &VoteResponse<NodeId>) -> Refused<'_> {
         Refused {
             candidate_term: 3,

@@ -173,6 +173,8 @@ async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) 
             }
             Some(Call::Snapshot) => {
                 let rpc: InstallSnapshotRequest<TypeConfig> = decode(body)?;
+                // A leader streaming a snapshot sends no AppendEntries meanwhile: its chunks are word from it.
+                node.heard_from_leader();
                 encode_into(&mut answer, &node.raft.install_snapshot(rpc).await);
             }
             Some(Call::Forward) => {

@@ -50,6 +50,9 @@ pub enum Fault {
     /// Messages held between nodes are delivered, and links stop holding; cuts, crashes and everything
     /// else stay as they are.
     Release,
+    /// The `n`th follower (from 0, lowest-numbered first) of the node that leads now is cut off from every
+    /// other node; clients still reach it.
+    IsolateFollower(usize),
     /// Messages take up to this long from now on.
     Latency(Duration),
     /// Every link, at each message sent, breaks with this probability: what it had in flight is lost.
@@ -570,6 +573,15 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
             return format!(" (n{follower}, led by n{leader})");
         }
         Fault::Release => release_all(sim, total),
+        Fault::IsolateFollower(n) => {
+            let Some(leader) = leader(sim, plan, registry) else { return " (no leader)".into() };
+            let Some(follower) = (1..=plan.nodes).filter(|id| *id != leader).nth(*n) else {
+                return " (no such follower)".into();
+            };
+            let others: Vec<NodeId> = (1..=total).filter(|id| *id != follower).collect();
+            cut(sim, &[follower], &others);
+            return format!(" (n{follower}, led by n{leader})");
+        }
         Fault::Latency(max) => sim.set_max_message_latency(*max),
         Fault::Lossy(rate) => sim.set_fail_rate(*rate),
         Fault::ClockJump { node, by_ms } => {
