@@ -239,8 +239,9 @@ impl Metrics {
         );
         raft.register(
             "silent_leader_campaigns",
-            "Elections this node started because no leader was heard from for as long as an election timer waits, \
-             where openraft's own timer waited longer",
+            "Elections this node started because no leader was heard from for a lease and an election timeout, before \
+             openraft's own timer did (it looks only every 1.5 heartbeat intervals, and waits longer on a node that once \
+             saw a longer log as a candidate)",
             m.silent_leader_campaigns.clone(),
         );
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());

@@ -290,8 +290,7 @@ struct Silence {
     leader_silent: Option<Duration>,
     /// How long since this node last campaigned this way; `None`: never.
     since_campaign: Option<Duration>,
-    /// The longest openraft's election timer waits after the last word from a leader when it carries no
-    /// mark: a lease, the longest election timeout, and one of its ticks.
+    /// How long after the last word from a leader to campaign: a lease and an election timeout.
     wait: Duration,
 }
 
@@ -886,21 +885,30 @@ impl Node {
         }
     }
 
-    /// Campaigns when this node, a voter, has heard from no leader for as long as openraft's election
-    /// timer waits at most when it carries no mark, until `shutdown`.
+    /// Campaigns when this node, a voter, has heard from no leader for a lease and an election timeout,
+    /// until `shutdown`: openraft's own election timer, without its two delays.
     ///
-    /// openraft 0.9 adds twice the longest election timeout to a node's timer for as long as the node once
-    /// saw a longer log while it was a candidate itself, a mark only its own next timed campaign clears.
-    /// [`Node::answered_vote`] covers a marked node whose peer asks for its vote; when every node left after
-    /// a leader's crash carries the mark, nobody asks, and the first campaign came 1.05-1.2 s after the
-    /// crash instead of about 0.6 s (the simulation's quiet failover, seeds 110 and 296; `tests/failover.rs`).
-    /// This watch starts that campaign when an unmarked timer would have: a lease, the longest election
-    /// timeout and one of openraft's ticks (1.5 heartbeat intervals) after the last word from a leader
-    /// (750 ms with the defaults), and at most once in as long. It never campaigns while a leader is heard.
+    /// openraft 0.9 checks its timer only on its tick, every 1.5 heartbeat intervals (150 ms with the
+    /// defaults), so it campaigns up to a tick after its timeout has passed. And it adds twice the longest
+    /// election timeout to a node's timer for as long as the node once saw a longer log while it was a
+    /// candidate itself, a mark only its own next timed campaign clears. [`Node::answered_vote`] covers a
+    /// marked node whose peer asks for its vote; when every node left after a leader's crash carries the
+    /// mark, nobody asks, and the first campaign came 1.05-1.2 s after the crash instead of about 0.6 s
+    /// (the simulation's quiet failover, seeds 110 and 296; `tests/failover.rs`). This watch campaigns once
+    /// no word from a leader came for a lease (the longest election timeout) plus an election timeout drawn
+    /// once, as openraft draws its own, between the shortest and the longest (550 to 600 ms with the
+    /// defaults), looking every quarter heartbeat interval, and at most once in as long. The draw spreads
+    /// the followers' campaigns as openraft's does, so that the one with the longer log is not often
+    /// outvoted in the same term by one with a shorter log and a higher id. It never campaigns while a
+    /// leader is heard.
     pub async fn run_election_watch(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let config = self.raft.config();
-        let wait = Duration::from_millis(2 * config.election_timeout_max + config.heartbeat_interval * 3 / 2);
-        let mut tick = tokio::time::interval(Duration::from_millis((config.heartbeat_interval / 2).max(1)));
+        let timeout = {
+            let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            rng.gen_range(config.election_timeout_min..=config.election_timeout_max)
+        };
+        let wait = Duration::from_millis(config.election_timeout_max + timeout);
+        let mut tick = tokio::time::interval(Duration::from_millis((config.heartbeat_interval / 4).max(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut campaigned: Option<Instant> = None;
         loop {
@@ -928,7 +936,7 @@ impl Node {
             }
             campaigned = Some(Instant::now());
             self.metrics.silent_leader_campaigns.inc();
-            tracing::info!(silent = ?heard.elapsed(), "campaigning: no leader heard from for as long as an election timer waits");
+            tracing::info!(silent = ?heard.elapsed(), "campaigning: no leader heard from for a lease and an election timeout");
             if let Err(e) = self.raft.trigger().elect().await {
                 tracing::warn!(%e, "cannot campaign");
             }
@@ -1201,18 +1209,18 @@ mod tests {
     /// Node 3 of the failover in docs/benchmarks.md: it followed node 2 in term 2 up to entry 3853, node 2
     /// is gone, and node 1 asks for its vote in term 3 with a log that ends at 3852.
     #[test]
-    fn a_follower_campaigns_by_itself_only_after_an_unmarked_timer_would_have() {
+    fn a_follower_campaigns_by_itself_only_after_a_lease_and_an_election_timeout_of_silence() {
         let ms = Duration::from_millis;
         let silent = Silence {
             state: ServerState::Follower,
             voter: true,
-            leader_silent: Some(ms(760)),
+            leader_silent: Some(ms(610)),
             since_campaign: None,
-            wait: ms(750),
+            wait: ms(600),
         };
         assert!(silent.campaigns());
-        assert!(Silence { leader_silent: Some(ms(750)), ..silent }.campaigns(), "exactly the wait");
-        assert!(!Silence { leader_silent: Some(ms(749)), ..silent }.campaigns(), "a leader heard within the wait");
+        assert!(Silence { leader_silent: Some(ms(600)), ..silent }.campaigns(), "exactly the wait");
+        assert!(!Silence { leader_silent: Some(ms(599)), ..silent }.campaigns(), "a leader heard within the wait");
         assert!(!Silence { leader_silent: None, ..silent }.campaigns(), "never heard a leader: openraft's timer");
         assert!(!Silence { voter: false, ..silent }.campaigns(), "a learner never campaigns");
         for state in [ServerState::Leader, ServerState::Candidate, ServerState::Learner, ServerState::Shutdown] {
@@ -1220,7 +1228,7 @@ mod tests {
         }
         // Once per wait: not again until as long has passed since its own campaign.
         assert!(!Silence { since_campaign: Some(ms(200)), ..silent }.campaigns());
-        assert!(Silence { since_campaign: Some(ms(800)), leader_silent: Some(ms(1_600)), ..silent }.campaigns());
+        assert!(Silence { since_campaign: Some(ms(650)), leader_silent: Some(ms(1_300)), ..silent }.campaigns());
     }
 
     fn refused(answer: &VoteResponse<NodeId>) -> Refused<'_> {
