@@ -1206,8 +1206,6 @@ mod tests {
         Some(LogId::new(CommittedLeaderId::new(term, 2), index))
     }
 
-    /// Node 3 of the failover in docs/benchmarks.md: it followed node 2 in term 2 up to entry 3853, node 2
-    /// is gone, and node 1 asks for its vote in term 3 with a log that ends at 3852.
     #[test]
     fn a_follower_campaigns_by_itself_only_after_a_lease_and_an_election_timeout_of_silence() {
         let ms = Duration::from_millis;
@@ -1231,6 +1229,8 @@ mod tests {
         assert!(Silence { since_campaign: Some(ms(650)), leader_silent: Some(ms(1_300)), ..silent }.campaigns());
     }
 
+    /// Node 3 of the failover in docs/benchmarks.md: it followed node 2 in term 2 up to entry 3853, node 2
+    /// is gone, and node 1 asks for its vote in term 3 with a log that ends at 3852.
     fn refused(answer: &VoteResponse<NodeId>) -> Refused<'_> {
         Refused {
             candidate_term: 3,
