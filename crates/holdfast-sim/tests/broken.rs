@@ -43,7 +43,10 @@ fn trace(report: &Report) -> String {
 
 /// A holder's session outlives the leader: the new leader must give it a full lease from its promotion,
 /// or it expires a session whose client still (rightly) believes it holds the lock, and hands the lock
-/// to a waiter.
+/// to a waiter. The holder's process pauses from just before the crash until the heal, as a stalled
+/// client would, so that it cannot learn of the expiry from its next heartbeat before the waiter is
+/// granted (with an election 0.1 s faster since the election watch, it did, and stopped believing 40 ms
+/// before the grant: caught only by that race until then).
 #[test]
 fn mutual_exclusion_catches_a_leader_without_promotion_grace() {
     test_in_own_process("mutual_exclusion_catches_a_leader_without_promotion_grace", || {
@@ -57,6 +60,9 @@ fn mutual_exclusion_catches_a_leader_without_promotion_grace() {
             until(secs(2.5)).await;
             session_hold(&ctx, ctx.nodes.clone(), LEASE, "grace", secs(6.0), secs(8.5)).await
         }));
+        // The holder's heartbeats go every 0.75 s from about 0.5 s; the last one answered before the stall
+        // is the one of about 3.5 s, so it believes in its lease until about 6.5 s.
+        plan.faults.push((secs(3.6), Fault::StallClient(1)));
         plan.faults.push((secs(4.0), Fault::CrashLeader));
         plan.healed_at = secs(6.0);
         caught(plan, Bugs { no_promotion_grace: true, ..Bugs::default() }, "mutual_exclusion");
