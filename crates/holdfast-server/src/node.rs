@@ -245,6 +245,9 @@ pub struct Node {
     /// When word from a leader (an `AppendEntries` or a snapshot chunk, from whichever leader) last reached this node
     /// (see [`Node::answered_vote`] and [`Node::run_election_watch`]).
     heard_from_leader: Mutex<Option<Instant>>,
+    /// When this node last granted a candidate its vote: the election watch waits as long from then as
+    /// from the last word from a leader, as openraft's timer does ([`Node::run_election_watch`]).
+    granted_vote: Mutex<Option<Instant>>,
     /// The highest term of a candidate this node started a campaign of its own against.
     campaigned_against: AtomicU64,
 }
@@ -401,6 +404,7 @@ impl Node {
             bugs: Bugs::default(),
             heard_from_leader: Mutex::new(None),
             campaigned_against: AtomicU64::new(0),
+            granted_vote: Mutex::new(None),
         }
     }
 
@@ -429,6 +433,9 @@ impl Node {
         candidate_last: Option<openraft::LogId<NodeId>>,
         answer: &openraft::raft::VoteResponse<NodeId>,
     ) {
+        if answer.vote_granted {
+            *self.granted_vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+        }
         let heard = *self.heard_from_leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (state, term) = {
             let metrics = self.raft.metrics();
@@ -895,9 +902,10 @@ impl Node {
     /// marked node whose peer asks for its vote; when every node left after a leader's crash carries the
     /// mark, nobody asks, and the first campaign came 1.05-1.2 s after the crash instead of about 0.6 s
     /// (the simulation's quiet failover, seeds 110 and 296; `tests/failover.rs`). This watch campaigns once
-    /// no word from a leader came for a lease (the longest election timeout) plus an election timeout drawn
-    /// once, as openraft draws its own, between the shortest and the longest (550 to 600 ms with the
-    /// defaults), looking every quarter heartbeat interval, and at most once in as long. The draw spreads
+    /// no word from a leader came, nor did this node grant a vote (openraft's timer restarts then too),
+    /// for a lease (the longest election timeout) plus an election timeout drawn once, as openraft draws
+    /// its own, between the shortest and the longest (550 to 600 ms with the defaults), looking every
+    /// quarter heartbeat interval, and at most once in as long. The draw spreads
     /// the followers' campaigns as openraft's does, so that the one with the longer log is not often
     /// outvoted in the same term by one with a shorter log and a higher id. It never campaigns while a
     /// leader is heard.
@@ -916,7 +924,11 @@ impl Node {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
+            // The later of the last word from a leader and the last vote this node granted: a candidate it
+            // voted for may lead already, its first entries on their way.
             let heard = *self.heard_from_leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let granted = *self.granted_vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let heard = heard.map(|heard| granted.map_or(heard, |granted| heard.max(granted)));
             let Some(heard) = heard.filter(|heard| heard.elapsed() >= wait) else { continue };
             let (state, voter) = {
                 let metrics = self.raft.metrics();
