@@ -414,7 +414,8 @@ impl Node {
     }
 
     /// After this node answered a candidate of `candidate_term` whose log ends at `candidate_last`:
-    /// campaigns at once if this node is the one that has to lead.
+    /// records when it granted a vote (the election watch waits from then too), and campaigns at once if
+    /// this node is the one that has to lead.
     ///
     /// A candidate whose log is behind this node's never gets its vote, and in a three-node cluster whose
     /// leader is gone it cannot win at all: this node has to. openraft 0.9 leaves it to its own election
