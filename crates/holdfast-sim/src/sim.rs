@@ -565,8 +565,10 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
             }
         }
         Fault::HoldFollower => {
-            let Some(leader) = leader(sim, plan, registry) else { return " (no leader)".into() };
-            let Some(follower) = (1..=plan.nodes).find(|n| *n != leader) else { return " (no follower)".into() };
+            let (leader, follower) = match follower_of_leader(sim, plan, registry, 0) {
+                Ok(found) => found,
+                Err(note) => return note,
+            };
             for other in (1..=total).filter(|n| *n != follower) {
                 sim.hold(host(follower), host(other));
             }
@@ -574,9 +576,9 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
         }
         Fault::Release => release_all(sim, total),
         Fault::IsolateFollower(n) => {
-            let Some(leader) = leader(sim, plan, registry) else { return " (no leader)".into() };
-            let Some(follower) = (1..=plan.nodes).filter(|id| *id != leader).nth(*n) else {
-                return " (no such follower)".into();
+            let (leader, follower) = match follower_of_leader(sim, plan, registry, *n) {
+                Ok(found) => found,
+                Err(note) => return note,
             };
             let others: Vec<NodeId> = (1..=total).filter(|id| *id != follower).collect();
             cut(sim, &[follower], &others);
@@ -680,6 +682,19 @@ fn quiet_failover(
     note(sim, "Heal".into());
     // Every replica, the restarted one included, must agree again; the final state was taken before.
     converge(sim, plan, &world.registry, violations);
+}
+
+/// The node that leads now and its `n`th follower (from 0, lowest-numbered first) among the plan's first
+/// members; else the trace's note on why there is none.
+fn follower_of_leader(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    registry: &Registry,
+    n: usize,
+) -> Result<(NodeId, NodeId), String> {
+    let leader = leader(sim, plan, registry).ok_or(" (no leader)")?;
+    let follower = (1..=plan.nodes).filter(|id| *id != leader).nth(n).ok_or(" (no such follower)")?;
+    Ok((leader, follower))
 }
 
 /// Delivers every message held between nodes, and stops holding them.
