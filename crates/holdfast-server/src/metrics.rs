@@ -150,6 +150,7 @@ pub struct Metrics {
     pub leader_changes: Counter,
     pub early_campaigns: Counter,
     pub silent_leader_campaigns: Counter,
+    pub elections_held: Gauge,
     pub proposals: Family<ProposalLabels, Counter>,
     pub entry_commands: Histogram,
     pub held_back: Gauge,
@@ -198,6 +199,7 @@ impl Metrics {
             leader_changes: Counter::default(),
             early_campaigns: Counter::default(),
             silent_leader_campaigns: Counter::default(),
+            elections_held: Gauge::default(),
             proposals: Family::default(),
             entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             held_back: Gauge::default(),
@@ -243,6 +245,12 @@ impl Metrics {
              openraft's own timer did (it looks only every 1.5 heartbeat intervals, and waits longer on a node that once \
              saw a longer log as a candidate)",
             m.silent_leader_campaigns.clone(),
+        );
+        raft.register(
+            "elections_held",
+            "1 while openraft's own election timer is held off on this node: a leader is streaming it a snapshot or \
+             waiting for it to install one, and for a lease after",
+            m.elections_held.clone(),
         );
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
         raft.register(

@@ -242,14 +242,73 @@ pub struct Node {
     rng: Mutex<StdRng>,
     /// Deliberately broken behaviours; all off outside the simulation's checker tests.
     pub bugs: Bugs,
-    /// When word from a leader (an `AppendEntries` or a snapshot chunk, from whichever leader) last reached this node
-    /// (see [`Node::answered_vote`] and [`Node::run_election_watch`]).
-    heard_from_leader: Mutex<Option<Instant>>,
-    /// When this node last granted a candidate its vote: the election watch waits as long from then as
-    /// from the last word from a leader, as openraft's timer does ([`Node::run_election_watch`]).
-    granted_vote: Mutex<Option<Instant>>,
+    /// What this node last heard from a leader, and when it last granted a vote (see [`Node::answered_vote`]
+    /// and [`Node::run_election_watch`]).
+    contact: Mutex<LeaderContact>,
     /// The highest term of a candidate this node started a campaign of its own against.
     campaigned_against: AtomicU64,
+}
+
+/// What a node knows of its contact with a leader, for its election watch and its early campaigns.
+#[derive(Debug, Default)]
+struct LeaderContact {
+    /// When a call from a leader (an `AppendEntries` or a snapshot chunk, from whichever leader) last
+    /// arrived here or was last answered.
+    heard: Option<Instant>,
+    /// Calls from a leader being answered now. The last chunk of a snapshot is answered only once the
+    /// snapshot is installed, which takes a second or more at a million locks, and the leader sends this
+    /// node nothing else until then: a silence of this node's own making, not a leader gone. A follower
+    /// whose watch campaigned meanwhile deposed a healthy leader with its higher term (docs/benchmarks.md).
+    /// A follower's `AppendEntries` waits for its disk the same way.
+    answering: u32,
+    /// Whether openraft's own election timer is held off (`enable_elect`), since a snapshot's chunk came.
+    /// openraft 0.9 restarts its timer on a leader's `AppendEntries`, but not on a chunk, nor while it
+    /// installs a snapshot, so it campaigns in the middle of both with the same effect. The watch lets
+    /// the timer run again once an `AppendEntries` was answered after the snapshot, or no call from a
+    /// leader was for a lease ([`LeaderContact::releases_elections`]).
+    elections_held: bool,
+    /// The kind of the last call from a leader answered here.
+    last_answered: Option<Call>,
+    /// When this node last granted a candidate its vote: the election watch waits as long from then as
+    /// from the last word from a leader, as openraft's timer does.
+    granted_vote: Option<Instant>,
+}
+
+impl LeaderContact {
+    /// When a leader was last heard from, as of `now`: `now` itself while one of its calls is answered.
+    fn heard(&self, now: Instant) -> Option<Instant> {
+        if self.answering > 0 {
+            Some(now)
+        } else {
+            self.heard
+        }
+    }
+
+    /// Whether openraft's election timer, held off for a snapshot, may run again as of `now`: nothing from
+    /// a leader is being answered, and either the last call answered was an `AppendEntries` (which restarted
+    /// the timer: the snapshot is done and the leader goes on), or none was for a `lease` (a leader that died
+    /// while the snapshot came leaves the timer expired, and it fires at its next tick).
+    fn releases_elections(&self, now: Instant, lease: Duration) -> bool {
+        self.elections_held
+            && self.answering == 0
+            && (self.last_answered == Some(Call::Append) || self.heard.is_none_or(|heard| now - heard >= lease))
+    }
+}
+
+/// A call from a leader being answered ([`Node::leader_call`]); once dropped, the leader was last heard
+/// from then.
+pub(crate) struct LeaderCall<'a> {
+    node: &'a Node,
+    call: Call,
+}
+
+impl Drop for LeaderCall<'_> {
+    fn drop(&mut self) {
+        let mut contact = self.node.contact();
+        contact.answering -= 1;
+        contact.heard = Some(Instant::now());
+        contact.last_answered = Some(self.call);
+    }
 }
 
 /// A vote this node answered, and what it knew then: whether it has to campaign at once (see
@@ -402,15 +461,29 @@ impl Node {
             clock: WallClock::system(),
             rng,
             bugs: Bugs::default(),
-            heard_from_leader: Mutex::new(None),
+            contact: Mutex::new(LeaderContact::default()),
             campaigned_against: AtomicU64::new(0),
-            granted_vote: Mutex::new(None),
         }
     }
 
-    /// Records that word from a leader (an `AppendEntries`, or a chunk of a snapshot it streams) reached this node.
-    pub(crate) fn heard_from_leader(&self) {
-        *self.heard_from_leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+    /// Records that `call` from a leader (an `AppendEntries`, or a chunk of a snapshot it streams) reached
+    /// this node; until the guard this answers is dropped, with the call answered, the leader counts as
+    /// heard from at every moment. A snapshot's chunk also holds off openraft's own election timer, until
+    /// the election watch lets it run again ([`LeaderContact`]).
+    pub(crate) fn leader_call(&self, call: Call) -> LeaderCall<'_> {
+        let mut contact = self.contact();
+        contact.heard = Some(Instant::now());
+        contact.answering += 1;
+        if call == Call::Snapshot && !contact.elections_held {
+            contact.elections_held = true;
+            self.raft.runtime_config().elect(false);
+            self.metrics.elections_held.set(1);
+        }
+        LeaderCall { node: self, call }
+    }
+
+    fn contact(&self) -> std::sync::MutexGuard<'_, LeaderContact> {
+        self.contact.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// After this node answered a candidate of `candidate_term` whose log ends at `candidate_last`:
@@ -434,10 +507,14 @@ impl Node {
         candidate_last: Option<openraft::LogId<NodeId>>,
         answer: &openraft::raft::VoteResponse<NodeId>,
     ) {
-        if answer.vote_granted {
-            *self.granted_vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
-        }
-        let heard = *self.heard_from_leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let heard = {
+            let mut contact = self.contact();
+            let now = Instant::now();
+            if answer.vote_granted {
+                contact.granted_vote = Some(now);
+            }
+            contact.heard(now)
+        };
         let (state, term) = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
@@ -916,7 +993,8 @@ impl Node {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             rng.gen_range(config.election_timeout_min..=config.election_timeout_max)
         };
-        let wait = Duration::from_millis(config.election_timeout_max + timeout);
+        let lease = Duration::from_millis(config.election_timeout_max);
+        let wait = lease + Duration::from_millis(timeout);
         let mut tick = tokio::time::interval(Duration::from_millis((config.heartbeat_interval / 4).max(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut campaigned: Option<Instant> = None;
@@ -927,9 +1005,17 @@ impl Node {
             }
             // The later of the last word from a leader and the last vote this node granted: a candidate it
             // voted for may lead already, its first entries on their way.
-            let heard = *self.heard_from_leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let granted = *self.granted_vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let heard = heard.map(|heard| granted.map_or(heard, |granted| heard.max(granted)));
+            let heard = {
+                let mut contact = self.contact();
+                let now = Instant::now();
+                if contact.releases_elections(now, lease) {
+                    contact.elections_held = false;
+                    self.raft.runtime_config().elect(true);
+                    self.metrics.elections_held.set(0);
+                }
+                let heard = contact.heard(now);
+                heard.map(|heard| contact.granted_vote.map_or(heard, |granted| heard.max(granted)))
+            };
             let Some(heard) = heard.filter(|heard| heard.elapsed() >= wait) else { continue };
             let (state, voter) = {
                 let metrics = self.raft.metrics();
@@ -1217,6 +1303,37 @@ mod tests {
 
     fn log_id(term: u64, index: u64) -> Option<LogId<NodeId>> {
         Some(LogId::new(CommittedLeaderId::new(term, 2), index))
+    }
+
+    #[test]
+    fn a_leader_counts_as_heard_from_for_as_long_as_one_of_its_calls_is_answered() {
+        let arrived = Instant::now();
+        let later = arrived + Duration::from_secs(2);
+        let mut contact = LeaderContact { heard: Some(arrived), answering: 1, ..LeaderContact::default() };
+        assert_eq!(contact.heard(later), Some(later), "a snapshot still installing");
+        contact.answering = 0;
+        assert_eq!(contact.heard(later), Some(arrived));
+        assert_eq!(LeaderContact::default().heard(later), None, "never heard a leader");
+    }
+
+    #[test]
+    fn openraft_elections_held_for_a_snapshot_run_again_once_the_leader_goes_on_or_is_silent_for_a_lease() {
+        let lease = Duration::from_millis(300);
+        let answered = Instant::now();
+        let held = LeaderContact {
+            heard: Some(answered),
+            elections_held: true,
+            last_answered: Some(Call::Snapshot),
+            ..LeaderContact::default()
+        };
+        assert!(held.releases_elections(answered + lease, lease));
+        assert!(!held.releases_elections(answered + lease - Duration::from_millis(1), lease), "within a lease");
+        let appended = LeaderContact { last_answered: Some(Call::Append), ..held };
+        assert!(appended.releases_elections(answered, lease), "the leader goes on after the snapshot");
+        let answering = LeaderContact { answering: 1, ..appended };
+        assert!(!answering.releases_elections(answered + lease * 10, lease), "still installing");
+        let not_held = LeaderContact { elections_held: false, ..held };
+        assert!(!not_held.releases_elections(answered + lease, lease), "nothing to release");
     }
 
     #[test]

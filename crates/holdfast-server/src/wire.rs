@@ -159,7 +159,7 @@ async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) 
         match Call::from_byte(call) {
             Some(Call::Append) => {
                 let rpc: AppendEntriesRequest<TypeConfig> = decode(body)?;
-                node.heard_from_leader();
+                let _call = node.leader_call(Call::Append);
                 encode_into(&mut answer, &node.raft.append_entries(rpc).await);
             }
             Some(Call::Vote) => {
@@ -173,8 +173,9 @@ async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) 
             }
             Some(Call::Snapshot) => {
                 let rpc: InstallSnapshotRequest<TypeConfig> = decode(body)?;
-                // A leader streaming a snapshot sends no AppendEntries meanwhile: its chunks are word from it.
-                node.heard_from_leader();
+                // A leader streaming a snapshot sends no AppendEntries meanwhile: its chunks are word from it,
+                // and so is the wait for the last chunk's answer, which comes once the snapshot is installed.
+                let _call = node.leader_call(Call::Snapshot);
                 encode_into(&mut answer, &node.raft.install_snapshot(rpc).await);
             }
             Some(Call::Forward) => {

@@ -37,6 +37,8 @@ pub enum Fault {
     Crash(NodeId),
     /// The node that leads now crashes.
     CrashLeader,
+    /// The `n`th follower (from 0, lowest-numbered first) of the node that leads now crashes.
+    CrashFollower(usize),
     /// Every node crashes at once.
     CrashAll,
     /// A crashed node starts again from its disk.
@@ -53,6 +55,9 @@ pub enum Fault {
     /// The `n`th follower (from 0, lowest-numbered first) of the node that leads now is cut off from every
     /// other node; clients still reach it.
     IsolateFollower(usize),
+    /// Installing a snapshot the leader sent takes this long on every node from now on, as with a large
+    /// state; the node answers the leader's last chunk only once it is done.
+    SlowSnapshotInstalls(Duration),
     /// Messages take up to this long from now on.
     Latency(Duration),
     /// Every link, at each message sent, breaks with this probability: what it had in flight is lost.
@@ -546,6 +551,14 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
             crash(sim, id);
             return format!(" (n{id})");
         }
+        Fault::CrashFollower(n) => {
+            let (leader, follower) = match follower_of_leader(sim, plan, registry, *n) {
+                Ok(found) => found,
+                Err(note) => return note,
+            };
+            crash(sim, follower);
+            return format!(" (n{follower}, led by n{leader})");
+        }
         Fault::CrashAll => {
             for id in 1..=total {
                 crash(sim, id);
@@ -583,6 +596,11 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
             let others: Vec<NodeId> = (1..=total).filter(|id| *id != follower).collect();
             cut(sim, &[follower], &others);
             return format!(" (n{follower}, led by n{leader})");
+        }
+        Fault::SlowSnapshotInstalls(time) => {
+            for disk in disks.values() {
+                disk.slow_snapshot_installs(*time);
+            }
         }
         Fault::Latency(max) => sim.set_max_message_latency(*max),
         Fault::Lossy(rate) => sim.set_fail_rate(*rate),

@@ -375,3 +375,115 @@ fn survivors_marked_elect_on_time(seed: u64) {
     // as late as that and a tick of its own (50 ms); a marked timer 600 ms later.
     assert!(led < secs(6.0 + 0.85), "seed {seed}: a new leader named only at {led:?}");
 }
+
+/// What the slow-install scenario's client saw.
+#[derive(Debug, Default)]
+struct Install {
+    /// The leader and its term before the faults, and the follower that crashed.
+    old: u64,
+    term: u64,
+    crashed: u64,
+    /// Locks granted through the leader while the follower was down, one entry each.
+    granted: usize,
+    /// When the restarted follower had applied everything the leader held at the heal.
+    caught_up: Option<At>,
+    /// Each node's leader and term at the end.
+    last: Vec<(Option<u64>, Option<u64>)>,
+    /// The restarted follower's `holdfast_raft_silent_leader_campaigns_total` at the end.
+    watch_campaigns: Option<u64>,
+    /// The restarted follower's `holdfast_raft_elections_held` in the middle of the install, and at the end.
+    held: (Option<u64>, Option<u64>),
+}
+
+/// The value of `metric` (a counter's or gauge's full name) on `node`.
+async fn metric(node: u64, metric: &str) -> Option<u64> {
+    let metrics = holdfast_sim::http::text(&format!("n{node}:7070"), "/metrics").await.ok()?.1;
+    metrics.lines().find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// A node's `/v1/cluster` answer.
+async fn status(node: u64) -> Option<serde_json::Value> {
+    match holdfast_sim::http::call(&format!("n{node}:7070"), Method::GET, "/v1/cluster").await {
+        Ok((StatusCode::OK, body)) => Some(body),
+        _ => None,
+    }
+}
+
+/// A follower that comes back so far behind that the leader sends it a snapshot answers the snapshot's
+/// last chunk only once it is installed, seconds later at a million locks, and the leader sends it nothing
+/// else meanwhile. Its election watch took that silence for a leader gone and campaigned, and the
+/// campaign's higher term, in the answer to the last chunk, made the healthy leader step down (a real
+/// cluster's failover benchmark at a million locks, docs/benchmarks.md). A leader's call being answered now
+/// counts as word from it (`LeaderContact` in the server's node module).
+#[test]
+fn a_follower_installing_a_slow_snapshot_leaves_its_leader_alone() {
+    test_in_own_process("a_follower_installing_a_slow_snapshot_leaves_its_leader_alone", || {
+        holdfast_sim::record::log_if_asked();
+        const HEAL: f64 = 6.0;
+        const INSTALL: f64 = 2.0;
+        let mut plan = Plan::quiet(11, 3, secs(12.0));
+        let seen = client(&mut plan, |ctx, old, seen: Arc<Mutex<Install>>| async move {
+            let term = status(old).await.and_then(|s| s["term"].as_u64()).ok_or("no term")?;
+            let crashed = follower(old, 0)?;
+            // The follower is down from 1 s: the leader writes an entry per lock, snapshots every 200
+            // entries and keeps 200 behind its snapshot, so the follower's next entries are soon gone.
+            until(secs(1.1)).await;
+            let leader = format!("n{old}:7070");
+            let mut granted = 0;
+            while now() < secs(HEAL - 0.5) {
+                let lock = format!("{KEPT_PREFIX}install-{granted}");
+                match http_acquire(&ctx, &leader, &lock, MODEL_TTL_MS).await {
+                    (Outcome::Granted { .. }, _) => granted += 1,
+                    _ => return Err(format!("{lock} was not granted").into()),
+                }
+            }
+            let target = status(old).await.and_then(|s| s["last_log_index"].as_u64()).ok_or("no last index")?;
+            // Back at the heal; the install alone takes INSTALL.
+            until(secs(HEAL + INSTALL / 2.0)).await;
+            let held_installing = metric(crashed, "holdfast_raft_elections_held").await;
+            let mut caught_up = None;
+            while caught_up.is_none() && now() < secs(HEAL + INSTALL + 3.0) {
+                match status(crashed).await.and_then(|s| s["applied_index"].as_u64()) {
+                    Some(applied) if applied >= target => caught_up = Some(now()),
+                    _ => tokio::time::sleep(secs(0.05)).await,
+                }
+            }
+            // Whatever the leader did once the install was answered has happened a second later.
+            until(secs(HEAL + INSTALL + 4.0)).await;
+            let mut last = Vec::new();
+            for node in 1..=3 {
+                let status = status(node).await;
+                last.push((
+                    status.as_ref().and_then(|s| s["leader"].as_u64()),
+                    status.as_ref().and_then(|s| s["term"].as_u64()),
+                ));
+            }
+            let watch_campaigns = metric(crashed, "holdfast_raft_silent_leader_campaigns_total").await;
+            let held = (held_installing, metric(crashed, "holdfast_raft_elections_held").await);
+            *seen.lock().expect("poisoned") =
+                Install { old, term, crashed, granted, caught_up, last, watch_campaigns, held };
+            Ok(())
+        });
+        schedule(
+            &mut plan,
+            vec![
+                (0.6, Fault::SlowSnapshotInstalls(secs(INSTALL))),
+                (1.0, Fault::CrashFollower(0)),
+                (HEAL, Fault::Heal),
+            ],
+        );
+        let report = run_clean(&plan);
+        let seen = &*seen.lock().expect("poisoned");
+        println!("{seen:?}");
+        let Install { old, term, crashed, granted, caught_up, last, watch_campaigns, held } = seen;
+        assert!(applied(&report, &format!("CrashFollower(0) (n{crashed}, led by n{old})")), "{:?}", report.trace);
+        assert!(*granted >= 600, "only {granted} entries while the follower was down: it may not need a snapshot");
+        // Caught up no sooner than the install allows: it did install a snapshot.
+        let caught_up = caught_up.expect("the follower never caught up");
+        assert!(caught_up >= secs(HEAL + INSTALL), "caught up at {caught_up:?}, without the slow install");
+        assert_eq!(*watch_campaigns, Some(0), "the restarted follower campaigned");
+        // openraft's own timer was held off while it installed, and runs again.
+        assert_eq!(*held, (Some(1), Some(0)));
+        assert!(last.iter().all(|node| *node == (Some(*old), Some(*term))), "leader and term changed: {last:?}");
+    });
+}

@@ -46,6 +46,8 @@ struct Disk {
     epoch: u64,
     /// The broken variant: see [`MemDisk::acking_before_flush`].
     acks_before_flush: bool,
+    /// How long installing a snapshot from the leader takes: see [`MemDisk::slow_snapshot_installs`].
+    install_time: Duration,
 }
 
 /// What the disk store keeps in its trees.
@@ -144,6 +146,13 @@ impl MemDisk {
     pub fn acking_before_flush() -> Self {
         let disk = Disk { acks_before_flush: true, ..Disk::default() };
         Self { disk: Arc::new(Mutex::new(disk)) }
+    }
+
+    /// Makes every install of a snapshot the leader sent take `time` (simulated) from now on, crashes
+    /// included, before the state is replaced: as decoding and storing a large state does (about a second
+    /// at a million locks). The node answers the leader's last chunk only once it is done.
+    pub fn slow_snapshot_installs(&self, time: Duration) {
+        self.lock().install_time = time;
     }
 
     /// A crash: forgets everything not yet durable (in a correct disk, only the `committed` record
@@ -456,6 +465,10 @@ impl SnapshotStore for MemSnapshots {
         replace: Replace,
     ) -> Result<(bool, SnapshotData), StoreError> {
         let data = data.into_bytes().await?;
+        let install_time = self.opened.lock()?.install_time;
+        if replace == Replace::Always && !install_time.is_zero() {
+            tokio::time::sleep(install_time).await;
+        }
         // The check and the write happen under one hold of the disk's lock, so saves are serialised.
         let mut disk = self.opened.lock()?;
         let stored = disk.current.snapshot.as_deref().map(|(meta, _)| meta);
