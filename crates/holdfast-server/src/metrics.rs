@@ -249,7 +249,7 @@ impl Metrics {
         raft.register(
             "elections_held",
             "1 while openraft's own election timer is held off on this node: a leader is streaming it a snapshot or \
-             waiting for it to install one, and for a lease after",
+             waiting for it to install one, until the leader's next AppendEntries or a lease without word from a leader",
             m.elections_held.clone(),
         );
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
