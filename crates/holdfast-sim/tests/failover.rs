@@ -487,3 +487,59 @@ fn a_follower_installing_a_slow_snapshot_leaves_its_leader_alone() {
         assert!(last.iter().all(|node| *node == (Some(*old), Some(*term))), "leader and term changed: {last:?}");
     });
 }
+
+/// openraft 0.9 purges the log a snapshot covers as soon as it hands the snapshot to the state machine,
+/// before the state machine has stored it. A follower that crashed in between came back with its log
+/// purged past its last stored snapshot and could not start ("Failed to get log entries"; found by a
+/// random run whose installs are slow, seed 92). A purge now waits until a stored snapshot covers it.
+#[test]
+fn a_follower_that_crashes_while_installing_a_snapshot_starts_again() {
+    test_in_own_process("a_follower_that_crashes_while_installing_a_snapshot_starts_again", || {
+        holdfast_sim::record::log_if_asked();
+        let mut plan = Plan::quiet(11, 3, secs(14.0));
+        let seen = client(&mut plan, |ctx, old, seen: Arc<Mutex<Install>>| async move {
+            let crashed = follower(old, 0)?;
+            until(secs(1.1)).await;
+            let leader = format!("n{old}:7070");
+            let mut granted = 0;
+            while now() < secs(5.5) {
+                let lock = format!("{KEPT_PREFIX}install-{granted}");
+                if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &leader, &lock, MODEL_TTL_MS).await {
+                    granted += 1;
+                }
+            }
+            // Restarted at 6 s, crashed again at 7 s in the middle of its 2 s install, restarted at 9 s.
+            let target = status(old).await.and_then(|s| s["last_log_index"].as_u64()).ok_or("no last index")?;
+            until(secs(9.0)).await;
+            let mut caught_up = None;
+            while caught_up.is_none() && now() < secs(13.5) {
+                match status(crashed).await.and_then(|s| s["applied_index"].as_u64()) {
+                    Some(applied) if applied >= target => caught_up = Some(now()),
+                    _ => tokio::time::sleep(secs(0.05)).await,
+                }
+            }
+            *seen.lock().expect("poisoned") = Install { old, crashed, granted, caught_up, ..Install::default() };
+            Ok(())
+        });
+        schedule(
+            &mut plan,
+            vec![
+                (0.6, Fault::SlowSnapshotInstalls(secs(2.0))),
+                (1.0, Fault::CrashFollower(0)),
+                (6.0, Fault::Heal),
+                (7.0, Fault::CrashFollower(0)),
+                (9.0, Fault::Heal),
+            ],
+        );
+        let report = run_clean(&plan);
+        let Install { old, crashed, granted, caught_up, .. } = &*seen.lock().expect("poisoned");
+        for at in ["1.000s", "7.000s"] {
+            let crash = format!("{at} CrashFollower(0) (n{crashed}, led by n{old})");
+            assert!(report.trace.iter().any(|line| line.trim_start() == crash), "{crash}: {:?}", report.trace);
+        }
+        assert!(*granted >= 600, "only {granted} entries while the follower was down: it may not need a snapshot");
+        // Restarted at 9 s, it installs the snapshot again (2 s) and catches up.
+        let caught_up = caught_up.expect("the follower never caught up");
+        assert!(caught_up >= secs(11.0), "caught up at {caught_up:?}, without installing the snapshot again");
+    });
+}

@@ -52,6 +52,9 @@ pub enum StoreError {
     /// since the last sync are on disk is unknown, so nothing after them is applied.
     #[error("the raft log's sync failed: {0}")]
     SyncFailed(String),
+    /// The node's state machine is gone (the node is stopping) while a purge waited for its snapshot.
+    #[error("the state machine is gone")]
+    MachineGone,
     /// A flush did not run to its end (the runtime is shutting down, or the flush panicked).
     #[error("flush task: {0}")]
     FlushTask(#[from] tokio::task::JoinError),

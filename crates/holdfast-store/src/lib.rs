@@ -100,6 +100,7 @@
 //! [`seed_thread_rng`] on threads that call it (a simulation's), so a seed replays the same
 //! elections; other threads draw from `rand::thread_rng()`.
 
+mod covered;
 mod durable;
 mod error;
 mod log;
@@ -256,9 +257,16 @@ pub fn open_with_cache(
         Some(bytes) => Some(bincode::deserialize(&bytes)?),
         None => None,
     };
-    let log_store = LogStore::new(db.clone(), wal, meta, purged, observer.clone(), vote);
-    let state_machine =
-        StateMachineStore::open(db, snapshots, &dir.join(state_machine::DIR), observer, log_store.durable())?;
+    let (covered_sender, covered) = covered::covered();
+    let log_store = LogStore::new(db.clone(), wal, meta, purged, observer.clone(), vote, covered);
+    let state_machine = StateMachineStore::open(
+        db,
+        snapshots,
+        &dir.join(state_machine::DIR),
+        observer,
+        log_store.durable(),
+        covered_sender,
+    )?;
     Ok((log_store, state_machine))
 }
 

@@ -10,6 +10,7 @@ use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::covered::Covered;
 use crate::durable::Durable;
 use crate::runtime::blocking;
 use crate::wal::Wal;
@@ -34,6 +35,8 @@ pub struct LogStore {
     vote: Arc<Mutex<Option<Vote<NodeId>>>>,
     /// How far the log is durable (the log's own, followed once rather than per commit).
     durable: Durable,
+    /// How far the stored snapshot covers the log: no purge goes further (see the `covered` module).
+    covered: Covered,
 }
 
 impl LogStore {
@@ -44,6 +47,7 @@ impl LogStore {
         purged: Option<LogId<NodeId>>,
         observer: Arc<dyn ApplyObserver>,
         vote: Option<Vote<NodeId>>,
+        covered: Covered,
     ) -> Self {
         Self {
             db,
@@ -55,6 +59,7 @@ impl LogStore {
             committed_index: Default::default(),
             own: None,
             vote: Arc::new(Mutex::new(vote)),
+            covered,
         }
     }
 
@@ -126,6 +131,8 @@ impl LogStore {
     }
 
     async fn purge_flushed(&self, upto: LogId<NodeId>) -> Result<(), StoreError> {
+        // Not past the stored snapshot: after a leader's snapshot, openraft purges before it is stored.
+        self.covered.reached(upto.index).await?;
         // `last_purged` first, durably: if the node stops before the segments go, the log still says where
         // it starts, and the next purge deletes what is left below it.
         self.write_meta(keys::LAST_PURGED, &upto)?;

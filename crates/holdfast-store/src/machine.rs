@@ -12,6 +12,7 @@ use openraft::{
     StoredMembership,
 };
 
+use crate::covered::CoveredSender;
 use crate::durable::Durable;
 use crate::runtime::blocking;
 use crate::snapshot::{SnapshotData, Summary};
@@ -97,6 +98,8 @@ pub(crate) struct Machine<S> {
     snapshots: S,
     /// How far the node's log is durable: nothing is applied before it is (see the `durable` module).
     durable: Durable,
+    /// Told of every snapshot stored, for the log's purges to wait on (see the `covered` module).
+    covered: CoveredSender,
 }
 
 impl<S: SnapshotStore> Machine<S> {
@@ -107,20 +110,27 @@ impl<S: SnapshotStore> Machine<S> {
         stored: Option<Restored>,
         observer: Arc<dyn ApplyObserver>,
         durable: Durable,
+        covered: CoveredSender,
     ) -> Result<Self, StoreError> {
         let (state, progress, stored) = match stored {
             Some((meta, state, len)) => (state, Progress::of(&meta), Some((meta, len))),
             None => (LockState::new(), Progress::default(), None),
         };
         let restored = progress.last_applied.is_some();
-        let machine =
-            Self { state: Arc::new(RwLock::new(state)), progress: Mutex::new(progress), observer, snapshots, durable };
+        let machine = Self {
+            state: Arc::new(RwLock::new(state)),
+            progress: Mutex::new(progress),
+            observer,
+            snapshots,
+            durable,
+            covered,
+        };
         if restored {
             let state = machine.state.read().map_err(|_| StoreError::Poisoned)?;
             machine.observer.restored(&state);
         }
         if let Some((meta, len)) = stored {
-            machine.stored(&meta, len);
+            machine.stored(&meta, len, false);
         }
         Ok(machine)
     }
@@ -198,7 +208,7 @@ impl<S: SnapshotStore> Machine<S> {
             .await
             .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
         if saved {
-            self.stored(&meta, summary.len);
+            self.stored(&meta, summary.len, false);
         }
         Ok(Snapshot { meta, snapshot: Box::new(data) })
     }
@@ -234,12 +244,13 @@ impl<S: SnapshotStore> Machine<S> {
         let signature = || Some(meta.signature());
         let (new_state, summary) =
             snapshot.decode().await.map_err(|e| StorageIOError::read_snapshot(signature(), &e))?;
-        // Stored first: once the state is replaced, openraft may purge the log the snapshot covers.
+        // Stored first: openraft purges the log the snapshot covers as soon as it has handed the
+        // snapshot over, and the purge waits for this (see the `covered` module).
         self.snapshots
             .save(meta, *snapshot, summary, Replace::Always)
             .await
             .map_err(|e| StorageIOError::write_snapshot(signature(), &e))?;
-        self.stored(meta, summary.len);
+        self.stored(meta, summary.len, true);
         self.replace(meta, new_state).map_err(|e| StorageIOError::write_state_machine(&e))?;
         Ok(())
     }
@@ -250,12 +261,16 @@ impl<S: SnapshotStore> Machine<S> {
         reason = "the body of an openraft trait method, whose error is openraft's `StorageError`"
     )]
     pub(crate) fn receive_snapshot(&self) -> Result<Box<SnapshotData>, StorageError<NodeId>> {
+        self.covered.receiving();
         Ok(Box::new(self.snapshots.create().map_err(|e| StorageIOError::write_snapshot(None, &e))?))
     }
 
-    /// Tells the observer that the snapshot `meta` describes, `len` bytes, is now this node's current one.
-    fn stored(&self, meta: &Meta, len: u64) {
-        self.observer.snapshot_stored(meta.last_log_id.map_or(0, |id| id.index), len);
+    /// Tells the observer that the snapshot `meta` describes, `len` bytes, is now this node's current one;
+    /// `installed`: the leader sent it.
+    fn stored(&self, meta: &Meta, len: u64, installed: bool) {
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        self.covered.stored(index, installed);
+        self.observer.snapshot_stored(index, len);
     }
 
     /// Replaces the lock state and progress with a snapshot's.

@@ -19,6 +19,7 @@ use std::time::Duration;
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
+use crate::covered::Covered;
 use crate::durable::{Durable, Synced, SyncedSender};
 use crate::machine::{Machine, Meta, Replace, SnapshotStore};
 use crate::snapshot::{self, SnapshotData, Summary};
@@ -286,9 +287,11 @@ pub fn open_memory(disk: &MemDisk, observer: Arc<dyn ApplyObserver>) -> (MemLogS
             .expect("a stored snapshot restores: its bytes are a state that passed its invariant checks");
         (meta, state, summary.len)
     });
-    let machine = Machine::open(MemSnapshots { opened: opened.clone() }, restored, observer, durable.clone())
-        .expect("opening a machine on a restored state fails only on a poisoned lock");
-    let log_store = MemLogStore { opened, committed_index: Default::default(), own: None, durable };
+    let (covered_sender, covered) = crate::covered::covered();
+    let machine =
+        Machine::open(MemSnapshots { opened: opened.clone() }, restored, observer, durable.clone(), covered_sender)
+            .expect("opening a machine on a restored state fails only on a poisoned lock");
+    let log_store = MemLogStore { opened, committed_index: Default::default(), own: None, durable, covered };
     (log_store, MemStateMachine { machine: Arc::new(machine) })
 }
 
@@ -302,6 +305,8 @@ pub struct MemLogStore {
     own: Option<NodeId>,
     /// How far the log is durable: the same as the state machine's.
     durable: Durable,
+    /// How far the stored snapshot covers the log: no purge goes further (see the `covered` module).
+    covered: Covered,
 }
 
 impl MemLogStore {
@@ -412,6 +417,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.covered.reached(log_id.index).await.map_err(|e| StorageIOError::write_logs(&e))?;
         let purge = Write::Purge { upto: log_id };
         Ok(self.opened.write_flushed(purge).map_err(|e| StorageIOError::write_logs(&e))?)
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::covered::CoveredSender;
 use crate::durable::Durable;
 use crate::machine::{Machine, Meta, Replace, Restored, SnapshotStore};
 use crate::snapshot::{self, SnapshotData, Summary};
@@ -92,6 +93,7 @@ impl StateMachineStore {
         dir: &Path,
         observer: Arc<dyn ApplyObserver>,
         durable: Durable,
+        covered: CoveredSender,
     ) -> Result<Self, StoreError> {
         create_dir(dir)?;
         let stored = read_stored(&snapshots)?;
@@ -99,7 +101,7 @@ impl StateMachineStore {
         let restored = restore(&snapshots, dir, stored)?;
         let snapshots =
             DiskSnapshots { db, snapshots, dir: dir.to_owned(), observer: observer.clone(), io: Default::default() };
-        Ok(Self { machine: Arc::new(Machine::open(snapshots, restored, observer, durable)?) })
+        Ok(Self { machine: Arc::new(Machine::open(snapshots, restored, observer, durable, covered)?) })
     }
 }
 

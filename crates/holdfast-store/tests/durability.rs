@@ -31,6 +31,37 @@ fn open_quiet(dir: &Path) -> Result<(LogStore, StateMachineStore)> {
     }
 }
 
+/// openraft 0.9 purges the log that a leader's snapshot covers as soon as it hands the snapshot to the
+/// state machine, before the state machine has stored it; a node stopped in between could not start (its
+/// log gone, its stored snapshot behind it). While a snapshot is on its way, a purge past the stored
+/// snapshot waits for the install.
+#[tokio::test]
+async fn a_purge_after_a_leaders_snapshot_waits_until_the_snapshot_is_stored() -> Result {
+    let (source_dir, target_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (_source_log, mut source) = open_quiet(source_dir.path())?;
+    source.apply((1..=8).map(|i| blank(1, i)).collect::<Vec<_>>()).await?;
+    let mut snapshot = source.get_snapshot_builder().await.build_snapshot().await?;
+
+    let (mut log, mut target) = open_quiet(target_dir.path())?;
+    log.blocking_append((1..=4).map(|i| blank(1, i))).await?;
+    log.purge(log_id(1, 2)).await?;
+    let mut received = target.begin_receiving_snapshot().await?;
+    receive(&mut received, &snapshot_bytes(&mut snapshot.snapshot).await?).await?;
+    // openraft's order: the purge comes before the install is done.
+    let mut purge = tokio::spawn({
+        let mut log = log.clone();
+        async move { log.purge(log_id(1, 8)).await }
+    });
+    // It waits (a purge that does not wait is done in milliseconds); the log is still there.
+    let waited = tokio::time::timeout(Duration::from_millis(500), &mut purge).await;
+    assert!(waited.is_err(), "the purge went ahead of the snapshot: {waited:?}");
+    assert_eq!(log.try_get_log_entries(3..5).await?.len(), 2);
+    target.install_snapshot(&snapshot.meta, received).await?;
+    purge.await??;
+    assert_eq!(log.get_log_state().await?.last_purged_log_id, Some(log_id(1, 8)));
+    Ok(())
+}
+
 fn state_bytes(sm: &StateMachineStore) -> Vec<u8> {
     common::state_bytes(&sm.state())
 }
