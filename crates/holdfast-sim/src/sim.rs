@@ -124,6 +124,9 @@ pub struct Plan {
     pub healed_at: At,
     /// How long after `healed_at` (plus an election's time to settle) every call must be answered.
     pub liveness_bound: Duration,
+    /// Entries between a node's snapshots; it keeps as many behind its snapshot, so a follower further
+    /// behind than that is sent a snapshot.
+    pub snapshot_every_entries: u64,
     /// Whether the run ends with a failover in a cluster nobody else talks to, once the healed cluster has
     /// converged ([`workload::quiet_probe`]): the leader crashes while a session and a TTL hold, taken
     /// through a follower, must outlive it and run out respectively.
@@ -182,6 +185,10 @@ impl Report {
 
 /// The clients of a random plan before an admin (which stalls do not pick).
 const CLIENTS_RANDOM: u32 = 7;
+/// Entries between snapshots, unless a plan says otherwise: small, so that runs take snapshots.
+const SNAPSHOT_EVERY_ENTRIES: u64 = 200;
+/// Mixed into a random plan's seed for the draw of its snapshot installs' time ([`Plan::random`]).
+const SLOW_INSTALLS_STREAM: u64 = 0x51_0e_1a_57;
 /// Violations a summary lists; the rest are counted.
 const SUMMARY_VIOLATIONS_MAX: usize = 12;
 /// How long after the heal an election and reconnections may take before liveness is judged.
@@ -236,6 +243,19 @@ impl Plan {
             at += Duration::from_millis(rng.gen_range(500..3_000));
         }
         faults.push((healed_at, Fault::Heal));
+        // A third of the plans snapshot every 10 entries, so that a follower down or cut off for a second or
+        // two is sent a snapshot, and install snapshots slowly throughout, as a large state does, mostly for
+        // longer than a follower waits for word from its leader (0.55-0.6 s). With 200 entries between
+        // snapshots no run of seeds 1-30 installed one; with 10, 7 of the 12 among them so drawn did, 1 to 7
+        // times. Drawn from a stream of its own, so that each seed's schedule and clients are the ones it
+        // had before this draw was added.
+        let mut installs = StdRng::seed_from_u64(seed ^ SLOW_INSTALLS_STREAM);
+        let mut snapshot_every_entries = SNAPSHOT_EVERY_ENTRIES;
+        if installs.gen_ratio(1, 3) {
+            snapshot_every_entries = 10;
+            let time = Duration::from_millis(installs.gen_range(300..2_000));
+            faults.insert(0, (Duration::ZERO, Fault::SlowSnapshotInstalls(time)));
+        }
         let mut roles = vec![
             Role::Model,
             Role::Model,
@@ -262,6 +282,7 @@ impl Plan {
             stop_at: healed_at + Duration::from_secs(8),
             healed_at,
             liveness_bound: Duration::from_secs(10),
+            snapshot_every_entries,
             quiet_failover: true,
         }
     }
@@ -280,6 +301,7 @@ impl Plan {
             stop_at,
             healed_at: Duration::ZERO,
             liveness_bound: Duration::from_secs(10),
+            snapshot_every_entries: SNAPSHOT_EVERY_ENTRIES,
             quiet_failover: false,
         }
     }
@@ -334,7 +356,7 @@ pub fn run(plan: &Plan) -> Report {
         // A node's wall clock runs off the simulation's by up to 40 ms either way, and jumps on a
         // `ClockJump`: the leader's stamps must not depend on clocks agreeing.
         let skew_ms = skews[&id].clone();
-        let seed = plan.seed;
+        let (seed, snapshot_every_entries) = (plan.seed, plan.snapshot_every_entries);
         sim.host(host(id), move || {
             let start = starts.fetch_add(1, Ordering::Relaxed);
             let config = Config {
@@ -344,8 +366,7 @@ pub fn run(plan: &Plan) -> Report {
                 limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 24 * 3_600_000, wait_ms_max: 300_000 },
                 heartbeat_ms: 100,
                 election_timeout_ms: 250,
-                // Small, so that runs take and install snapshots.
-                snapshot_every_entries: 200,
+                snapshot_every_entries,
                 queue_hold: holdfast_server::proposer::QUEUE_HOLD,
                 join,
                 admin_key: None,
