@@ -67,13 +67,16 @@
 //!   removed entry cut and synced, before `truncate` returns;
 //! - a purge: `last_purged` flushed to sled first, then the segment files it covers deleted, before `purge`
 //!   returns; entries at or below `last_purged` are never read back, so a crash in between never leaves a
-//!   log that seems to start at 0;
+//!   log that seems to start at 0. While a snapshot from the leader is on its way, a purge past the stored
+//!   snapshot first waits until it is stored (the `covered` module: openraft 0.9 purges before it is);
 //! - a vote, flushed to sled (write and fsync), before `save_vote` returns;
 //! - a snapshot, before `build_snapshot` or `install_snapshot` returns: its file written and synced
 //!   (`<n>.new`), renamed to `<n>.snapshot` and the directory synced, then its name and metadata flushed
 //!   to sled; only then is the file of the snapshot before it removed. A crash anywhere in between leaves
-//!   the earlier snapshot whole and named, and an unnamed file that the next open removes. openraft purges
-//!   only logs a snapshot covers, so the snapshot and the log after it always rebuild the state.
+//!   the earlier snapshot whole and named, and an unnamed file that the next open removes. No purge goes
+//!   past the stored snapshot (openraft's own after a build come after the snapshot is stored; after a
+//!   leader's snapshot the purge waits for it), so the snapshot and the log after it always rebuild the
+//!   state.
 //!
 //! `committed` is written to sled but not flushed on its own (it rides on the next sled flush, and sled's
 //! background flush runs every 500 ms): it only lets a restarted node re-apply at once; losing the
