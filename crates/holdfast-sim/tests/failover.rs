@@ -401,6 +401,31 @@ async fn metric(node: u64, metric: &str) -> Option<u64> {
     metrics.lines().find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// Takes locks through `leader`, one entry each, one after the other until `until`; answers how many.
+async fn grant_until(ctx: &Ctx, leader: u64, until: At) -> Result<usize, Box<dyn std::error::Error>> {
+    let leader = format!("n{leader}:7070");
+    let mut granted = 0;
+    while now() < until {
+        let lock = format!("{KEPT_PREFIX}install-{granted}");
+        match http_acquire(ctx, &leader, &lock, MODEL_TTL_MS).await {
+            (Outcome::Granted { .. }, _) => granted += 1,
+            _ => return Err(format!("{lock} was not granted").into()),
+        }
+    }
+    Ok(granted)
+}
+
+/// When `node` first reported it had applied the log through `index`, looking every 50 ms until `by`.
+async fn applied_through(node: u64, index: u64, by: At) -> Option<At> {
+    while now() < by {
+        match status(node).await.and_then(|s| s["applied_index"].as_u64()) {
+            Some(applied) if applied >= index => return Some(now()),
+            _ => tokio::time::sleep(secs(0.05)).await,
+        }
+    }
+    None
+}
+
 /// A node's `/v1/cluster` answer.
 async fn status(node: u64) -> Option<serde_json::Value> {
     match holdfast_sim::http::call(&format!("n{node}:7070"), Method::GET, "/v1/cluster").await {
@@ -428,26 +453,12 @@ fn a_follower_installing_a_slow_snapshot_leaves_its_leader_alone() {
             // The follower is down from 1 s: the leader writes an entry per lock, snapshots every 200
             // entries and keeps 200 behind its snapshot, so the follower's next entries are soon gone.
             until(secs(1.1)).await;
-            let leader = format!("n{old}:7070");
-            let mut granted = 0;
-            while now() < secs(HEAL - 0.5) {
-                let lock = format!("{KEPT_PREFIX}install-{granted}");
-                match http_acquire(&ctx, &leader, &lock, MODEL_TTL_MS).await {
-                    (Outcome::Granted { .. }, _) => granted += 1,
-                    _ => return Err(format!("{lock} was not granted").into()),
-                }
-            }
+            let granted = grant_until(&ctx, old, secs(HEAL - 0.5)).await?;
             let target = status(old).await.and_then(|s| s["last_log_index"].as_u64()).ok_or("no last index")?;
             // Back at the heal; the install alone takes INSTALL.
             until(secs(HEAL + INSTALL / 2.0)).await;
             let held_installing = metric(crashed, "holdfast_raft_elections_held").await;
-            let mut caught_up = None;
-            while caught_up.is_none() && now() < secs(HEAL + INSTALL + 3.0) {
-                match status(crashed).await.and_then(|s| s["applied_index"].as_u64()) {
-                    Some(applied) if applied >= target => caught_up = Some(now()),
-                    _ => tokio::time::sleep(secs(0.05)).await,
-                }
-            }
+            let caught_up = applied_through(crashed, target, secs(HEAL + INSTALL + 3.0)).await;
             // Whatever the leader did once the install was answered has happened a second later.
             until(secs(HEAL + INSTALL + 4.0)).await;
             let mut last = Vec::new();
@@ -500,24 +511,11 @@ fn a_follower_that_crashes_while_installing_a_snapshot_starts_again() {
         let seen = client(&mut plan, |ctx, old, seen: Arc<Mutex<Install>>| async move {
             let crashed = follower(old, 0)?;
             until(secs(1.1)).await;
-            let leader = format!("n{old}:7070");
-            let mut granted = 0;
-            while now() < secs(5.5) {
-                let lock = format!("{KEPT_PREFIX}install-{granted}");
-                if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &leader, &lock, MODEL_TTL_MS).await {
-                    granted += 1;
-                }
-            }
+            let granted = grant_until(&ctx, old, secs(5.5)).await?;
             // Restarted at 6 s, crashed again at 7 s in the middle of its 2 s install, restarted at 9 s.
             let target = status(old).await.and_then(|s| s["last_log_index"].as_u64()).ok_or("no last index")?;
             until(secs(9.0)).await;
-            let mut caught_up = None;
-            while caught_up.is_none() && now() < secs(13.5) {
-                match status(crashed).await.and_then(|s| s["applied_index"].as_u64()) {
-                    Some(applied) if applied >= target => caught_up = Some(now()),
-                    _ => tokio::time::sleep(secs(0.05)).await,
-                }
-            }
+            let caught_up = applied_through(crashed, target, secs(13.5)).await;
             *seen.lock().expect("poisoned") = Install { old, crashed, granted, caught_up, ..Install::default() };
             Ok(())
         });
