@@ -35,7 +35,8 @@ pub struct LogStore {
     vote: Arc<Mutex<Option<Vote<NodeId>>>>,
     /// How far the log is durable (the log's own, followed once rather than per commit).
     durable: Durable,
-    /// How far the stored snapshot covers the log: no purge goes further (see the `covered` module).
+    /// How far the stored snapshot covers the log, and whether a leader's snapshot is on its way: a purge
+    /// then goes no further than the stored snapshot (see the `covered` module).
     covered: Covered,
 }
 

@@ -98,7 +98,8 @@ pub(crate) struct Machine<S> {
     snapshots: S,
     /// How far the node's log is durable: nothing is applied before it is (see the `durable` module).
     durable: Durable,
-    /// Told of every snapshot stored, for the log's purges to wait on (see the `covered` module).
+    /// Told of every snapshot received and stored, for the log's purges to wait on (see the `covered`
+    /// module).
     covered: CoveredSender,
 }
 

@@ -305,7 +305,8 @@ pub struct MemLogStore {
     own: Option<NodeId>,
     /// How far the log is durable: the same as the state machine's.
     durable: Durable,
-    /// How far the stored snapshot covers the log: no purge goes further (see the `covered` module).
+    /// How far the stored snapshot covers the log, and whether a leader's snapshot is on its way: a purge
+    /// then goes no further than the stored snapshot (see the `covered` module).
     covered: Covered,
 }
 
