@@ -117,11 +117,7 @@ fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {
                 }
             }
             let leader_after = leader_of(&through).await;
-            let metrics = holdfast_sim::http::text(&through, "/metrics").await?.1;
-            let early_campaigns = metrics
-                .lines()
-                .find_map(|line| line.strip_prefix("holdfast_raft_early_campaigns_total "))
-                .and_then(|value| value.trim().parse().ok());
+            let early_campaigns = metric(other, "holdfast_raft_early_campaigns_total").await;
             *seen.lock().expect("poisoned") =
                 Seen { old, held, other, granted_before, granted_after, leader_after, early_campaigns };
             Ok(())
