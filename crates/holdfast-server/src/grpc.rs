@@ -182,12 +182,13 @@ fn authorization<T>(request: &GrpcRequest<T>) -> Option<&str> {
 impl LocksService {
     /// This node's view of the cluster.
     fn status(&self) -> ClusterStatusResponse {
+        let leader = self.node.leader();
         let metrics = self.node.raft.metrics();
         let m = metrics.borrow();
         let members = m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
         ClusterStatusResponse {
             id: self.node.id,
-            leader: m.current_leader.unwrap_or(0),
+            leader: leader.unwrap_or(0),
             term: m.current_term,
             state: format!("{:?}", m.state),
             members,

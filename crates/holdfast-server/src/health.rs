@@ -52,10 +52,10 @@ async fn metrics_page(State(node): State<Arc<Node>>) -> Response {
 /// Sets the gauges read at scrape time, then encodes every metric.
 pub fn render(node: &Node) -> String {
     let m = &node.metrics;
+    m.has_leader.set(node.leader().is_some().into());
     let applied = {
         let raft = node.raft.metrics();
         let r = raft.borrow();
-        m.has_leader.set(r.current_leader.is_some().into());
         m.is_leader.set((r.state == ServerState::Leader).into());
         m.term.set(r.current_term as i64);
         m.last_log_index.set(r.last_log_index.unwrap_or(0) as i64);

@@ -241,11 +241,13 @@ where
         max_in_snapshot_log_to_keep: config.snapshot_every_entries.min(1_000),
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         max_payload_entries: 512,
+        // Elections are the election watch's, with a pre-vote (`Node::run_election_watch`).
+        enable_elect: false,
         ..Default::default()
     };
     let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
-    let network = Network { peers: peers.clone(), durable: Some(durable) };
+    let network = Network { peers: peers.clone(), durable: Some(durable.clone()) };
     let raft = Raft::new(config.id, raft_config, network, log_store, sm_store).await.context("starting raft")?;
 
     // Every node may initialize with the full member list: the first entry is then the same everywhere,
@@ -262,12 +264,20 @@ where
 
     let limits = config.limits.clone();
     let node = Arc::new(
-        Node::new(config.id, raft.clone(), state, events, peers, limits, committed_index)
-            .with_admin_key(config.admin_key.clone())
-            .with_auth(auth::Auth::new(config.auth.clone()))
-            .with_clock(config.clock.clone(), config.rng_seed)
-            .with_queue_hold(config.queue_hold)
-            .with_bugs(config.bugs),
+        Node::new(
+            config.id,
+            raft.clone(),
+            state,
+            events,
+            peers,
+            limits,
+            node::LogProgress { committed_index, durable },
+        )
+        .with_admin_key(config.admin_key.clone())
+        .with_auth(auth::Auth::new(config.auth.clone()))
+        .with_clock(config.clock.clone(), config.rng_seed)
+        .with_queue_hold(config.queue_hold)
+        .with_bugs(config.bugs),
     );
     if let Some(started) = started {
         let _ = started.send(node.clone());
@@ -380,6 +390,7 @@ fn nodelay(
 
 /// `GET /v1/cluster`: this node, the leader, term, members, and how far the log is.
 pub fn cluster_status(node: &Node) -> Value {
+    let leader = node.leader();
     let metrics = node.raft.metrics();
     let m = metrics.borrow();
     let membership = m.membership_config.membership();
@@ -390,7 +401,7 @@ pub fn cluster_status(node: &Node) -> Value {
     json!({
         "id": node.id,
         "state": format!("{:?}", m.state),
-        "leader": m.current_leader,
+        "leader": leader,
         "term": m.current_term,
         "members": members,
         "voters": voters,
@@ -403,12 +414,14 @@ pub fn cluster_status(node: &Node) -> Value {
     })
 }
 
-/// `GET /readyz`: a leader is known, and this node applied its log.
+/// `GET /readyz`: a leader is known ([`Node::leader`]: on a follower, one heard from lately), and this node
+/// applied its log.
 pub fn readiness(node: &Node) -> Result<(), String> {
+    let leader = node.leader();
     let metrics = node.raft.metrics();
     let m = metrics.borrow();
     m.running_state.as_ref().map_err(|e| format!("raft stopped: {e}"))?;
-    let Some(leader) = m.current_leader else {
+    let Some(leader) = leader else {
         return Err("no leader known".into());
     };
     if leader == node.id && m.state != ServerState::Leader {

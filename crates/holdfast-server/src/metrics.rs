@@ -150,7 +150,7 @@ pub struct Metrics {
     pub leader_changes: Counter,
     pub early_campaigns: Counter,
     pub silent_leader_campaigns: Counter,
-    pub elections_held: Gauge,
+    pub pre_votes_lost: Counter,
     pub proposals: Family<ProposalLabels, Counter>,
     pub entry_commands: Histogram,
     pub held_back: Gauge,
@@ -199,7 +199,7 @@ impl Metrics {
             leader_changes: Counter::default(),
             early_campaigns: Counter::default(),
             silent_leader_campaigns: Counter::default(),
-            elections_held: Gauge::default(),
+            pre_votes_lost: Counter::default(),
             proposals: Family::default(),
             entry_commands: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             held_back: Gauge::default(),
@@ -241,16 +241,16 @@ impl Metrics {
         );
         raft.register(
             "silent_leader_campaigns",
-            "Elections this node started because no leader was heard from for a lease and an election timeout, before \
-             openraft's own timer did (it looks only every 1.5 heartbeat intervals, and waits longer on a node that once \
-             saw a longer log as a candidate)",
+            "Elections this node started because no leader was heard from for a lease and an election timeout, and a \
+             majority of the voters would vote for it",
             m.silent_leader_campaigns.clone(),
         );
         raft.register(
-            "elections_held",
-            "1 while openraft's own election timer is held off on this node: a leader is streaming it a snapshot or \
-             waiting for it to install one, until the leader's next AppendEntries or a lease without word from a leader",
-            m.elections_held.clone(),
+            "pre_votes_lost",
+            "Times this node did not campaign after no leader was heard from for a lease and an election timeout: no \
+             majority of the voters would vote for it (they still hear a leader, hold a longer log, or cannot be \
+             reached)",
+            m.pre_votes_lost.clone(),
         );
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
         raft.register(

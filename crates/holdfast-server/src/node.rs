@@ -1,13 +1,14 @@
 //! A node: proposes on the leader, forwards from followers, reads linearizably, waits for grants.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, SessionId, SessionView, Token};
-use holdfast_store::{NodeId, Response, SharedState, TypeConfig};
+use holdfast_store::{Durable, NodeId, Response, SharedState, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
-use openraft::{BasicNode, Raft, ServerState};
+use openraft::{BasicNode, LogId, Raft, ServerState};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -247,13 +248,18 @@ pub struct Node {
     contact: Mutex<LeaderContact>,
     /// The highest term of a candidate this node started a campaign of its own against.
     campaigned_against: AtomicU64,
+    /// How far this node's log is durable: its last entry, for pre-votes.
+    durable: Durable,
+    /// When this node started: a follower that has heard from no leader since counts its silence from then.
+    started: Instant,
 }
 
-/// What a node knows of its contact with a leader, for its election watch and its early campaigns.
+/// What a node knows of its contact with a leader, for its election watch, its answers to pre-votes and
+/// its early campaigns.
 #[derive(Debug, Default)]
 struct LeaderContact {
     /// When a call from a leader (an `AppendEntries` or a snapshot chunk, from whichever leader) last
-    /// arrived here or was last answered.
+    /// arrived here or was last answered; on the leader itself, the election watch's last look.
     heard: Option<Instant>,
     /// Calls from a leader being answered now. The last chunk of a snapshot is answered only once the
     /// snapshot is installed, which takes a second or more at a million locks, and the leader sends this
@@ -261,16 +267,8 @@ struct LeaderContact {
     /// whose watch campaigned meanwhile deposed a healthy leader with its higher term (docs/benchmarks.md).
     /// A follower's `AppendEntries` waits for its disk the same way.
     answering: u32,
-    /// Whether openraft's own election timer is held off (`enable_elect`), since a snapshot's chunk came.
-    /// openraft 0.9 restarts its timer on a leader's `AppendEntries`, but not on a chunk, nor while it
-    /// installs a snapshot, so it campaigns in the middle of both with the same effect. The watch lets
-    /// the timer run again once an `AppendEntries` was answered after the snapshot, or no call from a
-    /// leader was for a lease ([`LeaderContact::releases_elections`]).
-    elections_held: bool,
-    /// The kind of the last call from a leader answered here.
-    last_answered: Option<Call>,
-    /// When this node last granted a candidate its vote: the election watch waits as long from then as
-    /// from the last word from a leader, as openraft's timer does.
+    /// When this node last granted a candidate its vote: an election waits as long from then as from the
+    /// last word from a leader, as openraft's timer would.
     granted_vote: Option<Instant>,
 }
 
@@ -284,14 +282,10 @@ impl LeaderContact {
         }
     }
 
-    /// Whether openraft's election timer, held off for a snapshot, may run again as of `now`: nothing from
-    /// a leader is being answered, and either the last call answered was an `AppendEntries` (which restarted
-    /// the timer: the snapshot is done and the leader goes on), or none was for a `lease` (a leader that died
-    /// while the snapshot came leaves the timer expired, and it fires at its next tick).
-    fn releases_elections(&self, now: Instant, lease: Duration) -> bool {
-        self.elections_held
-            && self.answering == 0
-            && (self.last_answered == Some(Call::Append) || self.heard.is_none_or(|heard| now - heard >= lease))
+    /// The later of the last word from a leader and the last vote this node granted, as of `now`: what an
+    /// election waits from. A candidate it voted for may lead already, its first entries on their way.
+    fn quiet_since(&self, now: Instant) -> Option<Instant> {
+        self.heard(now).max(self.granted_vote)
     }
 }
 
@@ -299,7 +293,6 @@ impl LeaderContact {
 /// from then.
 pub(crate) struct LeaderCall<'a> {
     node: &'a Node,
-    call: Call,
 }
 
 impl Drop for LeaderCall<'_> {
@@ -307,64 +300,127 @@ impl Drop for LeaderCall<'_> {
         let mut contact = self.node.contact();
         contact.answering -= 1;
         contact.heard = Some(Instant::now());
-        contact.last_answered = Some(self.call);
     }
 }
 
-/// A vote this node answered, and what it knew then: whether it has to campaign at once (see
+/// What a node asks each voter before it campaigns: whether the voter would vote for it now
+/// ([`Node::pre_vote`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PreVote {
+    /// The node that asks.
+    pub candidate: NodeId,
+    /// The term it would campaign in: one above its vote's.
+    pub term: u64,
+    /// The last entry of its log.
+    pub last_log_id: Option<LogId<NodeId>>,
+}
+
+/// A voter's answer to a [`PreVote`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PreVoteAnswer {
+    pub granted: bool,
+}
+
+/// What a node knows when a peer asks it a [`PreVote`] ([`Node::answer_pre_vote`]).
+struct PreVoteAsked<'a> {
+    asked: &'a PreVote,
+    state: ServerState,
+    /// How long since this node last heard from a leader or granted a vote; `None`: never since it started.
+    leader_silent: Option<Duration>,
+    /// A leader's lease: openraft's longest election timeout.
+    lease: Duration,
+    /// The last entry of this node's log.
+    last: Option<LogId<NodeId>>,
+}
+
+impl PreVoteAsked<'_> {
+    /// Whether the leader is gone as far as this node knows: it is not the leader, and heard from none
+    /// (nor granted a vote) for longer than a lease, the time openraft refuses votes for after the last
+    /// word from a leader.
+    fn leader_gone(&self) -> bool {
+        self.state != ServerState::Leader && self.leader_silent.is_none_or(|silent| silent > self.lease)
+    }
+
+    /// Whether this node would vote for the asker: the leader is gone, and the asker's log is at least as
+    /// up to date as this node's, as openraft's vote requires.
+    fn grants(&self) -> bool {
+        self.leader_gone() && self.asked.last_log_id >= self.last
+    }
+}
+
+/// Whether the voters in `granted` are a majority of every voter set in `configs` (two during a membership
+/// change, one otherwise): what an election needs to win.
+fn majority_of_each(configs: &[BTreeSet<NodeId>], granted: &BTreeSet<NodeId>) -> bool {
+    configs.iter().all(|voters| voters.iter().filter(|id| granted.contains(id)).count() * 2 > voters.len())
+}
+
+/// A vote or a pre-vote this node answered, and what it knew then: whether it has to campaign at once (see
 /// [`Node::answered_vote`]).
-struct Refused<'a> {
+struct Refused {
+    /// The term the candidate campaigns in (or, for a pre-vote, would campaign in), and its last entry.
     candidate_term: u64,
-    candidate_last: Option<openraft::LogId<NodeId>>,
-    answer: &'a openraft::raft::VoteResponse<NodeId>,
+    candidate_last: Option<LogId<NodeId>>,
+    /// Whether this node granted it.
+    granted: bool,
+    /// This node's last entry, and the term of its vote, as it answered.
+    last: Option<LogId<NodeId>>,
+    answer_term: u64,
     /// How long since this node last heard from a leader; `None`: never since it started.
     leader_silent: Option<Duration>,
     /// A leader's lease: openraft's longest election timeout.
     lease: Duration,
     state: ServerState,
-    /// The term of this node's vote.
+    /// The term of this node's vote, as its metrics last told.
     term: u64,
 }
 
-impl Refused<'_> {
+impl Refused {
     /// How many campaigns, one after the other, take this node's term past the candidate's: `None` if this
     /// node should not campaign now (it granted the vote, the candidate's log is not behind, it already
     /// voted in a later term, a leader was heard from within a lease, or it is not a follower).
     fn campaigns(&self) -> Option<u64> {
-        let behind = self.candidate_last < self.answer.last_log_id;
-        let passed = self.answer.vote.leader_id().term > self.candidate_term;
+        let behind = self.candidate_last < self.last;
+        let passed = self.answer_term > self.candidate_term;
         let leader_gone = self.leader_silent.is_none_or(|silent| silent > self.lease);
-        if self.answer.vote_granted || !behind || passed || !leader_gone || self.state != ServerState::Follower {
+        if self.granted || !behind || passed || !leader_gone || self.state != ServerState::Follower {
             return None;
         }
         Some((self.candidate_term + 1).saturating_sub(self.term).clamp(1, 3))
     }
 }
 
-/// What decides whether a node campaigns by itself because its leader fell silent
+/// What decides whether a node tries to campaign because its leader fell silent
 /// ([`Node::run_election_watch`]).
 #[derive(Debug, Clone, Copy)]
 struct Silence {
     state: ServerState,
     /// Whether this node is a voter.
     voter: bool,
-    /// How long since this node last heard from a leader; `None`: never since it started.
+    /// How long since this node last heard from a leader or granted a vote; `None`: never since it started.
     leader_silent: Option<Duration>,
-    /// How long since this node last campaigned this way; `None`: never.
-    since_campaign: Option<Duration>,
-    /// How long after the last word from a leader to campaign: a lease and an election timeout.
+    /// How long since this node's watch started.
+    since_start: Duration,
+    /// How long since this node last tried (a pre-vote, and a campaign if it won); `None`: never.
+    since_try: Option<Duration>,
+    /// How long after the last word from a leader to try: a lease and an election timeout.
     wait: Duration,
+    /// How long after its start a node that never heard from a leader tries, and how long after a try
+    /// it tries again: an election timeout.
+    retry: Duration,
 }
 
 impl Silence {
-    /// Whether to campaign now: a voter that follows (a candidate's own campaign is left to run), has heard
-    /// no leader for `wait` (it heard one once), and has not campaigned this way within `wait`.
-    fn campaigns(&self) -> bool {
-        let waited = |since: Option<Duration>| since.is_some_and(|since| since >= self.wait);
+    /// Whether to try now: a voter that follows or stands for election, has heard no leader for `wait`
+    /// (or, never having heard one, has run for `retry`), and has not tried within `retry`.
+    fn tries(&self) -> bool {
+        let quiet = match self.leader_silent {
+            Some(silent) => silent >= self.wait,
+            None => self.since_start >= self.retry,
+        };
         self.voter
-            && self.state == ServerState::Follower
-            && waited(self.leader_silent)
-            && (self.since_campaign.is_none() || waited(self.since_campaign))
+            && matches!(self.state, ServerState::Follower | ServerState::Candidate)
+            && quiet
+            && self.since_try.is_none_or(|since| since >= self.retry)
     }
 }
 
@@ -423,6 +479,14 @@ struct Confirmer {
     rounds: tokio::sync::watch::Sender<Option<(Instant, bool)>>,
 }
 
+/// How far a node's own log is, as its store tells.
+pub struct LogProgress {
+    /// The last committed index the log store knows of.
+    pub committed_index: Arc<AtomicU64>,
+    /// How far the log is durable: its last entry is what a pre-vote offers.
+    pub durable: Durable,
+}
+
 /// Wall-clock milliseconds since the Unix epoch.
 pub fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -436,8 +500,9 @@ impl Node {
         events: Arc<Events>,
         peers: Arc<Peers>,
         limits: FrontLimits,
-        committed_index: Arc<AtomicU64>,
+        log: LogProgress,
     ) -> Self {
+        let LogProgress { committed_index, durable } = log;
         let metrics = events.metrics().clone();
         let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
         let last_stamp_ms = AtomicU64::new(0);
@@ -463,27 +528,36 @@ impl Node {
             bugs: Bugs::default(),
             contact: Mutex::new(LeaderContact::default()),
             campaigned_against: AtomicU64::new(0),
+            durable,
+            started: Instant::now(),
         }
     }
 
-    /// Records that `call` from a leader (an `AppendEntries`, or a chunk of a snapshot it streams) reached
+    /// Records that a call from a leader (an `AppendEntries`, or a chunk of a snapshot it streams) reached
     /// this node; until the guard this answers is dropped, with the call answered, the leader counts as
-    /// heard from at every moment. A snapshot's chunk also holds off openraft's own election timer, until
-    /// the election watch lets it run again ([`LeaderContact`]).
-    pub(crate) fn leader_call(&self, call: Call) -> LeaderCall<'_> {
+    /// heard from at every moment ([`LeaderContact`]).
+    pub(crate) fn leader_call(&self) -> LeaderCall<'_> {
         let mut contact = self.contact();
         contact.heard = Some(Instant::now());
         contact.answering += 1;
-        if call == Call::Snapshot && !contact.elections_held {
-            contact.elections_held = true;
-            self.raft.runtime_config().elect(false);
-            self.metrics.elections_held.set(1);
-        }
-        LeaderCall { node: self, call }
+        LeaderCall { node: self }
     }
 
     fn contact(&self) -> std::sync::MutexGuard<'_, LeaderContact> {
         self.contact.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A leader's lease: openraft's longest election timeout, for which a node that heard from a leader
+    /// refuses votes.
+    fn lease(&self) -> Duration {
+        Duration::from_millis(self.raft.config().election_timeout_max)
+    }
+
+    /// This node's role and the term of its vote, as its Raft metrics last told.
+    fn role(&self) -> (ServerState, u64) {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        (metrics.state, metrics.vote.leader_id().term)
     }
 
     /// After this node answered a candidate of `candidate_term` whose log ends at `candidate_last`:
@@ -491,20 +565,17 @@ impl Node {
     /// this node is the one that has to lead.
     ///
     /// A candidate whose log is behind this node's never gets its vote, and in a three-node cluster whose
-    /// leader is gone it cannot win at all: this node has to. openraft 0.9 leaves it to its own election
-    /// timer, which may fire much later: the timer adds twice the longest election timeout for as long as
-    /// the node once saw a longer log while a candidate itself, a mark only its own next campaign clears,
-    /// so a node that lost the cluster's first election keeps it. Seen in failovers: the first grant 1.2 s
-    /// after the leader was killed, against about 0.6 s otherwise (docs/benchmarks.md). So when no leader
-    /// has been heard from for longer than a leader's lease, this node campaigns at once, in a term above
-    /// the candidate's: openraft orders the candidates of one term by node id, and would have the
-    /// candidate refuse this node in its own term if this node's id is lower. A campaign never breaks
-    /// safety; at worst it costs an election round, and a node that still hears from a leader never starts
-    /// one here.
+    /// leader is gone it cannot win at all: this node has to. Waiting for its own election watch costs a
+    /// lease and an election timeout from the last word of the leader (docs/benchmarks.md: failovers of 1.2 s
+    /// against about 0.6 s, when openraft's own timer still campaigned). So when no leader has been heard
+    /// from for longer than a leader's lease, this node campaigns at once, in a term above the candidate's:
+    /// openraft orders the candidates of one term by node id, and would have the candidate refuse this
+    /// node in its own term if this node's id is lower. A campaign never breaks safety; at worst it costs
+    /// an election round, and a node that still hears from a leader never starts one here.
     pub(crate) fn answered_vote(
         &self,
         candidate_term: u64,
-        candidate_last: Option<openraft::LogId<NodeId>>,
+        candidate_last: Option<LogId<NodeId>>,
         answer: &openraft::raft::VoteResponse<NodeId>,
     ) {
         let heard = {
@@ -515,21 +586,61 @@ impl Node {
             }
             contact.heard(now)
         };
-        let (state, term) = {
-            let metrics = self.raft.metrics();
-            let metrics = metrics.borrow();
-            (metrics.state, metrics.vote.leader_id().term)
-        };
-        let refused = Refused {
+        let (state, term) = self.role();
+        self.campaign_past(Refused {
             candidate_term,
             candidate_last,
-            answer,
+            granted: answer.vote_granted,
+            last: answer.last_log_id,
+            answer_term: answer.vote.leader_id().term,
             leader_silent: heard.map(|at| at.elapsed()),
-            lease: Duration::from_millis(self.raft.config().election_timeout_max),
+            lease: self.lease(),
             state,
             term,
+        });
+    }
+
+    /// Answers a peer's [`PreVote`]: granted if this node would vote for it now ([`PreVoteAsked::grants`]).
+    /// A node that refuses it because its log is behind this node's, with the leader gone, campaigns at once
+    /// instead, as it would on refusing that node's vote ([`Node::answered_vote`]).
+    pub(crate) fn answer_pre_vote(&self, asked: &PreVote) -> PreVoteAnswer {
+        let now = Instant::now();
+        let (heard, quiet_since) = {
+            let contact = self.contact();
+            (contact.heard(now), contact.quiet_since(now))
         };
+        let (state, term) = self.role();
+        let last = self.durable.last();
+        let judged =
+            PreVoteAsked { asked, state, leader_silent: quiet_since.map(|at| now - at), lease: self.lease(), last };
+        let granted = judged.grants();
+        tracing::debug!(
+            candidate = asked.candidate,
+            term = asked.term,
+            last = ?asked.last_log_id,
+            granted,
+            "answered a pre-vote"
+        );
+        if !granted && judged.leader_gone() {
+            self.campaign_past(Refused {
+                candidate_term: asked.term,
+                candidate_last: asked.last_log_id,
+                granted,
+                last,
+                answer_term: term,
+                leader_silent: heard.map(|at| now - at),
+                lease: self.lease(),
+                state,
+                term,
+            });
+        }
+        PreVoteAnswer { granted }
+    }
+
+    /// Campaigns at once if `refused` says so ([`Node::answered_vote`]), once per candidate's term.
+    fn campaign_past(&self, refused: Refused) {
         let Some(campaigns) = refused.campaigns() else { return };
+        let candidate_term = refused.candidate_term;
         if self.campaigned_against.fetch_max(candidate_term, Ordering::SeqCst) >= candidate_term {
             return;
         }
@@ -548,6 +659,54 @@ impl Node {
                 }
             }
         });
+    }
+
+    /// Asks every other voter whether it would vote for this node now ([`PreVote`]), each within the
+    /// shortest election timeout: `true` once a majority of every voter set (this node's own vote
+    /// included) would. A node that cannot win this round does not campaign: its higher term would only
+    /// depose a leader the others still follow, once it reached that leader (openraft 0.9 has no pre-vote
+    /// of its own). A peer that cannot be reached, or a build without pre-votes that closes the
+    /// connection, counts as refusing.
+    async fn pre_vote(&self) -> bool {
+        let (membership, term) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.membership_config.clone(), metrics.vote.leader_id().term)
+        };
+        let membership = membership.membership();
+        let configs = membership.get_joint_config();
+        let mut granted = BTreeSet::from([self.id]);
+        if majority_of_each(configs, &granted) {
+            return true;
+        }
+        let asked = PreVote { candidate: self.id, term: term + 1, last_log_id: self.durable.last() };
+        let ttl = Duration::from_millis(self.raft.config().election_timeout_min);
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let mut answers: futures_util::stream::FuturesUnordered<_> = membership
+            .nodes()
+            .filter(|(id, _)| **id != self.id && voters.contains(id))
+            .map(|(id, node)| {
+                let asked = &asked;
+                async move {
+                    let answer: Result<PreVoteAnswer, CallError> =
+                        self.peers.call(*id, &node.addr, Call::PreVote, asked, ttl).await;
+                    (*id, answer)
+                }
+            })
+            .collect();
+        while let Some((id, answer)) = futures_util::StreamExt::next(&mut answers).await {
+            match answer {
+                Ok(PreVoteAnswer { granted: true }) => {
+                    granted.insert(id);
+                    if majority_of_each(configs, &granted) {
+                        return true;
+                    }
+                }
+                Ok(PreVoteAnswer { granted: false }) => {}
+                Err(e) => tracing::debug!(peer = id, %e, "no answer to a pre-vote"),
+            }
+        }
+        false
     }
 
     /// Reads wall-clock time from `clock` and, with a `seed`, makes tokens and session ids from it (the
@@ -603,8 +762,21 @@ impl Node {
     }
 
     /// The leader as this node knows it.
+    ///
+    /// A follower whose leader has said nothing for a lease and the longest election timeout (the longest
+    /// its election watch waits before it tries to campaign) knows no leader: with pre-votes it stays a
+    /// follower, with openraft's idea of the leader unchanged, until some node wins an election, which a
+    /// node cut off from the others, or a lone survivor, never does.
     pub fn leader(&self) -> Option<NodeId> {
-        self.raft.metrics().borrow().current_leader
+        let leader = self.raft.metrics().borrow().current_leader?;
+        if leader != self.id {
+            let now = Instant::now();
+            let heard = self.contact().heard(now).unwrap_or(self.started);
+            if now - heard > self.lease() * 2 {
+                return None;
+            }
+        }
+        Some(leader)
     }
 
     /// Whether this node is the leader now (by its own view; proposals and reads still confirm it).
@@ -970,72 +1142,86 @@ impl Node {
         }
     }
 
-    /// Campaigns when this node, a voter, has heard from no leader for a lease and an election timeout,
-    /// until `shutdown`: openraft's own election timer, without its two delays.
+    /// Campaigns when this node, a voter, has heard from no leader for a lease and an election timeout and
+    /// a majority of the voters would vote for it, until `shutdown`: the only election timer of a node
+    /// (openraft's own is off, `enable_elect`), with a pre-vote.
     ///
-    /// openraft 0.9 checks its timer only on its tick, every 1.5 heartbeat intervals (150 ms with the
-    /// defaults), so it campaigns up to a tick after its timeout has passed. And it adds twice the longest
-    /// election timeout to a node's timer for as long as the node once saw a longer log while it was a
-    /// candidate itself, a mark only its own next timed campaign clears. [`Node::answered_vote`] covers a
-    /// marked node whose peer asks for its vote; when every node left after a leader's crash carries the
-    /// mark, nobody asks, and the first campaign came 1.05-1.2 s after the crash instead of about 0.6 s
-    /// (the simulation's quiet failover, seeds 110 and 296; `tests/failover.rs`). This watch campaigns once
-    /// no word from a leader came, nor did this node grant a vote (openraft's timer restarts then too),
-    /// for a lease (the longest election timeout) plus an election timeout drawn once, as openraft draws
-    /// its own, between the shortest and the longest (550 to 600 ms with the defaults), looking every
-    /// quarter heartbeat interval, and at most once in as long. The draw spreads
-    /// the followers' campaigns as openraft's does, so that the one with the longer log is not often
-    /// outvoted in the same term by one with a shorter log and a higher id. It never campaigns while a
-    /// leader is heard.
+    /// openraft 0.9's timer campaigned up to a tick (1.5 heartbeat intervals) after its timeout, added twice
+    /// the longest election timeout for as long as the node once saw a longer log while it was a candidate
+    /// (the first campaign after a crash came 1.05-1.2 s after it instead of about 0.6 s: the simulation's
+    /// quiet failover, seeds 110 and 296), did not restart on a snapshot's chunk nor during its install
+    /// (a follower installing a snapshot deposed its healthy leader), and had no pre-vote: a follower cut
+    /// off from its leader campaigned in higher and higher terms, and the first answer it gave the leader
+    /// after the cut healed made the leader step down (docs/benchmarks.md).
+    ///
+    /// This watch looks every quarter heartbeat interval. A voter that follows, or stands for election,
+    /// tries once no word from a leader came, nor did it grant a vote, for a lease (the longest election
+    /// timeout) plus an election timeout drawn once, as openraft draws its own, between the shortest and
+    /// the longest (550 to 600 ms with the defaults); a node that never heard from a leader, once it has
+    /// run for the drawn timeout. A try is a pre-vote ([`Node::pre_vote`]) and, if a majority would vote
+    /// for it, a campaign; it tries again a drawn timeout later (a split vote, a refused pre-vote) for as
+    /// long as no leader is heard. The draw spreads the followers' tries as openraft's timer does, so that
+    /// the one with the longer log is not often outvoted in the same term by one with a shorter log and a
+    /// higher id. It never tries while a leader is heard, and never on the leader.
     pub async fn run_election_watch(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let config = self.raft.config();
         let timeout = {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            rng.gen_range(config.election_timeout_min..=config.election_timeout_max)
+            Duration::from_millis(rng.gen_range(config.election_timeout_min..=config.election_timeout_max))
         };
-        let lease = Duration::from_millis(config.election_timeout_max);
-        let wait = lease + Duration::from_millis(timeout);
+        let wait = self.lease() + timeout;
         let mut tick = tokio::time::interval(Duration::from_millis((config.heartbeat_interval / 4).max(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut campaigned: Option<Instant> = None;
+        let started = Instant::now();
+        let mut tried: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            // The later of the last word from a leader and the last vote this node granted: a candidate it
-            // voted for may lead already, its first entries on their way.
-            let heard = {
-                let mut contact = self.contact();
-                let now = Instant::now();
-                if contact.releases_elections(now, lease) {
-                    contact.elections_held = false;
-                    self.raft.runtime_config().elect(true);
-                    self.metrics.elections_held.set(0);
-                }
-                let heard = contact.heard(now);
-                heard.map(|heard| contact.granted_vote.map_or(heard, |granted| heard.max(granted)))
-            };
-            let Some(heard) = heard.filter(|heard| heard.elapsed() >= wait) else { continue };
             let (state, voter) = {
                 let metrics = self.raft.metrics();
                 let metrics = metrics.borrow();
                 let voter = metrics.membership_config.membership().voter_ids().any(|id| id == self.id);
                 (metrics.state, voter)
             };
+            let now = Instant::now();
+            let quiet_since = {
+                let mut contact = self.contact();
+                // A leader hears itself: once deposed, it waits as long as its followers did.
+                if state == ServerState::Leader {
+                    contact.heard = Some(now);
+                }
+                contact.quiet_since(now)
+            };
             let silence = Silence {
                 state,
                 voter,
-                leader_silent: Some(heard.elapsed()),
-                since_campaign: campaigned.map(|at| at.elapsed()),
+                leader_silent: quiet_since.map(|at| now - at),
+                since_start: now - started,
+                since_try: tried.map(|at| now - at),
                 wait,
+                retry: timeout,
             };
-            if !silence.campaigns() {
+            if !silence.tries() {
                 continue;
             }
-            campaigned = Some(Instant::now());
+            tried = Some(now);
+            if !self.pre_vote().await {
+                self.metrics.pre_votes_lost.inc();
+                tracing::debug!(
+                    "not campaigning: a majority of the voters still hears a leader, or holds a longer log"
+                );
+                continue;
+            }
+            // Two followers whose watches try within a round trip of each other both win their pre-votes; the
+            // one that granted the other's vote meanwhile would only depose the leader it just voted for.
+            if self.contact().quiet_since(Instant::now()).is_some_and(|since| since >= now) {
+                tracing::debug!("not campaigning: a leader was heard from, or a vote granted, during the pre-vote");
+                continue;
+            }
             self.metrics.silent_leader_campaigns.inc();
-            tracing::info!(silent = ?heard.elapsed(), "campaigning: no leader heard from for a lease and an election timeout");
+            tracing::info!(silent = ?silence.leader_silent, "campaigning: no leader heard from for a lease and an election timeout");
             if let Err(e) = self.raft.trigger().elect().await {
                 tracing::warn!(%e, "cannot campaign");
             }
@@ -1297,7 +1483,7 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -
 #[cfg(test)]
 mod tests {
     use openraft::raft::VoteResponse;
-    use openraft::{CommittedLeaderId, LogId, Vote};
+    use openraft::{CommittedLeaderId, Vote};
 
     use super::*;
 
@@ -1317,55 +1503,100 @@ mod tests {
     }
 
     #[test]
-    fn openraft_elections_held_for_a_snapshot_run_again_once_the_leader_goes_on_or_is_silent_for_a_lease() {
-        let lease = Duration::from_millis(300);
-        let answered = Instant::now();
-        let held = LeaderContact {
-            heard: Some(answered),
-            elections_held: true,
-            last_answered: Some(Call::Snapshot),
-            ..LeaderContact::default()
-        };
-        assert!(held.releases_elections(answered + lease, lease));
-        assert!(!held.releases_elections(answered + lease - Duration::from_millis(1), lease), "within a lease");
-        let appended = LeaderContact { last_answered: Some(Call::Append), ..held };
-        assert!(appended.releases_elections(answered, lease), "the leader goes on after the snapshot");
-        let answering = LeaderContact { answering: 1, ..appended };
-        assert!(!answering.releases_elections(answered + lease * 10, lease), "still installing");
-        let not_held = LeaderContact { elections_held: false, ..held };
-        assert!(!not_held.releases_elections(answered + lease, lease), "nothing to release");
+    fn an_election_waits_from_the_later_of_the_last_word_from_a_leader_and_the_last_vote_granted() {
+        let heard = Instant::now();
+        let later = heard + Duration::from_secs(1);
+        let contact = LeaderContact { heard: Some(heard), ..LeaderContact::default() };
+        assert_eq!(contact.quiet_since(later), Some(heard));
+        let voted = LeaderContact { granted_vote: Some(later), ..contact };
+        assert_eq!(voted.quiet_since(later), Some(later));
+        let voted_only = LeaderContact { granted_vote: Some(heard), ..LeaderContact::default() };
+        assert_eq!(voted_only.quiet_since(later), Some(heard), "never heard a leader, but voted");
+        assert_eq!(LeaderContact::default().quiet_since(later), None);
+        let answering = LeaderContact { answering: 1, ..voted };
+        assert_eq!(answering.quiet_since(later + Duration::from_secs(5)), Some(later + Duration::from_secs(5)));
     }
 
     #[test]
-    fn a_follower_campaigns_by_itself_only_after_a_lease_and_an_election_timeout_of_silence() {
+    fn a_follower_tries_to_campaign_only_after_a_lease_and_an_election_timeout_of_silence() {
         let ms = Duration::from_millis;
         let silent = Silence {
             state: ServerState::Follower,
             voter: true,
             leader_silent: Some(ms(610)),
-            since_campaign: None,
+            since_start: ms(10_000),
+            since_try: None,
             wait: ms(600),
+            retry: ms(280),
         };
-        assert!(silent.campaigns());
-        assert!(Silence { leader_silent: Some(ms(600)), ..silent }.campaigns(), "exactly the wait");
-        assert!(!Silence { leader_silent: Some(ms(599)), ..silent }.campaigns(), "a leader heard within the wait");
-        assert!(!Silence { leader_silent: None, ..silent }.campaigns(), "never heard a leader: openraft's timer");
-        assert!(!Silence { voter: false, ..silent }.campaigns(), "a learner never campaigns");
-        for state in [ServerState::Leader, ServerState::Candidate, ServerState::Learner, ServerState::Shutdown] {
-            assert!(!Silence { state, ..silent }.campaigns(), "{state:?}");
+        assert!(silent.tries());
+        assert!(Silence { leader_silent: Some(ms(600)), ..silent }.tries(), "exactly the wait");
+        assert!(!Silence { leader_silent: Some(ms(599)), ..silent }.tries(), "a leader heard within the wait");
+        assert!(!Silence { voter: false, ..silent }.tries(), "a learner never campaigns");
+        for state in [ServerState::Leader, ServerState::Learner, ServerState::Shutdown] {
+            assert!(!Silence { state, ..silent }.tries(), "{state:?}");
         }
-        // Once per wait: not again until as long has passed since its own campaign.
-        assert!(!Silence { since_campaign: Some(ms(200)), ..silent }.campaigns());
-        assert!(Silence { since_campaign: Some(ms(650)), leader_silent: Some(ms(1_300)), ..silent }.campaigns());
+        // A candidate whose election came to nothing (a split vote) tries again.
+        assert!(Silence { state: ServerState::Candidate, since_try: Some(ms(280)), ..silent }.tries());
+        // Once per election timeout: not again until as long has passed since its last try.
+        assert!(!Silence { since_try: Some(ms(279)), ..silent }.tries());
+        assert!(Silence { since_try: Some(ms(280)), ..silent }.tries());
+        // A node that never heard from a leader (a whole cluster restarted) tries an election timeout after
+        // its start.
+        let never = Silence { leader_silent: None, since_start: ms(279), ..silent };
+        assert!(!never.tries());
+        assert!(Silence { since_start: ms(280), ..never }.tries());
+    }
+
+    #[test]
+    fn a_voter_grants_a_pre_vote_only_with_the_leader_gone_for_a_lease_and_a_log_no_longer_than_the_askers() {
+        let asked = PreVote { candidate: 1, term: 3, last_log_id: log_id(2, 3852) };
+        let judged = PreVoteAsked {
+            asked: &asked,
+            state: ServerState::Follower,
+            leader_silent: Some(Duration::from_millis(301)),
+            lease: Duration::from_millis(300),
+            last: log_id(2, 3852),
+        };
+        assert!(judged.grants());
+        assert!(PreVoteAsked { leader_silent: None, ..judged }.grants(), "never heard a leader");
+        assert!(PreVoteAsked { state: ServerState::Candidate, ..judged }.grants());
+        assert!(PreVoteAsked { last: log_id(2, 3851), ..judged }.grants(), "the asker's log is longer");
+        assert!(PreVoteAsked { last: log_id(1, 3900), ..judged }.grants(), "the asker's last term is later");
+        // A leader heard within its lease: the asker is only cut off from it.
+        let heard = PreVoteAsked { leader_silent: Some(Duration::from_millis(300)), ..judged };
+        assert!(!heard.grants() && !heard.leader_gone());
+        let leader = PreVoteAsked { state: ServerState::Leader, leader_silent: None, ..judged };
+        assert!(!leader.grants() && !leader.leader_gone());
+        // The asker's log is behind: refused, though the leader is gone.
+        let behind = PreVoteAsked { last: log_id(2, 3853), ..judged };
+        assert!(!behind.grants() && behind.leader_gone());
+        assert!(!PreVoteAsked { last: log_id(3, 3800), ..judged }.grants(), "a later last term");
+    }
+
+    #[test]
+    fn an_election_needs_a_majority_of_every_voter_set() {
+        let set = |ids: &[NodeId]| ids.iter().copied().collect::<BTreeSet<NodeId>>();
+        let three = vec![set(&[1, 2, 3])];
+        assert!(!majority_of_each(&three, &set(&[1])));
+        assert!(majority_of_each(&three, &set(&[1, 3])));
+        assert!(majority_of_each(&[set(&[1])], &set(&[1])), "a single node elects itself");
+        assert!(!majority_of_each(&[set(&[1, 2, 3, 4])], &set(&[1, 2])), "half is not a majority");
+        // During a membership change, a majority of the old voters and one of the new.
+        let joint = vec![set(&[1, 2, 3]), set(&[3, 4, 5])];
+        assert!(!majority_of_each(&joint, &set(&[1, 2, 3])));
+        assert!(majority_of_each(&joint, &set(&[1, 3, 4])));
     }
 
     /// Node 3 of the failover in docs/benchmarks.md: it followed node 2 in term 2 up to entry 3853, node 2
     /// is gone, and node 1 asks for its vote in term 3 with a log that ends at 3852.
-    fn refused(answer: &VoteResponse<NodeId>) -> Refused<'_> {
+    fn refused(answer: &VoteResponse<NodeId>) -> Refused {
         Refused {
             candidate_term: 3,
             candidate_last: log_id(2, 3852),
-            answer,
+            granted: answer.vote_granted,
+            last: answer.last_log_id,
+            answer_term: answer.vote.leader_id().term,
             leader_silent: Some(Duration::from_millis(600)),
             lease: Duration::from_millis(300),
             state: ServerState::Follower,

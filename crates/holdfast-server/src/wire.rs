@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_stream::{Stream, StreamExt};
 
 use crate::network::MESSAGE_BYTES_MAX;
-use crate::node::{ForwardReply, ForwardRequest, Node, NodeError};
+use crate::node::{ForwardReply, ForwardRequest, Node, NodeError, PreVote};
 
 /// The first bytes on every peer connection: the protocol and its version. Version 2: log entries may be
 /// a `Command::Group`, which builds of version 1 cannot decode.
@@ -40,20 +40,26 @@ pub enum Call {
     Snapshot,
     /// A client request a follower forwards to the leader ([`Node::serve_forwarded`]).
     Forward,
+    /// Whether the peer would vote for this node now, asked before it campaigns ([`Node::answer_pre_vote`]).
+    /// A build without it closes the connection on this call, which the asker takes for a refusal.
+    PreVote,
 }
 
 impl Call {
+    const ALL: [Call; 5] = [Call::Append, Call::Vote, Call::Snapshot, Call::Forward, Call::PreVote];
+
     fn byte(self) -> u8 {
         match self {
             Call::Append => 1,
             Call::Vote => 2,
             Call::Snapshot => 3,
             Call::Forward => 4,
+            Call::PreVote => 5,
         }
     }
 
     fn from_byte(byte: u8) -> Option<Call> {
-        [Call::Append, Call::Vote, Call::Snapshot, Call::Forward].into_iter().find(|call| call.byte() == byte)
+        Call::ALL.into_iter().find(|call| call.byte() == byte)
     }
 }
 
@@ -159,7 +165,7 @@ async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) 
         match Call::from_byte(call) {
             Some(Call::Append) => {
                 let rpc: AppendEntriesRequest<TypeConfig> = decode(body)?;
-                let _call = node.leader_call(Call::Append);
+                let _call = node.leader_call();
                 encode_into(&mut answer, &node.raft.append_entries(rpc).await);
             }
             Some(Call::Vote) => {
@@ -175,13 +181,17 @@ async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) 
                 let rpc: InstallSnapshotRequest<TypeConfig> = decode(body)?;
                 // A leader streaming a snapshot sends no AppendEntries meanwhile: its chunks are word from it,
                 // and so is the wait for the last chunk's answer, which comes once the snapshot is installed.
-                let _call = node.leader_call(Call::Snapshot);
+                let _call = node.leader_call();
                 encode_into(&mut answer, &node.raft.install_snapshot(rpc).await);
             }
             Some(Call::Forward) => {
                 let forwarded: ForwardRequest = decode(body)?;
                 let reply: Result<ForwardReply, NodeError> = node.serve_forwarded(forwarded).await;
                 encode_into(&mut answer, &reply);
+            }
+            Some(Call::PreVote) => {
+                let asked: PreVote = decode(body)?;
+                encode_into(&mut answer, &node.answer_pre_vote(&asked));
             }
             None => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown call {call}"))),
         }
@@ -242,11 +252,11 @@ mod tests {
 
     #[tokio::test]
     async fn every_call_has_its_own_byte() {
-        for call in [Call::Append, Call::Vote, Call::Snapshot, Call::Forward] {
+        for call in Call::ALL {
             assert_eq!(Call::from_byte(call.byte()), Some(call));
         }
         assert_eq!(Call::from_byte(0), None);
-        assert_eq!(Call::from_byte(5), None);
+        assert_eq!(Call::from_byte(6), None);
     }
 
     #[tokio::test]

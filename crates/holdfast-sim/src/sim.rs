@@ -55,6 +55,9 @@ pub enum Fault {
     /// The `n`th follower (from 0, lowest-numbered first) of the node that leads now is cut off from every
     /// other node; clients still reach it.
     IsolateFollower(usize),
+    /// The link between the node that leads now and its `n`th follower (from 0, lowest-numbered first) is
+    /// cut, both ways; every other link works.
+    CutFollower(usize),
     /// Installing a snapshot the leader sent takes this long on every node from now on, as with a large
     /// state; the node answers the leader's last chunk only once it is done.
     SlowSnapshotInstalls(Duration),
@@ -616,6 +619,14 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
             };
             let others: Vec<NodeId> = (1..=total).filter(|id| *id != follower).collect();
             cut(sim, &[follower], &others);
+            return format!(" (n{follower}, led by n{leader})");
+        }
+        Fault::CutFollower(n) => {
+            let (leader, follower) = match follower_of_leader(sim, plan, registry, *n) {
+                Ok(found) => found,
+                Err(note) => return note,
+            };
+            cut(sim, &[follower], &[leader]);
             return format!(" (n{follower}, led by n{leader})");
         }
         Fault::SlowSnapshotInstalls(time) => {
