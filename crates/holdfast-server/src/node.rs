@@ -413,14 +413,18 @@ impl Silence {
     /// Whether to try now: a voter that follows or stands for election, has heard no leader for `wait`
     /// (or, never having heard one, has run for `retry`), and has not tried within `retry`.
     fn tries(&self) -> bool {
+        self.voter && matches!(self.state, ServerState::Follower | ServerState::Candidate) && self.due_in().is_zero()
+    }
+
+    /// How long from now until the silence is long enough to try, if nothing is heard meanwhile: zero once
+    /// it is.
+    fn due_in(&self) -> Duration {
         let quiet = match self.leader_silent {
-            Some(silent) => silent >= self.wait,
-            None => self.since_start >= self.retry,
+            Some(silent) => self.wait.saturating_sub(silent),
+            None => self.retry.saturating_sub(self.since_start),
         };
-        self.voter
-            && matches!(self.state, ServerState::Follower | ServerState::Candidate)
-            && quiet
-            && self.since_try.is_none_or(|since| since >= self.retry)
+        let again = self.since_try.map_or(Duration::ZERO, |since| self.retry.saturating_sub(since));
+        quiet.max(again)
     }
 }
 
@@ -1154,29 +1158,31 @@ impl Node {
     /// off from its leader campaigned in higher and higher terms, and the first answer it gave the leader
     /// after the cut healed made the leader step down (docs/benchmarks.md).
     ///
-    /// This watch looks every quarter heartbeat interval. A voter that follows, or stands for election,
-    /// tries once no word from a leader came, nor did it grant a vote, for a lease (the longest election
-    /// timeout) plus an election timeout drawn once, as openraft draws its own, between the shortest and
-    /// the longest (550 to 600 ms with the defaults); a node that never heard from a leader, once it has
-    /// run for the drawn timeout. A try is a pre-vote ([`Node::pre_vote`]) and, if a majority would vote
-    /// for it, a campaign; it tries again a drawn timeout later (a split vote, a refused pre-vote) for as
-    /// long as no leader is heard. The draw spreads the followers' tries as openraft's timer does, so that
-    /// the one with the longer log is not often outvoted in the same term by one with a shorter log and a
-    /// higher id. It never tries while a leader is heard, and never on the leader.
+    /// A voter that follows, or stands for election, tries once no word from a leader came, nor did it
+    /// grant a vote, for a lease (the longest election timeout) plus an election timeout drawn between the
+    /// shortest and the longest, as openraft draws its own (550 to 600 ms with the defaults); a node that
+    /// never heard from a leader, once it has run for the drawn timeout. A try is a pre-vote
+    /// ([`Node::pre_vote`]) and, if a majority would vote for it, a campaign; it tries again a drawn
+    /// timeout later (a split vote, a refused pre-vote) for as long as no leader is heard. The watch wakes
+    /// at the instant a try is due, and otherwise every quarter heartbeat interval to look again, and
+    /// draws a new timeout after every try. The draw spreads the followers' tries as openraft's timer
+    /// does, so that the one with the longer log is not often outvoted in the same term by one with a
+    /// shorter log and a higher id; two tries that met anyway (a split vote) do not meet again at the
+    /// next. It never tries while a leader is heard, and never on the leader.
     pub async fn run_election_watch(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let config = self.raft.config();
-        let timeout = {
+        let draw = || {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             Duration::from_millis(rng.gen_range(config.election_timeout_min..=config.election_timeout_max))
         };
-        let wait = self.lease() + timeout;
-        let mut tick = tokio::time::interval(Duration::from_millis((config.heartbeat_interval / 4).max(1)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let look = Duration::from_millis((config.heartbeat_interval / 4).max(1));
+        let mut timeout = draw();
         let started = Instant::now();
         let mut tried: Option<Instant> = None;
+        let mut next_look = started;
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(next_look) => {}
                 _ = shutdown.changed() => return,
             }
             let (state, voter) = {
@@ -1200,13 +1206,17 @@ impl Node {
                 leader_silent: quiet_since.map(|at| now - at),
                 since_start: now - started,
                 since_try: tried.map(|at| now - at),
-                wait,
+                wait: self.lease() + timeout,
                 retry: timeout,
             };
             if !silence.tries() {
+                let due = silence.due_in();
+                next_look = now + if due.is_zero() { look } else { due.min(look) };
                 continue;
             }
             tried = Some(now);
+            timeout = draw();
+            next_look = now + look;
             if !self.pre_vote().await {
                 self.metrics.pre_votes_lost.inc();
                 tracing::debug!(
@@ -1546,6 +1556,11 @@ mod tests {
         let never = Silence { leader_silent: None, since_start: ms(279), ..silent };
         assert!(!never.tries());
         assert!(Silence { since_start: ms(280), ..never }.tries());
+        // When the watch wakes next: the later of the end of the wait and a retry after the last try.
+        assert_eq!(Silence { leader_silent: Some(ms(450)), ..silent }.due_in(), ms(150));
+        assert_eq!(Silence { since_try: Some(ms(100)), ..silent }.due_in(), ms(180));
+        assert_eq!(never.due_in(), ms(1));
+        assert_eq!(silent.due_in(), Duration::ZERO);
     }
 
     #[test]
