@@ -250,17 +250,18 @@ pub struct Node {
     campaigned_against: AtomicU64,
     /// How far this node's log is durable: its last entry, for pre-votes.
     durable: Durable,
-    /// When this node started: a follower that has heard from no leader since counts its silence from then.
-    started: Instant,
 }
 
 /// What a node knows of its contact with a leader, for its election watch, its answers to pre-votes and
 /// its early campaigns.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LeaderContact {
     /// When a call from a leader (an `AppendEntries` or a snapshot chunk, from whichever leader) last
-    /// arrived here or was last answered; on the leader itself, the election watch's last look.
-    heard: Option<Instant>,
+    /// arrived here or was last answered; on the leader itself, the election watch's last look. At first,
+    /// when the node started: a node that just started neither campaigns nor says yes to a pre-vote until
+    /// it has heard nothing for as long as one that just heard from a leader. A restarted node that said yes
+    /// at once would make a majority with a node cut off from a healthy leader, and depose it.
+    heard: Instant,
     /// Calls from a leader being answered now. The last chunk of a snapshot is answered only once the
     /// snapshot is installed, which takes a second or more at a million locks, and the leader sends this
     /// node nothing else until then: a silence of this node's own making, not a leader gone. A follower
@@ -273,10 +274,15 @@ struct LeaderContact {
 }
 
 impl LeaderContact {
+    /// A node's contact as it starts at `now`.
+    fn new(now: Instant) -> Self {
+        LeaderContact { heard: now, answering: 0, granted_vote: None }
+    }
+
     /// When a leader was last heard from, as of `now`: `now` itself while one of its calls is answered.
-    fn heard(&self, now: Instant) -> Option<Instant> {
+    fn heard(&self, now: Instant) -> Instant {
         if self.answering > 0 {
-            Some(now)
+            now
         } else {
             self.heard
         }
@@ -284,8 +290,8 @@ impl LeaderContact {
 
     /// The later of the last word from a leader and the last vote this node granted, as of `now`: what an
     /// election waits from. A candidate it voted for may lead already, its first entries on their way.
-    fn quiet_since(&self, now: Instant) -> Option<Instant> {
-        self.heard(now).max(self.granted_vote)
+    fn quiet_since(&self, now: Instant) -> Instant {
+        self.granted_vote.map_or(self.heard(now), |granted| granted.max(self.heard(now)))
     }
 }
 
@@ -299,7 +305,7 @@ impl Drop for LeaderCall<'_> {
     fn drop(&mut self) {
         let mut contact = self.node.contact();
         contact.answering -= 1;
-        contact.heard = Some(Instant::now());
+        contact.heard = Instant::now();
     }
 }
 
@@ -325,8 +331,8 @@ pub struct PreVoteAnswer {
 struct PreVoteAsked<'a> {
     asked: &'a PreVote,
     state: ServerState,
-    /// How long since this node last heard from a leader or granted a vote; `None`: never since it started.
-    leader_silent: Option<Duration>,
+    /// How long since this node last heard from a leader or granted a vote.
+    leader_silent: Duration,
     /// A leader's lease: openraft's longest election timeout.
     lease: Duration,
     /// The last entry of this node's log.
@@ -338,7 +344,7 @@ impl PreVoteAsked<'_> {
     /// (nor granted a vote) for longer than a lease, the time openraft refuses votes for after the last
     /// word from a leader.
     fn leader_gone(&self) -> bool {
-        self.state != ServerState::Leader && self.leader_silent.is_none_or(|silent| silent > self.lease)
+        self.state != ServerState::Leader && self.leader_silent > self.lease
     }
 
     /// Whether this node would vote for the asker: the leader is gone, and the asker's log is at least as
@@ -365,8 +371,8 @@ struct Refused {
     /// This node's last entry, and the term of its vote, as it answered.
     last: Option<LogId<NodeId>>,
     answer_term: u64,
-    /// How long since this node last heard from a leader; `None`: never since it started.
-    leader_silent: Option<Duration>,
+    /// How long since this node last heard from a leader.
+    leader_silent: Duration,
     /// A leader's lease: openraft's longest election timeout.
     lease: Duration,
     state: ServerState,
@@ -381,7 +387,7 @@ impl Refused {
     fn campaigns(&self) -> Option<u64> {
         let behind = self.candidate_last < self.last;
         let passed = self.answer_term > self.candidate_term;
-        let leader_gone = self.leader_silent.is_none_or(|silent| silent > self.lease);
+        let leader_gone = self.leader_silent > self.lease;
         if self.granted || !behind || passed || !leader_gone || self.state != ServerState::Follower {
             return None;
         }
@@ -396,22 +402,19 @@ struct Silence {
     state: ServerState,
     /// Whether this node is a voter.
     voter: bool,
-    /// How long since this node last heard from a leader or granted a vote; `None`: never since it started.
-    leader_silent: Option<Duration>,
-    /// How long since this node's watch started.
-    since_start: Duration,
+    /// How long since this node last heard from a leader or granted a vote (or started).
+    leader_silent: Duration,
     /// How long since this node last tried (a pre-vote, and a campaign if it won); `None`: never.
     since_try: Option<Duration>,
     /// How long after the last word from a leader to try: a lease and an election timeout.
     wait: Duration,
-    /// How long after its start a node that never heard from a leader tries, and how long after a try
-    /// it tries again: an election timeout.
+    /// How long after a try it tries again: an election timeout.
     retry: Duration,
 }
 
 impl Silence {
-    /// Whether to try now: a voter that follows or stands for election, has heard no leader for `wait`
-    /// (or, never having heard one, has run for `retry`), and has not tried within `retry`.
+    /// Whether to try now: a voter that follows or stands for election, has heard no leader for `wait`, and
+    /// has not tried within `retry`.
     fn tries(&self) -> bool {
         self.voter && matches!(self.state, ServerState::Follower | ServerState::Candidate) && self.due_in().is_zero()
     }
@@ -419,10 +422,7 @@ impl Silence {
     /// How long from now until the silence is long enough to try, if nothing is heard meanwhile: zero once
     /// it is.
     fn due_in(&self) -> Duration {
-        let quiet = match self.leader_silent {
-            Some(silent) => self.wait.saturating_sub(silent),
-            None => self.retry.saturating_sub(self.since_start),
-        };
+        let quiet = self.wait.saturating_sub(self.leader_silent);
         let again = self.since_try.map_or(Duration::ZERO, |since| self.retry.saturating_sub(since));
         quiet.max(again)
     }
@@ -530,10 +530,9 @@ impl Node {
             clock: WallClock::system(),
             rng,
             bugs: Bugs::default(),
-            contact: Mutex::new(LeaderContact::default()),
+            contact: Mutex::new(LeaderContact::new(Instant::now())),
             campaigned_against: AtomicU64::new(0),
             durable,
-            started: Instant::now(),
         }
     }
 
@@ -542,7 +541,7 @@ impl Node {
     /// heard from at every moment ([`LeaderContact`]).
     pub(crate) fn leader_call(&self) -> LeaderCall<'_> {
         let mut contact = self.contact();
-        contact.heard = Some(Instant::now());
+        contact.heard = Instant::now();
         contact.answering += 1;
         LeaderCall { node: self }
     }
@@ -597,7 +596,7 @@ impl Node {
             granted: answer.vote_granted,
             last: answer.last_log_id,
             answer_term: answer.vote.leader_id().term,
-            leader_silent: heard.map(|at| at.elapsed()),
+            leader_silent: heard.elapsed(),
             lease: self.lease(),
             state,
             term,
@@ -615,8 +614,7 @@ impl Node {
         };
         let (state, term) = self.role();
         let last = self.durable.last();
-        let judged =
-            PreVoteAsked { asked, state, leader_silent: quiet_since.map(|at| now - at), lease: self.lease(), last };
+        let judged = PreVoteAsked { asked, state, leader_silent: now - quiet_since, lease: self.lease(), last };
         let granted = judged.grants();
         tracing::debug!(
             candidate = asked.candidate,
@@ -632,7 +630,7 @@ impl Node {
                 granted,
                 last,
                 answer_term: term,
-                leader_silent: heard.map(|at| now - at),
+                leader_silent: now - heard,
                 lease: self.lease(),
                 state,
                 term,
@@ -775,8 +773,7 @@ impl Node {
         let leader = self.raft.metrics().borrow().current_leader?;
         if leader != self.id {
             let now = Instant::now();
-            let heard = self.contact().heard(now).unwrap_or(self.started);
-            if now - heard > self.lease() * 2 {
+            if now - self.contact().heard(now) > self.lease() * 2 {
                 return None;
             }
         }
@@ -1160,8 +1157,8 @@ impl Node {
     ///
     /// A voter that follows, or stands for election, tries once no word from a leader came, nor did it
     /// grant a vote, for a lease (the longest election timeout) plus an election timeout drawn between the
-    /// shortest and the longest, as openraft draws its own (550 to 600 ms with the defaults); a node that
-    /// never heard from a leader, once it has run for the drawn timeout. A try is a pre-vote
+    /// shortest and the longest, as openraft draws its own (550 to 600 ms with the defaults), counted from
+    /// its start if it has heard nothing since ([`LeaderContact`]). A try is a pre-vote
     /// ([`Node::pre_vote`]) and, if a majority would vote for it, a campaign; it tries again a drawn
     /// timeout later (a split vote, a refused pre-vote) for as long as no leader is heard. The watch wakes
     /// at the instant a try is due, and otherwise every quarter heartbeat interval to look again, and
@@ -1177,9 +1174,8 @@ impl Node {
         };
         let look = Duration::from_millis((config.heartbeat_interval / 4).max(1));
         let mut timeout = draw();
-        let started = Instant::now();
         let mut tried: Option<Instant> = None;
-        let mut next_look = started;
+        let mut next_look = Instant::now();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(next_look) => {}
@@ -1196,15 +1192,14 @@ impl Node {
                 let mut contact = self.contact();
                 // A leader hears itself: once deposed, it waits as long as its followers did.
                 if state == ServerState::Leader {
-                    contact.heard = Some(now);
+                    contact.heard = now;
                 }
                 contact.quiet_since(now)
             };
             let silence = Silence {
                 state,
                 voter,
-                leader_silent: quiet_since.map(|at| now - at),
-                since_start: now - started,
+                leader_silent: now - quiet_since,
                 since_try: tried.map(|at| now - at),
                 wait: self.lease() + timeout,
                 retry: timeout,
@@ -1226,7 +1221,7 @@ impl Node {
             }
             // Two followers whose watches try within a round trip of each other both win their pre-votes; the
             // one that granted the other's vote meanwhile would only depose the leader it just voted for.
-            if self.contact().quiet_since(Instant::now()).is_some_and(|since| since >= now) {
+            if self.contact().quiet_since(Instant::now()) >= now {
                 tracing::debug!("not campaigning: a leader was heard from, or a vote granted, during the pre-vote");
                 continue;
             }
@@ -1505,26 +1500,24 @@ mod tests {
     fn a_leader_counts_as_heard_from_for_as_long_as_one_of_its_calls_is_answered() {
         let arrived = Instant::now();
         let later = arrived + Duration::from_secs(2);
-        let mut contact = LeaderContact { heard: Some(arrived), answering: 1, ..LeaderContact::default() };
-        assert_eq!(contact.heard(later), Some(later), "a snapshot still installing");
+        let mut contact = LeaderContact { answering: 1, ..LeaderContact::new(arrived) };
+        assert_eq!(contact.heard(later), later, "a snapshot still installing");
         contact.answering = 0;
-        assert_eq!(contact.heard(later), Some(arrived));
-        assert_eq!(LeaderContact::default().heard(later), None, "never heard a leader");
+        assert_eq!(contact.heard(later), arrived);
     }
 
     #[test]
     fn an_election_waits_from_the_later_of_the_last_word_from_a_leader_and_the_last_vote_granted() {
         let heard = Instant::now();
         let later = heard + Duration::from_secs(1);
-        let contact = LeaderContact { heard: Some(heard), ..LeaderContact::default() };
-        assert_eq!(contact.quiet_since(later), Some(heard));
+        let contact = LeaderContact::new(heard);
+        assert_eq!(contact.quiet_since(later), heard, "a node just started counts as having just heard");
         let voted = LeaderContact { granted_vote: Some(later), ..contact };
-        assert_eq!(voted.quiet_since(later), Some(later));
-        let voted_only = LeaderContact { granted_vote: Some(heard), ..LeaderContact::default() };
-        assert_eq!(voted_only.quiet_since(later), Some(heard), "never heard a leader, but voted");
-        assert_eq!(LeaderContact::default().quiet_since(later), None);
+        assert_eq!(voted.quiet_since(later), later);
+        let voted_before = LeaderContact { granted_vote: Some(heard - Duration::from_secs(1)), ..contact };
+        assert_eq!(voted_before.quiet_since(later), heard);
         let answering = LeaderContact { answering: 1, ..voted };
-        assert_eq!(answering.quiet_since(later + Duration::from_secs(5)), Some(later + Duration::from_secs(5)));
+        assert_eq!(answering.quiet_since(later + Duration::from_secs(5)), later + Duration::from_secs(5));
     }
 
     #[test]
@@ -1533,15 +1526,14 @@ mod tests {
         let silent = Silence {
             state: ServerState::Follower,
             voter: true,
-            leader_silent: Some(ms(610)),
-            since_start: ms(10_000),
+            leader_silent: ms(610),
             since_try: None,
             wait: ms(600),
             retry: ms(280),
         };
         assert!(silent.tries());
-        assert!(Silence { leader_silent: Some(ms(600)), ..silent }.tries(), "exactly the wait");
-        assert!(!Silence { leader_silent: Some(ms(599)), ..silent }.tries(), "a leader heard within the wait");
+        assert!(Silence { leader_silent: ms(600), ..silent }.tries(), "exactly the wait");
+        assert!(!Silence { leader_silent: ms(599), ..silent }.tries(), "a leader heard within the wait");
         assert!(!Silence { voter: false, ..silent }.tries(), "a learner never campaigns");
         for state in [ServerState::Leader, ServerState::Learner, ServerState::Shutdown] {
             assert!(!Silence { state, ..silent }.tries(), "{state:?}");
@@ -1551,15 +1543,10 @@ mod tests {
         // Once per election timeout: not again until as long has passed since its last try.
         assert!(!Silence { since_try: Some(ms(279)), ..silent }.tries());
         assert!(Silence { since_try: Some(ms(280)), ..silent }.tries());
-        // A node that never heard from a leader (a whole cluster restarted) tries an election timeout after
-        // its start.
-        let never = Silence { leader_silent: None, since_start: ms(279), ..silent };
-        assert!(!never.tries());
-        assert!(Silence { since_start: ms(280), ..never }.tries());
         // When the watch wakes next: the later of the end of the wait and a retry after the last try.
-        assert_eq!(Silence { leader_silent: Some(ms(450)), ..silent }.due_in(), ms(150));
+        assert_eq!(Silence { leader_silent: ms(450), ..silent }.due_in(), ms(150));
         assert_eq!(Silence { since_try: Some(ms(100)), ..silent }.due_in(), ms(180));
-        assert_eq!(never.due_in(), ms(1));
+        assert_eq!(Silence { leader_silent: ms(450), since_try: Some(ms(200)), ..silent }.due_in(), ms(150));
         assert_eq!(silent.due_in(), Duration::ZERO);
     }
 
@@ -1569,19 +1556,18 @@ mod tests {
         let judged = PreVoteAsked {
             asked: &asked,
             state: ServerState::Follower,
-            leader_silent: Some(Duration::from_millis(301)),
+            leader_silent: Duration::from_millis(301),
             lease: Duration::from_millis(300),
             last: log_id(2, 3852),
         };
         assert!(judged.grants());
-        assert!(PreVoteAsked { leader_silent: None, ..judged }.grants(), "never heard a leader");
         assert!(PreVoteAsked { state: ServerState::Candidate, ..judged }.grants());
         assert!(PreVoteAsked { last: log_id(2, 3851), ..judged }.grants(), "the asker's log is longer");
         assert!(PreVoteAsked { last: log_id(1, 3900), ..judged }.grants(), "the asker's last term is later");
         // A leader heard within its lease: the asker is only cut off from it.
-        let heard = PreVoteAsked { leader_silent: Some(Duration::from_millis(300)), ..judged };
+        let heard = PreVoteAsked { leader_silent: Duration::from_millis(300), ..judged };
         assert!(!heard.grants() && !heard.leader_gone());
-        let leader = PreVoteAsked { state: ServerState::Leader, leader_silent: None, ..judged };
+        let leader = PreVoteAsked { state: ServerState::Leader, leader_silent: Duration::from_secs(9), ..judged };
         assert!(!leader.grants() && !leader.leader_gone());
         // The asker's log is behind: refused, though the leader is gone.
         let behind = PreVoteAsked { last: log_id(2, 3853), ..judged };
@@ -1612,7 +1598,7 @@ mod tests {
             granted: answer.vote_granted,
             last: answer.last_log_id,
             answer_term: answer.vote.leader_id().term,
-            leader_silent: Some(Duration::from_millis(600)),
+            leader_silent: Duration::from_millis(600),
             lease: Duration::from_millis(300),
             state: ServerState::Follower,
             term: 2,
@@ -1630,10 +1616,9 @@ mod tests {
         assert_eq!(refused(&refusal).campaigns(), Some(2));
         assert_eq!(Refused { term: 3, ..refused(&refusal) }.campaigns(), Some(1));
         assert_eq!(Refused { term: 0, ..refused(&refusal) }.campaigns(), Some(3), "at most 3");
-        assert_eq!(Refused { leader_silent: None, ..refused(&refusal) }.campaigns(), Some(2), "never heard");
 
         // Not while a leader was heard from within its lease: the candidate is only cut off from it.
-        let heard = Refused { leader_silent: Some(Duration::from_millis(300)), ..refused(&refusal) };
+        let heard = Refused { leader_silent: Duration::from_millis(300), ..refused(&refusal) };
         assert_eq!(heard.campaigns(), None);
         // Not when the candidate's log is as long: it may win, and this node's refusal was for another reason.
         assert_eq!(Refused { candidate_last: log_id(2, 3853), ..refused(&refusal) }.campaigns(), None);

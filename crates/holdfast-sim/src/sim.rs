@@ -43,6 +43,8 @@ pub enum Fault {
     CrashAll,
     /// A crashed node starts again from its disk.
     Restart(NodeId),
+    /// Every crashed node starts again from its disk; cuts and everything else stay as they are.
+    RestartCrashed,
     /// Messages between nodes are held (delayed) until the next `Heal` or `Release`.
     Hold(Vec<NodeId>, Vec<NodeId>),
     /// Messages between one follower of the node that leads now (the lowest-numbered) and every other
@@ -592,6 +594,11 @@ fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fau
             if !sim.is_host_running(host(*id)) {
                 sim.bounce(host(*id));
                 down.retain(|d| d != id);
+            }
+        }
+        Fault::RestartCrashed => {
+            for id in std::mem::take(down) {
+                sim.bounce(host(id));
             }
         }
         Fault::Hold(a, b) => {
