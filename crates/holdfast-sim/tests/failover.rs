@@ -687,7 +687,7 @@ fn a_restarted_node_does_not_help_a_cut_off_follower_depose_its_leader(seed: u64
     assert!(applied(&report, &format!("CutFollower(0) (n{cut}, led by n{old})")), "{:?}", report.trace);
     assert!(applied(&report, &format!("CrashFollower(1) (n{restarted}, led by n{old})")), "{:?}", report.trace);
     assert!(granted_after.is_some(), "seed {seed}: no grant through the old leader after the restart");
-    // The cut-off follower knows no leader; the other two, the old one in its term.
+    // The cut-off follower kept its term; the other two name the old leader, in its term.
     assert_eq!(last[(*cut - 1) as usize].1, Some(*term), "seed {seed}: the cut-off follower's term moved: {last:?}");
     for node in [*old, *restarted] {
         assert_eq!(last[(node - 1) as usize], (Some(*old), Some(*term)), "seed {seed}: n{node}: {last:?}");
