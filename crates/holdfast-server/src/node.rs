@@ -773,11 +773,17 @@ impl Node {
         let leader = self.raft.metrics().borrow().current_leader?;
         if leader != self.id {
             let now = Instant::now();
-            if now - self.contact().heard(now) > self.lease() * 2 {
+            if now > self.follows_until(now) {
                 return None;
             }
         }
         Some(leader)
+    }
+
+    /// Until when this node, as a follower, takes its leader for one ([`Node::leader`]): a lease and the
+    /// longest election timeout after it last heard from it.
+    fn follows_until(&self, now: Instant) -> Instant {
+        self.contact().heard(now) + self.lease() * 2
     }
 
     /// Whether this node is the leader now (by its own view; proposals and reads still confirm it).
@@ -856,8 +862,12 @@ impl Node {
         let deadline = Instant::now() + timeout;
         let mut metrics = self.raft.metrics();
         loop {
-            let leader = metrics.borrow_and_update().current_leader;
-            let attempt = match leader {
+            metrics.borrow_and_update();
+            // Not openraft's leader: a follower cut off from its leader (with pre-votes it stays a follower
+            // and keeps that leader for as long as the cut lasts) would send requests into the cut, where
+            // a write waits out its bound and ends with an unknown outcome. A leader gone silent counts as
+            // none: the request waits here, sent nowhere, until a leader is heard from again.
+            let attempt = match self.leader() {
                 Some(leader) if leader == self.id => self.serve_forwarded(request.clone()).await,
                 Some(leader) => self.forward(leader, &request, deadline).await,
                 None => Err(NodeError::NotLeader { leader: None }),
@@ -912,7 +922,7 @@ impl Node {
             tokio::select! {
                 answered = call => answered,
                 () = self.stops_following(leader) => {
-                    return Err(NodeError::Unreachable(format!("node {leader} stopped leading before it answered")));
+                    return Err(NodeError::Unreachable(format!("node {leader} stopped leading, or went silent, before it answered")));
                 }
             }
         } else {
@@ -928,12 +938,27 @@ impl Node {
     }
 
     /// Resolves once this node no longer takes `leader` for the leader: it learned of another, or of an
-    /// election (which a node joins only once it has not heard from its leader for a lease), or it stopped.
-    /// openraft's server metrics change only with the vote, role, leader or membership, so a forward that
-    /// waits here is not woken by every entry applied meanwhile, as the full metrics would.
+    /// election, or it stopped, or the leader has said nothing for as long as [`Node::leader`] allows (a
+    /// follower cut off from its leader stays its follower). openraft's server metrics change only with
+    /// the vote, role, leader or membership, so a forward that waits here is not woken by every entry
+    /// applied meanwhile, as the full metrics would; the silence is one timer, pushed back while the
+    /// leader is heard from.
     async fn stops_following(&self, leader: NodeId) {
         let mut server = self.raft.server_metrics();
-        let _ = server.wait_for(|server| server.current_leader != Some(leader)).await;
+        let changed = server.wait_for(|server| server.current_leader != Some(leader));
+        let silent = async {
+            loop {
+                let until = self.follows_until(Instant::now());
+                if Instant::now() > until {
+                    return;
+                }
+                tokio::time::sleep_until(until + Duration::from_millis(1)).await;
+            }
+        };
+        tokio::select! {
+            _ = changed => {}
+            () = silent => {}
+        }
     }
 
     /// Serves a request as the leader; answers [`NodeError::NotLeader`] if this node is not.
