@@ -138,11 +138,14 @@ async fn without_quorum_a_node_is_alive_but_not_ready_over_http_and_grpc() {
         }
     }
 
-    // Two of three gone: no quorum, no leader. The survivor must stay alive (a liveness probe that failed
-    // now would have Kubernetes restart a healthy node into a longer outage) and stop being ready.
-    let survivor = 1;
-    cluster.kill(2);
-    cluster.kill(3);
+    // Two of three gone, the leader among them: no quorum, no leader. The survivor must stay alive (a
+    // liveness probe that failed now would have Kubernetes restart a healthy node into a longer outage) and
+    // stop being ready.
+    let leader = cluster.leader().await;
+    let survivor = cluster.other_than(&[leader]);
+    let other = cluster.other_than(&[leader, survivor]);
+    cluster.kill(leader);
+    cluster.kill(other);
     wait_for(ELECTION_BOUND, "the survivor to report not ready", async || {
         let ready = cluster.try_get(survivor, "/readyz").await.map_err(|e| e.to_string())?;
         let grpc = grpc_health(&cluster, survivor, "").await?;
@@ -156,10 +159,17 @@ async fn without_quorum_a_node_is_alive_but_not_ready_over_http_and_grpc() {
     assert_eq!(live.status, 200, "liveness does not depend on quorum: {live:?}");
     let page = metrics(&cluster, survivor).await.unwrap();
     assert_eq!(sample(&page, "holdfast_raft_has_leader"), Some(0.0), "{page}");
+    // A write through it reaches no leader; its answer says so, and that nothing was done (checked below).
+    let refused = cluster.acquire(survivor, "without-quorum", "A", "60").await;
+    refused.assert_problem(503, "unavailable", "an acquire without quorum");
+    let detail = refused.body["detail"].as_str().unwrap_or_default();
+    assert!(detail.ends_with("nothing was done"), "{refused:#?}");
 
     // Quorum back: ready again.
-    cluster.respawn(2);
+    cluster.respawn(other);
     cluster.wait_ready(survivor).await;
+    let lock = cluster.get(survivor, "/v1/locks/without-quorum").await;
+    lock.assert_problem(404, "not-found", "the lock the acquire without quorum named");
     wait_for(READY_BOUND, "grpc health to say SERVING again", async || {
         match grpc_health(&cluster, survivor, "").await? {
             ServingStatus::Serving => Ok(()),

@@ -880,7 +880,9 @@ impl Node {
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_)) => {
-                    return Err(NodeError::Unavailable(format!("no leader answered within {timeout:?}")))
+                    return Err(NodeError::Unavailable(format!(
+                        "no leader answered within {timeout:?}; nothing was done"
+                    )))
                 }
                 result => return result,
             }
