@@ -8,8 +8,11 @@
 //! (docs/benchmarks.md).
 //!
 //! Finished calls leave their connection in [`Peers`]' idle pool for the next call to the same peer, so a
-//! replication stream keeps reusing one connection. A connection that failed, timed out or was found
-//! closed while idle is dropped, and the next call makes a new one.
+//! replication stream keeps reusing one connection. A connection that failed or timed out is dropped, and
+//! the next call makes a new one. Before a forwarded client request (which is never sent twice) goes on an
+//! idle connection, a look at it drops one the peer closed meanwhile; a Raft call skips that look (a read
+//! syscall before its request) and is made once more on a new connection if the reused one fails.
+//! Answers are read through a small buffer, so that a frame's length and body come in one read.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -28,7 +31,7 @@ use openraft::raft::{
 use openraft::{BasicNode, LogId, RaftNetwork, RaftNetworkFactory, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWriteExt, BufReader, ReadBuf};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -73,8 +76,11 @@ pub enum CallError {
     Undecodable(bincode::Error),
 }
 
+/// A connection to a peer, read through a buffer: an answer's length and body arrive in one read.
+type Conn = BufReader<Box<dyn Io>>;
+
 /// A peer's address and its idle connections.
-type Idle = (String, Vec<Box<dyn Io>>);
+type Idle = (String, Vec<Conn>);
 
 /// Connections to peers: how they are made, and the idle ones by node id and address.
 ///
@@ -132,7 +138,10 @@ impl Peers {
         // request is not, and fails as it is.
         let mut retry = call != Call::Forward;
         loop {
-            let (mut conn, fresh) = match tokio::time::timeout_at(deadline, self.take(id, addr)).await {
+            // A call that is made again when its reused connection fails needs no look at that connection
+            // first: that look is a read syscall on the write's path, before the request goes out.
+            let look = !retry;
+            let (mut conn, fresh) = match tokio::time::timeout_at(deadline, self.take(id, addr, look)).await {
                 Err(_) => return Err(self.failed(id, CallError::Timeout(ttl))),
                 Ok(Err(e)) => return Err(self.failed(id, CallError::Connect(e))),
                 Ok(Ok(taken)) => taken,
@@ -171,7 +180,7 @@ impl Peers {
     }
 
     /// An idle connection to `id` at `addr` that is still open, or a new one (`true`: new).
-    async fn take(&self, id: NodeId, addr: &str) -> io::Result<(Box<dyn Io>, bool)> {
+    async fn take(&self, id: NodeId, addr: &str, look: bool) -> io::Result<(Conn, bool)> {
         loop {
             let idle = {
                 let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -182,17 +191,19 @@ impl Peers {
             };
             match idle {
                 Some(mut conn) => {
-                    if still_open(&mut conn) {
+                    if !look || still_open(&mut conn) {
                         return Ok((conn, false));
                     }
                 }
-                None => return Ok((self.connect(addr).await?, true)),
+                None => {
+                    return Ok((BufReader::with_capacity(wire::READ_BUFFER_BYTES, self.connect(addr).await?), true))
+                }
             }
         }
     }
 
     /// Leaves `conn` to `id` at `addr` for the next call.
-    fn put(&self, id: NodeId, addr: &str, conn: Box<dyn Io>) {
+    fn put(&self, id: NodeId, addr: &str, conn: Conn) {
         let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (cached, conns) = idle.entry(id).or_insert_with(|| (addr.to_owned(), Vec::new()));
         if cached != addr {
@@ -227,7 +238,7 @@ impl Peers {
 
 /// Whether an idle connection is still open: nothing arrived on it, not even its end. (Nothing may
 /// arrive on an idle connection but its end; anything else is a fault, and the connection goes too.)
-fn still_open(conn: &mut Box<dyn Io>) -> bool {
+fn still_open(conn: &mut Conn) -> bool {
     let mut byte = [0u8; 1];
     let mut buf = ReadBuf::new(&mut byte);
     let mut cx = Context::from_waker(std::task::Waker::noop());

@@ -28,6 +28,10 @@ pub const HELLO: &[u8; 8] = b"HFPEER/2";
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection's buffers that grew past this (for a snapshot chunk) are let go after the call.
 const BUFFER_KEPT_BYTES: usize = 1 << 20;
+/// Bytes read ahead on a peer connection, both ends: a small frame's length and body come in one read
+/// (one syscall, where reading the length and then the body took two). Larger frames read the rest straight
+/// into their own buffer.
+pub const READ_BUFFER_BYTES: usize = 8 * 1024;
 
 /// What a request asks of the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +156,8 @@ async fn hello(io: &mut (impl AsyncRead + Unpin)) -> io::Result<()> {
 }
 
 /// Answers the calls on one connection, in order, until it closes.
-async fn answer_calls(node: &Node, mut io: impl AsyncRead + AsyncWrite + Unpin) -> io::Result<()> {
+async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> io::Result<()> {
+    let mut io = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, io);
     hello(&mut io).await?;
     let mut request = Vec::new();
     let mut answer = Vec::new();
