@@ -96,6 +96,12 @@ impl LogStore {
         Ok(())
     }
 
+    /// Whether the last vote saved is this node's own, as a leader's (or a candidate's) is.
+    fn leads(&self) -> bool {
+        let vote = *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        matches!((self.own, vote), (Some(own), Some(vote)) if vote.leader_id().voted_for() == Some(own))
+    }
+
     fn purged(&self) -> Option<LogId<NodeId>> {
         *self.purged.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -180,6 +186,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
+        // On a follower the commit index comes with the next entries, and openraft 0.9 saves it, reads
+        // the newly committed entries back and hands them to the state machine right after it queued the
+        // answer to those entries, in the same turn of its core, so the answer (which the leader waits
+        // for) went out only after all of that, and after the apply (docs/benchmarks.md). Yielding here
+        // lets the connection's task send the answer first. A leader's commit is what its clients wait for.
+        if !self.leads() {
+            tokio::task::yield_now().await;
+        }
         // Not flushed on its own: see "Durability" in the crate docs.
         let index = committed.map_or(0, |c| c.index);
         self.committed_index.store(index, std::sync::atomic::Ordering::Relaxed);
