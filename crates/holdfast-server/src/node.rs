@@ -770,7 +770,14 @@ impl Node {
     /// follower, with openraft's idea of the leader unchanged, until some node wins an election, which a
     /// node cut off from the others, or a lone survivor, never does.
     pub fn leader(&self) -> Option<NodeId> {
-        let leader = self.raft.metrics().borrow().current_leader?;
+        let current = self.raft.metrics().borrow().current_leader;
+        self.heard_leader(current)
+    }
+
+    /// `current`, openraft's leader, unless it is another node this node has not heard from for as long as
+    /// [`Node::leader`] allows.
+    fn heard_leader(&self, current: Option<NodeId>) -> Option<NodeId> {
+        let leader = current?;
         if leader != self.id {
             let now = Instant::now();
             if now > self.follows_until(now) {
@@ -862,12 +869,12 @@ impl Node {
         let deadline = Instant::now() + timeout;
         let mut metrics = self.raft.metrics();
         loop {
-            metrics.borrow_and_update();
-            // Not openraft's leader: a follower cut off from its leader (with pre-votes it stays a follower
-            // and keeps that leader for as long as the cut lasts) would send requests into the cut, where
-            // a write waits out its bound and ends with an unknown outcome. A leader gone silent counts as
-            // none: the request waits here, sent nowhere, until a leader is heard from again.
-            let attempt = match self.leader() {
+            let current = metrics.borrow_and_update().current_leader;
+            // Not openraft's leader as it is: a follower cut off from its leader (with pre-votes it stays a
+            // follower and keeps that leader for as long as the cut lasts) would send requests into the
+            // cut, where a write waits out its bound and ends with an unknown outcome. A leader gone silent
+            // counts as none: the request waits here, sent nowhere, until a leader is heard from again.
+            let attempt = match self.heard_leader(current) {
                 Some(leader) if leader == self.id => self.serve_forwarded(request.clone()).await,
                 Some(leader) => self.forward(leader, &request, deadline).await,
                 None => Err(NodeError::NotLeader { leader: None }),
