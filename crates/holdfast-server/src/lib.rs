@@ -20,6 +20,7 @@
 pub mod auth;
 pub mod calls;
 pub mod error;
+mod gather;
 pub mod grpc;
 pub mod health;
 pub mod http;

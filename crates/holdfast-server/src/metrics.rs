@@ -103,6 +103,8 @@ pub enum Forwarded {
     Write,
     Read,
     Heartbeat,
+    /// A batch of a follower's heartbeats.
+    Heartbeats,
     StillWaiting,
     Barrier,
     Membership,
@@ -115,6 +117,7 @@ impl Forwarded {
             Forwarded::Write => "write",
             Forwarded::Read => "read",
             Forwarded::Heartbeat => "heartbeat",
+            Forwarded::Heartbeats => "heartbeats",
             Forwarded::StillWaiting => "still_waiting",
             Forwarded::Barrier => "barrier",
             Forwarded::Membership => "membership",

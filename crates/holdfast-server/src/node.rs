@@ -37,6 +37,14 @@ pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
 /// Pause between attempts while no leader is known or the leader just changed.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
+/// A follower's heartbeat batches under way to the leader at once, at most (see [`Node::heartbeat`]).
+const HEARTBEAT_SENDERS: usize = 4;
+/// Heartbeats in one batch, at most: the leader extends them all under one read of the lock state, which
+/// holds its applies back meanwhile (about a microsecond each).
+const HEARTBEATS_PER_BATCH: usize = 1024;
+/// How long a follower forwards heartbeats one by one after the leader closed the connection on a batch,
+/// as a leader of a build from before batches does (it cannot decode the request).
+const HEARTBEAT_BATCHES_REFUSED_FOR: Duration = Duration::from_secs(30);
 
 /// A change a client asks for; the leader turns it into a [`Command`] (adding its stamp and, for an
 /// acquire, the token) and proposes it.
@@ -148,6 +156,10 @@ pub enum ForwardRequest {
     RemoveMember {
         id: NodeId,
     },
+    /// Keep these sessions alive: a follower's heartbeats, gathered. Last among the variants, so that the
+    /// others keep their encoding; a leader of a build from before it cannot decode it and closes the
+    /// connection, and the follower then forwards heartbeats one by one ([`Node::heartbeat`]).
+    Heartbeats(Vec<SessionId>),
 }
 
 impl ForwardRequest {
@@ -170,6 +182,8 @@ pub enum ForwardReply {
     Heartbeat(HeartbeatReply),
     Barrier(u64),
     Noted,
+    /// One answer per session of a [`ForwardRequest::Heartbeats`], in its order.
+    Heartbeats(Vec<HeartbeatReply>),
 }
 
 /// Why a node could not serve a request.
@@ -250,6 +264,11 @@ pub struct Node {
     campaigned_against: AtomicU64,
     /// How far this node's log is durable: its last entry, for pre-votes.
     durable: Durable,
+    /// Heartbeats of sessions attached here, gathered for the leader while this node follows.
+    heartbeats: crate::gather::Gather<SessionId, Result<HeartbeatReply, NodeError>>,
+    /// A leader that closed the connection on a batch of heartbeats, and until when it is sent them one by
+    /// one.
+    batches_refused: Mutex<Option<(NodeId, Instant)>>,
 }
 
 /// What a node knows of its contact with a leader, for its election watch, its answers to pre-votes and
@@ -474,6 +493,10 @@ pub struct Bugs {
     pub unconfirmed_busy: bool,
     /// Leases never run out: the keeper never proposes an expiry.
     pub never_expire: bool,
+    /// Not a bug: this node acts as one of a build from before heartbeat batches, which closes the
+    /// connection on a follower's batch of heartbeats (it cannot decode one). What a follower of a newer
+    /// build meets during a rolling upgrade, and must cope with.
+    pub no_heartbeat_batches: bool,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
@@ -533,6 +556,8 @@ impl Node {
             contact: Mutex::new(LeaderContact::new(Instant::now())),
             campaigned_against: AtomicU64::new(0),
             durable,
+            heartbeats: crate::gather::Gather::new(HEARTBEAT_SENDERS, HEARTBEATS_PER_BATCH),
+            batches_refused: Mutex::new(None),
         }
     }
 
@@ -821,11 +846,65 @@ impl Node {
 
     /// Keeps session `id` alive: the leader extends its lease from when the heartbeat reached it, once a
     /// quorum round begun after that confirmed it is still leader.
-    pub async fn heartbeat(&self, id: SessionId) -> Result<HeartbeatReply, NodeError> {
+    ///
+    /// A follower gathers its sessions' heartbeats and forwards them in batches, at most
+    /// [`HEARTBEAT_SENDERS`] under way at once, each carrying whatever arrived while the others were: one
+    /// forwarded heartbeat holds a forwarding slot for a whole quorum round on the leader, and one by one a
+    /// follower could pass on only about 8,000 a second, so that most of 10,000 sessions attached to it
+    /// expired (docs/benchmarks.md).
+    pub async fn heartbeat(self: &Arc<Self>, id: SessionId) -> Result<HeartbeatReply, NodeError> {
+        if self.is_leader() || self.heartbeat_batches_refused() {
+            return self.heartbeat_alone(id).await;
+        }
+        let queued = self.heartbeats.push(id);
+        if queued.start_sender {
+            let node = self.clone();
+            tokio::spawn(async move { node.send_heartbeats().await });
+        }
+        queued.answer.await.unwrap_or_else(|_| Err(NodeError::Unavailable("shutting down".into())))
+    }
+
+    async fn heartbeat_alone(&self, id: SessionId) -> Result<HeartbeatReply, NodeError> {
         match self.through_leader(ForwardRequest::Heartbeat(id)).await? {
             ForwardReply::Heartbeat(reply) => Ok(reply),
             other => Err(NodeError::Unavailable(format!("the leader answered a heartbeat with {other:?}"))),
         }
+    }
+
+    /// A sender of gathered heartbeats: batch after batch, until none is queued.
+    async fn send_heartbeats(&self) {
+        while let Some(batch) = self.heartbeats.next_batch() {
+            let (ids, replies): (Vec<SessionId>, Vec<_>) = batch.into_iter().unzip();
+            for (reply, answer) in replies.into_iter().zip(self.forward_heartbeats(ids).await) {
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    /// One answer per session in `ids`, in order, from one request through the leader (this node, if it
+    /// became leader meanwhile); one by one where the leader refused the batch.
+    async fn forward_heartbeats(&self, ids: Vec<SessionId>) -> Vec<Result<HeartbeatReply, NodeError>> {
+        let count = ids.len();
+        let error = match self.through_leader(ForwardRequest::Heartbeats(ids.clone())).await {
+            Ok(ForwardReply::Heartbeats(replies)) if replies.len() == count => {
+                return replies.into_iter().map(Ok).collect()
+            }
+            Ok(other) => NodeError::Unavailable(format!("the leader answered {count} heartbeats with {other:?}")),
+            Err(_) if self.heartbeat_batches_refused() => {
+                let alone = ids.into_iter().map(|id| self.heartbeat_alone(id));
+                return futures_util::future::join_all(alone).await;
+            }
+            Err(e) => e,
+        };
+        vec![Err(error); count]
+    }
+
+    /// Whether the leader closed the connection on a batch of heartbeats not long ago (see
+    /// [`HEARTBEAT_BATCHES_REFUSED_FOR`]).
+    fn heartbeat_batches_refused(&self) -> bool {
+        let refused = *self.batches_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let leader = self.raft.metrics().borrow().current_leader;
+        refused.is_some_and(|(by, until)| Some(by) == leader && Instant::now() < until)
     }
 
     /// Session `id` and its claims, as of a point no earlier than this call (confirmed by the leader and
@@ -914,6 +993,7 @@ impl Node {
             ForwardRequest::Write(_) => Forwarded::Write,
             ForwardRequest::Read(_) => Forwarded::Read,
             ForwardRequest::Heartbeat(_) => Forwarded::Heartbeat,
+            ForwardRequest::Heartbeats(_) => Forwarded::Heartbeats,
             ForwardRequest::StillWaiting(_) => Forwarded::StillWaiting,
             ForwardRequest::Barrier => Forwarded::Barrier,
             ForwardRequest::AddMember { .. } | ForwardRequest::RemoveMember { .. } => Forwarded::Membership,
@@ -942,6 +1022,14 @@ impl Node {
             Err(CallError::Timeout(timeout)) => Err(NodeError::Timeout(timeout)),
             // Nothing was sent: the request may go to the next leader.
             Err(e @ CallError::Connect(_)) => Err(NodeError::Unreachable(format!("node {leader}: {e}"))),
+            Err(e @ CallError::Broken(_)) if matches!(request, ForwardRequest::Heartbeats(_)) => {
+                // So does a leader of a build from before heartbeat batches, which cannot decode one (or a
+                // leader that failed meanwhile): its heartbeats go one by one for a while.
+                tracing::warn!(leader, %e, "the leader closed the connection on a batch of heartbeats; forwarding them one by one for {HEARTBEAT_BATCHES_REFUSED_FOR:?}");
+                *self.batches_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some((leader, Instant::now() + HEARTBEAT_BATCHES_REFUSED_FOR));
+                Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}")))
+            }
             Err(e) => Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}"))),
         }
     }
@@ -976,6 +1064,9 @@ impl Node {
             ForwardRequest::Write(request) => self.propose(request).await.map(ForwardReply::Written),
             ForwardRequest::Read(query) => self.answer(query).await.map(ForwardReply::Read),
             ForwardRequest::Heartbeat(id) => self.keep_alive(id, Instant::now()).await.map(ForwardReply::Heartbeat),
+            ForwardRequest::Heartbeats(ids) => {
+                self.keep_alive_all(&ids, Instant::now()).await.map(ForwardReply::Heartbeats)
+            }
             ForwardRequest::StillWaiting(tokens) => {
                 if !self.is_leader() {
                     return Err(NodeError::NotLeader { leader: self.leader() });
@@ -1114,32 +1205,41 @@ impl Node {
 
     /// The leader's side of a heartbeat that reached it at `received`.
     async fn keep_alive(&self, id: SessionId, received: Instant) -> Result<HeartbeatReply, NodeError> {
+        Ok(self.keep_alive_all(&[id], received).await?.pop().flatten())
+    }
+
+    /// Keeps the sessions `ids` alive from now, on heartbeats that reached this node at `received`: for each,
+    /// how many locks it holds and waits for, or `None` if it is gone. One quorum round confirms them all.
+    async fn keep_alive_all(&self, ids: &[SessionId], received: Instant) -> Result<Vec<HeartbeatReply>, NodeError> {
         if !self.is_leader() {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
         // A heartbeat may reach a new leader before its keeper's next tick: the deadlines it kept as a
         // follower are stale, so promote first or a live session would be refused as gone.
         self.promote();
-        let counts = {
+        let extended: Vec<HeartbeatReply> = {
             let state = self.state.read().expect("lock state poisoned");
-            let Some((_, lease_ms, holds, waits)) = state.session_summary(id) else { return Ok(None) };
-            // Extended from now, after the client sent the heartbeat: the client, counting its lease from
-            // when it sent it, never believes in a lease longer than the leader's.
-            if !self.events.extend_session(id, lease_ms) {
-                return Ok(None);
-            }
-            (holds as u32, waits as u32)
+            ids.iter()
+                .map(|&id| {
+                    let (_, lease_ms, holds, waits) = state.session_summary(id)?;
+                    // Extended from now, after the client sent the heartbeat: the client, counting its lease
+                    // from when it sent it, never believes in a lease longer than the leader's.
+                    self.events.extend_session(id, lease_ms).then_some((holds as u32, waits as u32))
+                })
+                .collect()
         };
-        // Acknowledged only once a quorum round begun after the heartbeat arrived confirms this node still
+        // Acknowledged only once a quorum round begun after the heartbeats arrived confirms this node still
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
-        if !self.bugs.unconfirmed_heartbeats {
+        if extended.iter().any(Option::is_some) && !self.bugs.unconfirmed_heartbeats {
             self.confirmed_since(received).await?;
         }
-        // Belt and braces: the session may have been closed while the round ran.
-        if self.state.read().expect("lock state poisoned").session_lease_ms(id).is_none() {
-            return Ok(None);
-        }
-        Ok(Some(counts))
+        // Belt and braces: a session may have been closed while the round ran.
+        let state = self.state.read().expect("lock state poisoned");
+        Ok(ids
+            .iter()
+            .zip(extended)
+            .map(|(&id, counts)| counts.filter(|_| state.session_lease_ms(id).is_some()))
+            .collect())
     }
 
     /// Waits for a quorum round that began at or after `since` and confirmed this node's leadership.

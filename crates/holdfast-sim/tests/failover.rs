@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use holdfast_server::Bugs;
 use holdfast_sim::history::{At, Outcome};
 use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::record::now;
@@ -214,6 +215,32 @@ fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
         // Held from before the crash until the client let go at 6 s, and released then.
         let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
         assert!(hold.from < secs(1.5) && hold.until >= secs(6.0), "through n{node}, the hold ended early: {hold:?}");
+        let released = report.history.ops.iter().any(|op| op.outcome == Outcome::Released);
+        assert!(released, "the release was not acknowledged: {:?}", report.history.ops);
+    });
+}
+
+/// A session holds a lock through a follower whose leader is of a build from before heartbeat batches
+/// (acted by `Bugs::no_heartbeat_batches`): the leader closes the connection on the follower's first batch,
+/// and the follower must then forward the heartbeats one by one, or every heartbeat fails and the client
+/// gives the lock up after one lease (2 s). As during a rolling upgrade, followers first.
+#[test]
+fn a_session_through_a_follower_is_kept_by_a_leader_that_cannot_read_heartbeat_batches() {
+    test_in_own_process("a_session_through_a_follower_is_kept_by_a_leader_that_cannot_read_heartbeat_batches", || {
+        holdfast_sim::record::log_if_asked();
+        let mut plan = Plan::quiet(23, 3, secs(8.0));
+        plan.bugs = Bugs { no_heartbeat_batches: true, ..Bugs::default() };
+        let through = client(&mut plan, |ctx, leader, through: Arc<Mutex<Option<u64>>>| async move {
+            let node = follower(leader, 0)?;
+            *through.lock().expect("poisoned") = Some(node);
+            session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "upgrade", secs(1.0), secs(6.0)).await
+        });
+        schedule(&mut plan, vec![(7.5, Fault::Heal)]);
+        let report = run_clean(&plan);
+        let node = through.lock().expect("poisoned").expect("the client found the leader");
+        // Held from about 0.5 s until the client let go at 6 s (three leases), and released then.
+        let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
+        assert!(hold.from < secs(1.0) && hold.until >= secs(6.0), "through n{node}, the hold ended early: {hold:?}");
         let released = report.history.ops.iter().any(|op| op.outcome == Outcome::Released);
         assert!(released, "the release was not acknowledged: {:?}", report.history.ops);
     });
