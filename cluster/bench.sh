@@ -10,7 +10,7 @@
 #
 # Settings (environment):
 #   DURATION=10s            each of uncontended 1, uncontended 64 and contended 8
-#   SESSIONS=10000 LEASE=2s SESSIONS_DURATION=20s   the sessions workload
+#   SESSIONS=10000 LEASE=2s SESSIONS_DURATION=20s   the sessions workloads (through the leader, then through a follower)
 #   LOCKS=100000 SCALE_CLIENTS=128                  the scale workload
 #   ELECTION_TIMEOUT=250ms  the nodes' --election-timeout (and the base of the failover target)
 #   FAILOVER_WARMUP=2s FAILOVER_AFTER=5s            the failover workload
@@ -53,7 +53,7 @@ CLUSTER=$ROOT/cluster/cluster.sh
 RUN_DIR=$BENCH_DIR/run
 RESULTS=$BENCH_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
 LOG=/dev/null
-WORKLOADS=(uncontended-1 uncontended-64 contended-8 failover sessions scale failover-held)
+WORKLOADS=(uncontended-1 uncontended-64 contended-8 failover sessions sessions-follower scale failover-held)
 
 die() {
     echo "bench.sh: $*" >&2
@@ -240,9 +240,19 @@ run_all() {
         --election-timeout "$ELECTION_TIMEOUT" --warmup "$FAILOVER_WARMUP" --after "$FAILOVER_AFTER"
     revive_nodes
     bench sessions sessions --sessions "$SESSIONS" --lease "$LEASE" --duration "$SESSIONS_DURATION" --pids "$(pids)"
+    sessions_through_follower
     bench scale scale --locks "$LOCKS" --clients "$SCALE_CLIENTS" --pids "$(pids)"
     measure_nodes
     failover_held
+}
+
+# The same sessions attached to a follower, as behind a load balancer that picks any node: their
+# heartbeats reach the leader through it.
+sessions_through_follower() {
+    local leader
+    leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
+    ENDPOINTS=127.0.0.1:$(client_port $((${leader:-1} % 3 + 1))) bench sessions-follower sessions \
+        --sessions "$SESSIONS" --lease "$LEASE" --duration "$SESSIONS_DURATION" --pids "$(pids)"
 }
 
 # The leader killed again, now with the fill's locks held: the new leader must take over as fast as with
@@ -274,7 +284,8 @@ report() {
     jq -n -r --slurpfile run "$RESULTS/run.json" --slurpfile host "$RESULTS/host.json" \
         --slurpfile u1 "$RESULTS/uncontended-1.json" --slurpfile u64 "$RESULTS/uncontended-64.json" \
         --slurpfile c8 "$RESULTS/contended-8.json" --slurpfile fo "$RESULTS/failover.json" \
-        --slurpfile se "$RESULTS/sessions.json" --slurpfile sc "$RESULTS/scale.json" \
+        --slurpfile se "$RESULTS/sessions.json" --slurpfile sf "$RESULTS/sessions-follower.json" \
+        --slurpfile sc "$RESULTS/scale.json" \
         --slurpfile nd "$RESULTS/nodes.json" --slurpfile fh "$RESULTS/failover-held.json" -f /dev/stdin >"$RESULTS/section.md" <<'JQ'
 def r($x): if $x == null then "?" else ($x * 10 | round / 10 | tostring) end;
 def i($x): if $x == null then "?"
@@ -288,7 +299,14 @@ def verdict($ok): if $ok then "met" else "**missed**" end;
 def row($what; $x; $result; $target; $ok):
   if $x.failed == true then "| \($what) | the workload failed (exit \($x.exit)) | \($target) | **failed** |"
   else "| \($what) | \($result) | \($target) | \($ok) |" end;
-$run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se |
+def sessions_row($what; $se):
+  row("\(i($se.sessions)) sessions\($what), \(r($se.lease_ms | if . then . / 1000 else null end)) s leases"; $se;
+      "\($se.spurious_lost) locks lost, \(i($se.expirations)) session expirations; the nodes used \(pct($se.cpu_cores_total)) of a core in total (the load generator \(pct($se.bench_cpu_cores))); heartbeat acknowledgement p99 ≤ \(r($se.heartbeat_p99_ms_at_most)) ms at the nodes (p50 ≤ \(r($se.heartbeat_p50_ms_at_most)) ms; histogram bounds); a leader-confirmed read p99 \(r($se.read_p99_ms)) ms; all open in \(r($se.open_seconds)) s";
+      "10,000 sessions: zero spurious expirations, ≤ 1 core in total";
+      (verdict($se.opened == $se.sessions and $se.spurious_lost == 0 and $se.expirations == 0
+               and le($se.cpu_cores_total; 1))
+        + (if $se.sessions < 10000 then " (at \(i($se.sessions)), not 10,000)" else "" end)));
+$run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se | $sf[0] as $sf |
 $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
 ($nd.nodes | map(.rss_bytes) | max) as $rss_max |
 ($nd.nodes | map(.peak_bytes) | if any(. == null) then null else max end) as $fill_peak_max |
@@ -330,12 +348,8 @@ $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
       "first grant \(i($fo.first_grant_after_kill_ms)) ms after the kill (new leader seen at \(i($fo.new_leader_after_kill_ms)) ms), longest gap \(i($fo.longest_gap_ms)) ms; \($fo.held_kept) of \($fo.held) locks held before the kill still held, same fence\(if $fo.session_kept == null then "" elif $fo.session_kept then "; a session's lock (\(r($fo.session_lease_ms / 1000)) s lease) kept" else "; a session's lock (\(r($fo.session_lease_ms / 1000)) s lease) LOST" end)";
       "a grant within the election timeout (\(i($fo.election_timeout_ms)) ms) + 0.5 s; held locks stay held";
       verdict(le($fo.first_grant_after_kill_ms; $fo.target_ms) and $fo.held_all_kept == true and $fo.session_kept != false)),
-  row("\(i($se.sessions)) sessions, \(r($se.lease_ms / 1000)) s leases"; $se;
-      "\($se.spurious_lost) locks lost, \(i($se.expirations)) session expirations; the nodes used \(pct($se.cpu_cores_total)) of a core in total (the load generator \(pct($se.bench_cpu_cores))); heartbeat acknowledgement p99 ≤ \(r($se.heartbeat_p99_ms_at_most)) ms at the nodes (p50 ≤ \(r($se.heartbeat_p50_ms_at_most)) ms; histogram bounds); a leader-confirmed read p99 \(r($se.read_p99_ms)) ms; all open in \(r($se.open_seconds)) s";
-      "10,000 sessions: zero spurious expirations, ≤ 1 core in total";
-      (verdict($se.opened == $se.sessions and $se.spurious_lost == 0 and $se.expirations == 0
-               and le($se.cpu_cores_total; 1))
-        + (if $se.sessions < 10000 then " (at \(i($se.sessions)), not 10,000)" else "" end))),
+  sessions_row(""; $se),
+  sessions_row(" through a follower"; $sf),
   row("\(i($sc.locks)) held locks"; $sc;
       "filled at \(i($sc.rate_per_s)) locks/s (1,000,000 would take \(i($sc.projected_1m_seconds)) s); the largest node \(mib($rss_max)) resident after the fill\(if $nd.snapshot_peaks then ", \(mib($fill_peak_max)) at its peak by then; \(mib($peak_max)) the largest peak of any node through the snapshots below and the restart (the target is judged by it)" elif $peak_max then ", \(mib($peak_max)) at its peak (since it started)" else "" end), data dir \(mib($data_max)); a snapshot of every node's state \(mib($snapshot_max)), taken in \(r($snapshot_s)) s at most; a restarted follower ready from it in \(r($nd.restart_ready_s)) s, caught up in \(r($nd.caught_up_s)) s";
       "1,000,000 locks: ≤ 1 GiB per node, restart with catch-up ≤ 10 s";
