@@ -194,6 +194,31 @@ fn a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one() {
     });
 }
 
+/// Adds a client to `plan` that holds `lock` in a session (2 s lease) through the leader's first follower
+/// from about 0.5 s until it lets go at 6 s, runs the plan with `faults`, and checks that the client held
+/// the lock from before `held_by` until it let go and that its release was acknowledged. Answers the report
+/// and the leader before the faults.
+fn a_session_holds_through_a_follower(
+    mut plan: Plan,
+    lock: &'static str,
+    faults: Vec<(f64, Fault)>,
+    held_by: f64,
+) -> (Report, u64) {
+    let through = client(&mut plan, move |ctx, leader, through: Arc<Mutex<Option<(u64, u64)>>>| async move {
+        let node = follower(leader, 0)?;
+        *through.lock().expect("poisoned") = Some((leader, node));
+        session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, lock, secs(1.0), secs(6.0)).await
+    });
+    schedule(&mut plan, faults);
+    let report = run_clean(&plan);
+    let (leader, node) = through.lock().expect("poisoned").expect("the client found the leader");
+    let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
+    assert!(hold.from < secs(held_by) && hold.until >= secs(6.0), "through n{node}, the hold ended early: {hold:?}");
+    let released = report.history.ops.iter().any(|op| op.outcome == Outcome::Released);
+    assert!(released, "the release was not acknowledged: {:?}", report.history.ops);
+    (report, leader)
+}
+
 /// A session holds a lock through a follower when the leader's host goes silent, and nothing else is
 /// written. The new leader must acknowledge its heartbeats within the session's lease (2 s), or the client
 /// gives the lock up although the new leader kept it: until bug 4's fix (testing.md) a new leader that had
@@ -202,21 +227,10 @@ fn a_read_forwarded_to_a_leader_that_went_silent_goes_to_the_next_one() {
 fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
     test_in_own_process("a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent", || {
         holdfast_sim::record::log_if_asked();
-        let mut plan = Plan::quiet(13, 3, secs(8.0));
-        let through = client(&mut plan, |ctx, old, through: Arc<Mutex<Option<(u64, u64)>>>| async move {
-            let node = follower(old, 0)?;
-            *through.lock().expect("poisoned") = Some((old, node));
-            session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "session", secs(1.0), secs(6.0)).await
-        });
-        schedule(&mut plan, vec![(1.5, Fault::CrashLeader), (7.0, Fault::Heal)]);
-        let report = run_clean(&plan);
-        let (old, node) = through.lock().expect("poisoned").expect("the client found the leader");
+        // Held from before the crash until the client let go at 6 s.
+        let faults = vec![(1.5, Fault::CrashLeader), (7.0, Fault::Heal)];
+        let (report, old) = a_session_holds_through_a_follower(Plan::quiet(13, 3, secs(8.0)), "session", faults, 1.5);
         assert!(applied(&report, &format!("CrashLeader (n{old})")));
-        // Held from before the crash until the client let go at 6 s, and released then.
-        let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
-        assert!(hold.from < secs(1.5) && hold.until >= secs(6.0), "through n{node}, the hold ended early: {hold:?}");
-        let released = report.history.ops.iter().any(|op| op.outcome == Outcome::Released);
-        assert!(released, "the release was not acknowledged: {:?}", report.history.ops);
     });
 }
 
@@ -230,19 +244,8 @@ fn a_session_through_a_follower_is_kept_by_a_leader_that_cannot_read_heartbeat_b
         holdfast_sim::record::log_if_asked();
         let mut plan = Plan::quiet(23, 3, secs(8.0));
         plan.bugs = Bugs { no_heartbeat_batches: true, ..Bugs::default() };
-        let through = client(&mut plan, |ctx, leader, through: Arc<Mutex<Option<u64>>>| async move {
-            let node = follower(leader, 0)?;
-            *through.lock().expect("poisoned") = Some(node);
-            session_hold(&ctx, vec![format!("n{node}:7070")], SESSION_LEASE, "upgrade", secs(1.0), secs(6.0)).await
-        });
-        schedule(&mut plan, vec![(7.5, Fault::Heal)]);
-        let report = run_clean(&plan);
-        let node = through.lock().expect("poisoned").expect("the client found the leader");
-        // Held from about 0.5 s until the client let go at 6 s (three leases), and released then.
-        let [hold] = &report.history.holds[..] else { panic!("not one hold: {:?}", report.history.holds) };
-        assert!(hold.from < secs(1.0) && hold.until >= secs(6.0), "through n{node}, the hold ended early: {hold:?}");
-        let released = report.history.ops.iter().any(|op| op.outcome == Outcome::Released);
-        assert!(released, "the release was not acknowledged: {:?}", report.history.ops);
+        // Held from about 0.5 s until the client let go at 6 s: three leases.
+        a_session_holds_through_a_follower(plan, "upgrade", vec![(7.5, Fault::Heal)], 1.0);
     });
 }
 
