@@ -1,5 +1,6 @@
 //! Lock sessions against real 3-process clusters: the queue hand-over when a holder stops cleanly, the lease
-//! when it is killed, and sessions that survive the loss of the node their stream runs through.
+//! when it is killed, sessions that survive the loss of the node their stream runs through, and many
+//! sessions kept alive through a follower.
 //!
 //! The first two tests run real client processes: two copies of `holdfast run nightly-import -- CMD`, as
 //! the issue describes them. Their commands report that they started by writing their fence to a file and

@@ -40,7 +40,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(25);
 /// A follower's heartbeat batches under way to the leader at once, at most (see [`Node::heartbeat`]).
 const HEARTBEAT_SENDERS: usize = 4;
 /// Heartbeats in one batch, at most: the leader extends them all under one read of the lock state, which
-/// holds its applies back meanwhile (about a microsecond each).
+/// holds its applies back meanwhile.
 const HEARTBEATS_PER_BATCH: usize = 1024;
 /// How long a follower forwards heartbeats one by one after the leader closed the connection on a batch,
 /// as a leader of a build from before batches does (it cannot decode the request).
