@@ -91,6 +91,53 @@ async fn twenty_parallel_acquires_over_three_nodes_grant_exactly_one() {
     assert_eq!(before, after, "ten busy answers must not add log entries");
 }
 
+/// A follower forwards its clients' writes to a leader that reads batches in batches (`Node::write`): 200
+/// one-call acquires of 200 locks sent at once through a follower are all granted, the leader holds every
+/// one of them with the fence its client was told, and the follower forwarded them in fewer requests than
+/// writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_a_follower_go_to_the_leader_in_batches_and_are_all_applied() {
+    const WRITES: usize = 200;
+    let cluster = std::sync::Arc::new(Cluster::start(NODES).await);
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    // A first write through the follower goes alone, and has it ask the leader whether it reads batches.
+    let first = cluster.acquire(follower, "first", "w-first", "60").await;
+    let first = Grant::from_reply(&first, "the first write through the follower").fence;
+    let metrics = async |id: usize| cluster.get(id, "/metrics").await.body.as_str().unwrap_or_default().to_owned();
+    wait_for(ELECTION_BOUND, "the leader to answer the follower's question about batches", async || {
+        match sample(&metrics(follower).await, "holdfast_forwarded_requests_total{kind=\"heartbeats\"}") {
+            Some(n) if n >= 1.0 => Ok(()),
+            n => Err(format!("{n:?} batches of heartbeats forwarded")),
+        }
+    })
+    .await;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..WRITES {
+        let cluster = cluster.clone();
+        tasks.spawn(
+            async move { (i, cluster.acquire(follower, &format!("batched-{i}"), &format!("w{i}"), "60").await) },
+        );
+    }
+    let mut fences = std::collections::BTreeMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let (i, reply) = done.expect("an acquire task");
+        let grant = Grant::from_reply(&reply, &format!("batched-{i}"));
+        assert!(grant.fence > first, "batched-{i}: fence {} after the first write's {first}", grant.fence);
+        fences.insert(i, grant.fence);
+    }
+    // Grants of locks proposed together share a log entry, and so a fence (its index).
+    for (i, fence) in &fences {
+        let held = cluster.lock(leader, &format!("batched-{i}")).await;
+        assert_eq!(holder(&held, "GET through the leader")["fence"].as_u64(), Some(*fence), "batched-{i}");
+    }
+    let page = metrics(follower).await;
+    let batches = sample(&page, "holdfast_forwarded_requests_total{kind=\"writes\"}").unwrap_or(0.0);
+    eprintln!("{WRITES} writes through the follower in {batches} batches");
+    assert!(batches > 0.0 && batches < WRITES as f64, "{WRITES} writes in {batches} batches");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_keeps_a_held_lock_and_fences_keep_growing() {
     let mut cluster = Cluster::start(NODES).await;

@@ -1,8 +1,9 @@
 //! [`Gather`]: requests that arrive one by one, sent on in batches by a few sender tasks.
 //!
-//! A follower forwards its sessions' heartbeats to the leader this way (`Node::heartbeat`): each heartbeat
-//! forwarded on its own held one of the follower's forwarding slots for a whole quorum round on the leader,
-//! which capped a follower at about 8,000 heartbeats a second (docs/benchmarks.md). Gathered, a round trip
+//! A follower forwards its sessions' heartbeats (`Node::heartbeat`) and its clients' writes
+//! (`Node::write`) to the leader this way: each heartbeat forwarded on its own held one of the follower's
+//! forwarding slots for a whole quorum round on the leader, which capped a follower at about 8,000
+//! heartbeats a second, and each write took a frame each way (docs/benchmarks.md). Gathered, a round trip
 //! carries everything that arrived while the previous batches were under way.
 //!
 //! The queue and the count of senders sit under one lock, so a request is never left queued with no sender

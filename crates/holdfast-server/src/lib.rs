@@ -16,6 +16,9 @@
 //!
 //! [`run`] takes its listeners and a shutdown future, so the same node runs on real sockets and in tests.
 //! This crate must not depend on the client library or the binary.
+// A write's future holds the lone writes a forwarded batch may fall back to, nested inside the HTTP
+// and gRPC fronts' futures: deeper than the compiler's default limit for computing their layout.
+#![recursion_limit = "256"]
 
 pub mod auth;
 pub mod calls;

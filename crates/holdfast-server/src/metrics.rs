@@ -101,6 +101,8 @@ pub struct ExpiredLabels {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Forwarded {
     Write,
+    /// A batch of a follower's writes.
+    Writes,
     Read,
     Heartbeat,
     /// A batch of a follower's heartbeats.
@@ -115,6 +117,7 @@ impl Forwarded {
     pub fn label(self) -> &'static str {
         match self {
             Forwarded::Write => "write",
+            Forwarded::Writes => "writes",
             Forwarded::Read => "read",
             Forwarded::Heartbeat => "heartbeat",
             Forwarded::Heartbeats => "heartbeats",

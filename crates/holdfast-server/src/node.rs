@@ -42,9 +42,13 @@ const HEARTBEAT_SENDERS: usize = 4;
 /// Heartbeats in one batch, at most: the leader extends them all under one read of the lock state, which
 /// holds its applies back meanwhile.
 const HEARTBEATS_PER_BATCH: usize = 1024;
-/// How long a follower forwards heartbeats one by one after the leader closed the connection on a batch,
-/// as a leader of a build from before batches does (it cannot decode the request).
-const HEARTBEAT_BATCHES_REFUSED_FOR: Duration = Duration::from_secs(30);
+/// How long a follower forwards heartbeats and writes one by one after the leader closed the connection on
+/// a batch, as a leader of a build from before batches does (it cannot decode the request).
+const BATCHES_REFUSED_FOR: Duration = Duration::from_secs(30);
+/// A follower's write batches under way to the leader at once, at most (see [`Node::write`]).
+const WRITE_SENDERS: usize = 8;
+/// Writes in one forwarded batch, at most.
+const WRITES_PER_BATCH: usize = 256;
 
 /// A change a client asks for; the leader turns it into a [`Command`] (adding its stamp and, for an
 /// acquire, the token) and proposes it.
@@ -160,6 +164,9 @@ pub enum ForwardRequest {
     /// others keep their encoding; a leader of a build from before it cannot decode it and closes the
     /// connection, and the follower then forwards heartbeats one by one ([`Node::heartbeat`]).
     Heartbeats(Vec<SessionId>),
+    /// Apply these writes: a follower's, gathered, once the leader has shown it reads batches (it answered
+    /// a [`ForwardRequest::Heartbeats`]). Each is proposed on its own; the answer has one result each.
+    Writes(Vec<Request>),
 }
 
 impl ForwardRequest {
@@ -169,8 +176,16 @@ impl ForwardRequest {
     fn repeatable(&self) -> bool {
         !matches!(
             self,
-            ForwardRequest::Write(_) | ForwardRequest::AddMember { .. } | ForwardRequest::RemoveMember { .. }
+            ForwardRequest::Write(_)
+                | ForwardRequest::Writes(_)
+                | ForwardRequest::AddMember { .. }
+                | ForwardRequest::RemoveMember { .. }
         )
+    }
+
+    /// Whether this is a batch, which a leader of a build from before batches cannot decode.
+    pub fn is_batch(&self) -> bool {
+        matches!(self, ForwardRequest::Heartbeats(_) | ForwardRequest::Writes(_))
     }
 }
 
@@ -184,6 +199,8 @@ pub enum ForwardReply {
     Noted,
     /// One answer per session of a [`ForwardRequest::Heartbeats`], in its order.
     Heartbeats(Vec<HeartbeatReply>),
+    /// One result per write of a [`ForwardRequest::Writes`], in its order.
+    Writes(Vec<Result<Written, NodeError>>),
 }
 
 /// Why a node could not serve a request.
@@ -266,9 +283,15 @@ pub struct Node {
     durable: Durable,
     /// Heartbeats of sessions attached here, gathered for the leader while this node follows.
     heartbeats: crate::gather::Gather<SessionId, Result<HeartbeatReply, NodeError>>,
-    /// A leader that closed the connection on a batch of heartbeats, and until when it is sent them one by
-    /// one.
+    /// A leader that closed the connection on a batch, and until when it is sent heartbeats and writes one
+    /// by one.
     batches_refused: Mutex<Option<(NodeId, Instant)>>,
+    /// Writes of clients attached here, gathered for the leader while this node follows.
+    writes: crate::gather::Gather<Request, Result<Written, NodeError>>,
+    /// The last leader that answered a batch: it reads them, and this node's writes go to it in batches.
+    batches_read_by: Mutex<Option<NodeId>>,
+    /// Whether an empty batch is on its way to ask the leader whether it reads batches.
+    asking_for_batches: std::sync::atomic::AtomicBool,
 }
 
 /// What a node knows of its contact with a leader, for its election watch, its answers to pre-votes and
@@ -493,9 +516,9 @@ pub struct Bugs {
     pub unconfirmed_busy: bool,
     /// Leases never run out: the keeper never proposes an expiry.
     pub never_expire: bool,
-    /// Not a bug: this node acts as one of a build from before heartbeat batches, which closes the
-    /// connection on a follower's batch of heartbeats (it cannot decode one). What a follower of a newer
-    /// build meets during a rolling upgrade, and must cope with.
+    /// Not a bug: this node acts as one of a build from before batches, which closes the connection on a
+    /// follower's batch of heartbeats or writes (it cannot decode one). What a follower of a newer build
+    /// meets during a rolling upgrade, and must cope with.
     pub no_heartbeat_batches: bool,
 }
 
@@ -558,6 +581,9 @@ impl Node {
             durable,
             heartbeats: crate::gather::Gather::new(HEARTBEAT_SENDERS, HEARTBEATS_PER_BATCH),
             batches_refused: Mutex::new(None),
+            writes: crate::gather::Gather::new(WRITE_SENDERS, WRITES_PER_BATCH),
+            batches_read_by: Mutex::new(None),
+            asking_for_batches: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -828,12 +854,81 @@ impl Node {
     /// Applies `request` through the leader (this node, or forwarded), waiting until it is committed and
     /// applied. Retries only where nothing was delivered: while no leader is known, or when the contacted
     /// node was not (or no longer) the leader.
-    pub async fn write(&self, request: Request) -> Result<Written, NodeError> {
+    ///
+    /// A follower whose leader reads batches gathers its clients' writes and forwards them in batches, at
+    /// most [`WRITE_SENDERS`] under way at once: one by one, each took a frame each way and a forwarding slot
+    /// (docs/benchmarks.md). A write is never sent twice: a batch whose connection breaks leaves each of its
+    /// writes with an unknown outcome, as a lone write's would.
+    pub async fn write(self: &Arc<Self>, request: Request) -> Result<Written, NodeError> {
+        if self.is_leader() || !self.leader_reads_batches() {
+            return self.write_alone(request).await;
+        }
+        let queued = self.writes.push(request);
+        if queued.start_sender {
+            let node = self.clone();
+            tokio::spawn(async move { node.send_writes().await });
+        }
+        queued.answer.await.unwrap_or_else(|_| Err(NodeError::Unavailable("shutting down".into())))
+    }
+
+    async fn write_alone(&self, request: Request) -> Result<Written, NodeError> {
         let reply = self.through_leader(ForwardRequest::Write(request)).await?;
         match reply {
             ForwardReply::Written(written) => Ok(written),
             other => Err(NodeError::Unavailable(format!("the leader answered a write with {other:?}"))),
         }
+    }
+
+    /// Whether the leader this node follows has answered a batch. When that is not known, asks it with an
+    /// empty batch of heartbeats in the background (one question at a time) and answers no for now.
+    fn leader_reads_batches(self: &Arc<Self>) -> bool {
+        let leader = self.raft.metrics().borrow().current_leader;
+        let Some(leader) = leader else { return false };
+        if *self.batches_read_by.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) == Some(leader) {
+            return true;
+        }
+        if !self.leader_refused_batches() && !self.asking_for_batches.swap(true, Ordering::AcqRel) {
+            let node = self.clone();
+            tokio::spawn(async move {
+                let _ = node.through_leader(ForwardRequest::Heartbeats(Vec::new())).await;
+                node.asking_for_batches.store(false, Ordering::Release);
+            });
+        }
+        false
+    }
+
+    /// A sender of gathered writes: batch after batch, until none is queued.
+    async fn send_writes(&self) {
+        while let Some(batch) = self.writes.next_batch() {
+            let (requests, replies): (Vec<Request>, Vec<_>) = batch.into_iter().unzip();
+            // Boxed: a batch's future holds the lone writes it may fall back to, each as deep as a write.
+            for (reply, answer) in replies.into_iter().zip(Box::pin(self.forward_writes(requests)).await) {
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    /// One result per write of `requests`, in order, from one request through the leader. A write the
+    /// leader answered "not the leader" was not proposed, and goes again on its own.
+    async fn forward_writes(&self, requests: Vec<Request>) -> Vec<Result<Written, NodeError>> {
+        let count = requests.len();
+        let error = match self.through_leader(ForwardRequest::Writes(requests.clone())).await {
+            Ok(ForwardReply::Writes(results)) if results.len() == count => {
+                let answers = requests.into_iter().zip(results).map(|(request, result)| async move {
+                    match result {
+                        Err(NodeError::NotLeader { .. }) => self.write_alone(request).await,
+                        result => result,
+                    }
+                });
+                return futures_util::future::join_all(answers).await;
+            }
+            // Received, so possibly applied: as a lone write's unexpected answer.
+            Ok(other) => NodeError::Unavailable(format!(
+                "the leader answered {count} writes with {other:?}; they may or may not have taken effect"
+            )),
+            Err(e) => e,
+        };
+        vec![Err(error); count]
     }
 
     /// Answers `query` from the leader's state after it confirmed it is still leader.
@@ -853,7 +948,7 @@ impl Node {
     /// follower could pass on only about 8,000 a second, so that most of 10,000 sessions attached to it
     /// expired (docs/benchmarks.md).
     pub async fn heartbeat(self: &Arc<Self>, id: SessionId) -> Result<HeartbeatReply, NodeError> {
-        if self.is_leader() || self.heartbeat_batches_refused() {
+        if self.is_leader() || self.leader_refused_batches() {
             return self.heartbeat_alone(id).await;
         }
         let queued = self.heartbeats.push(id);
@@ -890,7 +985,7 @@ impl Node {
                 return replies.into_iter().map(Ok).collect()
             }
             Ok(other) => NodeError::Unavailable(format!("the leader answered {count} heartbeats with {other:?}")),
-            Err(_) if self.heartbeat_batches_refused() => {
+            Err(_) if self.leader_refused_batches() => {
                 let alone = ids.into_iter().map(|id| self.heartbeat_alone(id));
                 return futures_util::future::join_all(alone).await;
             }
@@ -899,9 +994,9 @@ impl Node {
         vec![Err(error); count]
     }
 
-    /// Whether the leader closed the connection on a batch of heartbeats not long ago (see
-    /// [`HEARTBEAT_BATCHES_REFUSED_FOR`]).
-    fn heartbeat_batches_refused(&self) -> bool {
+    /// Whether the leader closed the connection on a batch not long ago (see
+    /// [`BATCHES_REFUSED_FOR`]).
+    fn leader_refused_batches(&self) -> bool {
         let refused = *self.batches_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let leader = self.raft.metrics().borrow().current_leader;
         refused.is_some_and(|(by, until)| Some(by) == leader && Instant::now() < until)
@@ -994,6 +1089,7 @@ impl Node {
             ForwardRequest::Read(_) => Forwarded::Read,
             ForwardRequest::Heartbeat(_) => Forwarded::Heartbeat,
             ForwardRequest::Heartbeats(_) => Forwarded::Heartbeats,
+            ForwardRequest::Writes(_) => Forwarded::Writes,
             ForwardRequest::StillWaiting(_) => Forwarded::StillWaiting,
             ForwardRequest::Barrier => Forwarded::Barrier,
             ForwardRequest::AddMember { .. } | ForwardRequest::RemoveMember { .. } => Forwarded::Membership,
@@ -1018,16 +1114,27 @@ impl Node {
             call.await
         };
         match answered {
-            Ok(reply) => reply,
+            Ok(reply) => {
+                // Answered at all, whatever the answer: that node reads batches.
+                if request.is_batch() {
+                    *self.batches_read_by.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(leader);
+                }
+                reply
+            }
             Err(CallError::Timeout(timeout)) => Err(NodeError::Timeout(timeout)),
             // Nothing was sent: the request may go to the next leader.
             Err(e @ CallError::Connect(_)) => Err(NodeError::Unreachable(format!("node {leader}: {e}"))),
-            Err(e @ CallError::Broken(_)) if matches!(request, ForwardRequest::Heartbeats(_)) => {
-                // So does a leader of a build from before heartbeat batches, which cannot decode one (or a
-                // leader that failed meanwhile): its heartbeats go one by one for a while.
-                tracing::warn!(leader, %e, "the leader closed the connection on a batch of heartbeats; forwarding them one by one for {HEARTBEAT_BATCHES_REFUSED_FOR:?}");
+            Err(e @ CallError::Broken(_)) if request.is_batch() => {
+                // So does a leader of a build from before batches, which cannot decode one (or a leader that
+                // failed meanwhile): heartbeats and writes go to it one by one for a while. The writes of a
+                // batch were received, and may have been applied: theirs is the error below, as for one.
+                tracing::warn!(leader, %e, "the leader closed the connection on a batch; forwarding one by one for {BATCHES_REFUSED_FOR:?}");
                 *self.batches_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                    Some((leader, Instant::now() + HEARTBEAT_BATCHES_REFUSED_FOR));
+                    Some((leader, Instant::now() + BATCHES_REFUSED_FOR));
+                self.batches_read_by
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .take_if(|by| *by == leader);
                 Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}")))
             }
             Err(e) => Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}"))),
@@ -1066,6 +1173,13 @@ impl Node {
             ForwardRequest::Heartbeat(id) => self.keep_alive(id, Instant::now()).await.map(ForwardReply::Heartbeat),
             ForwardRequest::Heartbeats(ids) => {
                 self.keep_alive_all(&ids, Instant::now()).await.map(ForwardReply::Heartbeats)
+            }
+            ForwardRequest::Writes(requests) => {
+                if !self.is_leader() {
+                    return Err(NodeError::NotLeader { leader: self.leader() });
+                }
+                let proposed = requests.into_iter().map(|request| self.propose(request));
+                Ok(ForwardReply::Writes(futures_util::future::join_all(proposed).await))
             }
             ForwardRequest::StillWaiting(tokens) => {
                 if !self.is_leader() {

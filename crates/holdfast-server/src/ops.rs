@@ -140,7 +140,7 @@ async fn acquire_or_undo(node: &Arc<Node>, name: String, request: Request) -> Re
 }
 
 /// Withdraws claim `token` on `name`: leaves the queue, or releases the lock if it was granted.
-async fn withdraw(node: &Node, name: String, token: Token) {
+async fn withdraw(node: &Arc<Node>, name: String, token: Token) {
     node.events.unwatch(token);
     if let Err(e) = node.write(Request::Cancel { name: name.clone(), token }).await {
         tracing::warn!(%e, name, "could not withdraw the claim of a client that went away");
@@ -195,7 +195,7 @@ impl Drop for WithdrawOnDrop {
 }
 
 /// Lets go of `name`; answers the fence of the hold that ended.
-pub async fn release(node: &Node, scope: &Scope, name: String, token: Token) -> Result<(String, u64), ApiError> {
+pub async fn release(node: &Arc<Node>, scope: &Scope, name: String, token: Token) -> Result<(String, u64), ApiError> {
     check_name(&name)?;
     let released = async {
         match node.write(Request::Release { name: scope.inner(&name), token }).await?.outcome().clone() {
@@ -209,7 +209,7 @@ pub async fn release(node: &Node, scope: &Scope, name: String, token: Token) -> 
 
 /// Extends the TTL hold of `token` on `name` (for its current TTL when `ttl_ms` is `None`).
 pub async fn renew(
-    node: &Node,
+    node: &Arc<Node>,
     scope: &Scope,
     name: String,
     token: Token,
@@ -312,7 +312,7 @@ const ADDR_LEN_MAX: usize = 255;
 
 /// `POST /v1/signup`: makes an API key (its own tenant) for anyone when signup is open, else for the
 /// admin. Answers the key, which exists nowhere else (the cluster keeps its hash), and the tenant id.
-pub async fn signup(node: &Node, authorization: Option<&str>) -> Result<(String, u64), ApiError> {
+pub async fn signup(node: &Arc<Node>, authorization: Option<&str>) -> Result<(String, u64), ApiError> {
     if !node.auth.config.enabled {
         let detail = "this cluster runs without --auth: requests need no key".into();
         return Err(ApiError::Forbidden { slug: "auth-off", detail });
@@ -347,7 +347,7 @@ pub async fn list_keys(node: &Node) -> Result<Vec<(u64, u64)>, ApiError> {
 }
 
 /// Revokes tenant `tenant`'s key (admin): it stops working on every node as each applies this.
-pub async fn revoke_key(node: &Node, tenant: u64) -> Result<(), ApiError> {
+pub async fn revoke_key(node: &Arc<Node>, tenant: u64) -> Result<(), ApiError> {
     match node.write(Request::RevokeKey { tenant }).await?.outcome().clone() {
         Outcome::KeyRevoked { .. } => Ok(()),
         Outcome::Rejected(holdfast_core::Reject::NoKey(_)) => {

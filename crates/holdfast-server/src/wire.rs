@@ -191,8 +191,8 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
             }
             Some(Call::Forward) => {
                 let forwarded: ForwardRequest = decode(body)?;
-                if node.bugs.no_heartbeat_batches && matches!(forwarded, ForwardRequest::Heartbeats(_)) {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "undecodable: a batch of heartbeats"));
+                if node.bugs.no_heartbeat_batches && forwarded.is_batch() {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "undecodable: a batch"));
                 }
                 let reply: Result<ForwardReply, NodeError> = node.serve_forwarded(forwarded).await;
                 encode_into(&mut answer, &reply);

@@ -237,15 +237,30 @@ fn a_session_through_a_follower_keeps_its_lock_when_the_leader_goes_silent() {
 /// A session holds a lock through a follower whose leader is of a build from before heartbeat batches
 /// (acted by `Bugs::no_heartbeat_batches`): the leader closes the connection on the follower's first batch,
 /// and the follower must then forward the heartbeats one by one, or every heartbeat fails and the client
-/// gives the lock up after one lease (2 s). As during a rolling upgrade, followers first.
+/// gives the lock up after one lease (2 s). Writes through a follower must not be sent to it in batches
+/// either. As during a rolling upgrade, followers first.
 #[test]
 fn a_session_through_a_follower_is_kept_by_a_leader_that_cannot_read_heartbeat_batches() {
     test_in_own_process("a_session_through_a_follower_is_kept_by_a_leader_that_cannot_read_heartbeat_batches", || {
         holdfast_sim::record::log_if_asked();
         let mut plan = Plan::quiet(23, 3, secs(8.0));
         plan.bugs = Bugs { no_heartbeat_batches: true, ..Bugs::default() };
+        // Another client takes 20 locks through a follower meanwhile: its writes must go one by one too, each
+        // granted, where a batch would leave them with unknown outcomes.
+        let granted = client(&mut plan, |ctx, leader, granted: Arc<Mutex<usize>>| async move {
+            let node = format!("n{}:7070", follower(leader, 1)?);
+            until(secs(1.0)).await;
+            for i in 0..20 {
+                if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &node, &format!("upgrade-{i}"), 60_000).await {
+                    *granted.lock().expect("poisoned") += 1;
+                }
+                tokio::time::sleep(secs(0.1)).await;
+            }
+            Ok(())
+        });
         // Held from about 0.5 s until the client let go at 6 s: three leases.
         a_session_holds_through_a_follower(plan, "upgrade", vec![(7.5, Fault::Heal)], 1.0);
+        assert_eq!(*granted.lock().expect("poisoned"), 20, "acquires through the follower not granted");
     });
 }
 
