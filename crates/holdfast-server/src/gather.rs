@@ -10,6 +10,7 @@
 //! to take it: a push starts a sender unless enough are running, and a sender counts itself out only when
 //! it finds the queue empty.
 
+use std::future::Future;
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
@@ -68,6 +69,28 @@ impl<T, R> Gather<T, R> {
         let taken = inner.queued.len().min(self.max_batch);
         let rest = inner.queued.split_off(taken);
         Some(std::mem::replace(&mut inner.queued, rest))
+    }
+
+    /// Queues `request`, has `start_sender` start a sender (a task that runs [`Gather::send_all`]) when one is
+    /// needed, and waits for the answer; `gone` makes the answer when the sender that took the request went
+    /// away without one.
+    pub async fn ask(&self, request: T, start_sender: impl FnOnce(), gone: impl FnOnce() -> R) -> R {
+        let queued = self.push(request);
+        if queued.start_sender {
+            start_sender();
+        }
+        queued.answer.await.unwrap_or_else(|_| gone())
+    }
+
+    /// A sender's work: batch after batch until none is queued, each answered by `forward` (one answer per
+    /// request, in order).
+    pub async fn send_all<F: Future<Output = Vec<R>>>(&self, mut forward: impl FnMut(Vec<T>) -> F) {
+        while let Some(batch) = self.next_batch() {
+            let (requests, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
+            for (reply, answer) in replies.into_iter().zip(forward(requests).await) {
+                let _ = reply.send(answer);
+            }
+        }
     }
 
     /// How many senders are running.

@@ -537,6 +537,11 @@ pub struct LogProgress {
     pub durable: Durable,
 }
 
+/// The answer to a gathered request whose sender went away: only when the node stops.
+fn shutting_down<T>() -> Result<T, NodeError> {
+    Err(NodeError::Unavailable("shutting down".into()))
+}
+
 /// Wall-clock milliseconds since the Unix epoch.
 pub fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -863,12 +868,12 @@ impl Node {
         if self.is_leader() || !self.leader_reads_batches() {
             return self.write_alone(request).await;
         }
-        let queued = self.writes.push(request);
-        if queued.start_sender {
-            let node = self.clone();
-            tokio::spawn(async move { node.send_writes().await });
-        }
-        queued.answer.await.unwrap_or_else(|_| Err(NodeError::Unavailable("shutting down".into())))
+        let node = self.clone();
+        // Each batch's future boxed: it holds the lone writes it may fall back to, each as deep as a write.
+        let sender = || {
+            drop(tokio::spawn(async move { node.writes.send_all(|batch| Box::pin(node.forward_writes(batch))).await }))
+        };
+        self.writes.ask(request, sender, shutting_down).await
     }
 
     async fn write_alone(&self, request: Request) -> Result<Written, NodeError> {
@@ -895,17 +900,6 @@ impl Node {
             });
         }
         false
-    }
-
-    /// A sender of gathered writes: batch after batch, until none is queued.
-    async fn send_writes(&self) {
-        while let Some(batch) = self.writes.next_batch() {
-            let (requests, replies): (Vec<Request>, Vec<_>) = batch.into_iter().unzip();
-            // Boxed: a batch's future holds the lone writes it may fall back to, each as deep as a write.
-            for (reply, answer) in replies.into_iter().zip(Box::pin(self.forward_writes(requests)).await) {
-                let _ = reply.send(answer);
-            }
-        }
     }
 
     /// One result per write of `requests`, in order, from one request through the leader. A write the
@@ -951,28 +945,16 @@ impl Node {
         if self.is_leader() || self.leader_refused_batches() {
             return self.heartbeat_alone(id).await;
         }
-        let queued = self.heartbeats.push(id);
-        if queued.start_sender {
-            let node = self.clone();
-            tokio::spawn(async move { node.send_heartbeats().await });
-        }
-        queued.answer.await.unwrap_or_else(|_| Err(NodeError::Unavailable("shutting down".into())))
+        let node = self.clone();
+        let sender =
+            || drop(tokio::spawn(async move { node.heartbeats.send_all(|ids| node.forward_heartbeats(ids)).await }));
+        self.heartbeats.ask(id, sender, shutting_down).await
     }
 
     async fn heartbeat_alone(&self, id: SessionId) -> Result<HeartbeatReply, NodeError> {
         match self.through_leader(ForwardRequest::Heartbeat(id)).await? {
             ForwardReply::Heartbeat(reply) => Ok(reply),
             other => Err(NodeError::Unavailable(format!("the leader answered a heartbeat with {other:?}"))),
-        }
-    }
-
-    /// A sender of gathered heartbeats: batch after batch, until none is queued.
-    async fn send_heartbeats(&self) {
-        while let Some(batch) = self.heartbeats.next_batch() {
-            let (ids, replies): (Vec<SessionId>, Vec<_>) = batch.into_iter().unzip();
-            for (reply, answer) in replies.into_iter().zip(self.forward_heartbeats(ids).await) {
-                let _ = reply.send(answer);
-            }
         }
     }
 
