@@ -20,13 +20,26 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 /// it finishes (seen once in CI as `could not acquire lock … WouldBlock`). So a lock conflict is retried,
 /// within a bound; any other error is not.
 fn open_quiet(dir: &Path) -> Result<(LogStore, StateMachineStore)> {
+    until_unlocked(|| open(dir, Arc::new(NoObserver)))
+}
+
+/// The database in `dir` opened with sled alone, as an older build or a check would.
+fn sled_open(dir: &Path) -> Result<sled::Db> {
+    until_unlocked(|| sled::open(dir))
+}
+
+/// `open()`, again while it fails on sled's lock of the directory: a store just dropped in this process may
+/// still hold it for a moment (up to 5 s, a bound on the wait, not a sleep the test relies on).
+fn until_unlocked<T, E: std::fmt::Display + Into<Box<dyn std::error::Error>>>(
+    mut open: impl FnMut() -> std::result::Result<T, E>,
+) -> Result<T> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        match open(dir, Arc::new(NoObserver)) {
+        match open() {
             Err(e) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            opened => return Ok(opened?),
+            opened => return opened.map_err(Into::into),
         }
     }
 }
@@ -326,7 +339,7 @@ async fn a_format_1_directory_is_converted_when_opened() -> Result {
     let entries = vec![acquire(1, 3, "alpha", "a", 1), membership(1, 4), blank(2, 5)];
     let vote = Vote::new_committed(2, 1);
     {
-        let db = sled::open(dir.path())?;
+        let db = sled_open(dir.path())?;
         let meta = db.open_tree("meta")?;
         meta.insert("format", bincode::serialize(&1u32)?)?;
         meta.insert("vote", bincode::serialize(&vote)?)?;
@@ -344,7 +357,7 @@ async fn a_format_1_directory_is_converted_when_opened() -> Result {
         assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(log_id(1, 2)), Some(log_id(2, 5))));
         assert_eq!(log.read_vote().await?, Some(vote));
     }
-    let db = sled::open(dir.path())?;
+    let db = sled_open(dir.path())?;
     assert!(!db.tree_names().iter().any(|name| name.as_ref() == b"log"), "{:?}", db.tree_names());
     assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&4u32)?[..]));
     Ok(())
@@ -352,13 +365,13 @@ async fn a_format_1_directory_is_converted_when_opened() -> Result {
 
 /// The format a directory records.
 fn format_of(dir: &Path) -> Result<Option<u32>> {
-    let db = sled::open(dir)?;
+    let db = sled_open(dir)?;
     Ok(db.open_tree("meta")?.get("format")?.map(|b| bincode::deserialize(&b)).transpose()?)
 }
 
 /// Records `format` in a directory, as a build of that format would have.
 fn set_format(dir: &Path, format: u32) -> Result {
-    let db = sled::open(dir)?;
+    let db = sled_open(dir)?;
     db.open_tree("meta")?.insert("format", bincode::serialize(&format)?)?;
     db.flush()?;
     Ok(())
@@ -421,7 +434,7 @@ async fn a_format_3_snapshot_in_sled_is_read_and_the_next_one_goes_to_a_file() -
         let bytes = std::fs::read(dir.path().join("snapshots").join(name))?;
         assert_eq!(bytes, model(&entries[..2]).snapshot());
         std::fs::remove_dir_all(dir.path().join("snapshots"))?;
-        let db = sled::open(dir.path())?;
+        let db = sled_open(dir.path())?;
         let tree = db.open_tree("snapshot")?;
         tree.remove("file")?;
         tree.insert("data", bytes)?;
@@ -441,7 +454,7 @@ async fn a_format_3_snapshot_in_sled_is_read_and_the_next_one_goes_to_a_file() -
     let [name] = &snapshot_files(dir.path())?[..] else { panic!("one snapshot file") };
     assert_eq!(std::fs::read(dir.path().join("snapshots").join(name))?, model(&entries).snapshot());
     {
-        let db = sled::open(dir.path())?;
+        let db = sled_open(dir.path())?;
         assert_eq!(db.open_tree("snapshot")?.get("data")?, None);
     }
     assert_eq!(format_of(dir.path())?, Some(4));
