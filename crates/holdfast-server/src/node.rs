@@ -283,15 +283,29 @@ pub struct Node {
     durable: Durable,
     /// Heartbeats of sessions attached here, gathered for the leader while this node follows.
     heartbeats: crate::gather::Gather<SessionId, Result<HeartbeatReply, NodeError>>,
-    /// A leader that closed the connection on a batch, and until when it is sent heartbeats and writes one
-    /// by one.
-    batches_refused: Mutex<Option<(NodeId, Instant)>>,
     /// Writes of clients attached here, gathered for the leader while this node follows.
     writes: crate::gather::Gather<Request, Result<Written, NodeError>>,
-    /// The last leader that answered a batch: it reads them, and this node's writes go to it in batches.
-    batches_read_by: Mutex<Option<NodeId>>,
+    /// What the last leader sent a batch did with it.
+    batches: Mutex<Option<LeaderBatches>>,
     /// Whether an empty batch is on its way to ask the leader whether it reads batches.
     asking_for_batches: std::sync::atomic::AtomicBool,
+}
+
+/// What a follower sends its leader in batches.
+#[derive(Debug, Clone, Copy)]
+enum Batched {
+    Heartbeats,
+    Writes,
+}
+
+/// What a leader did with the last batch (of heartbeats or writes) a follower sent it.
+#[derive(Debug, Clone, Copy)]
+enum LeaderBatches {
+    /// It answered: it reads batches.
+    Read(NodeId),
+    /// It closed the connection on it, as a build from before batches does: it is sent nothing in batches
+    /// until then.
+    Refused(NodeId, Instant),
 }
 
 /// What a node knows of its contact with a leader, for its election watch, its answers to pre-votes and
@@ -585,9 +599,8 @@ impl Node {
             campaigned_against: AtomicU64::new(0),
             durable,
             heartbeats: crate::gather::Gather::new(HEARTBEAT_SENDERS, HEARTBEATS_PER_BATCH),
-            batches_refused: Mutex::new(None),
             writes: crate::gather::Gather::new(WRITE_SENDERS, WRITES_PER_BATCH),
-            batches_read_by: Mutex::new(None),
+            batches: Mutex::new(None),
             asking_for_batches: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -865,7 +878,7 @@ impl Node {
     /// (docs/benchmarks.md). A write is never sent twice: a batch whose connection breaks leaves each of its
     /// writes with an unknown outcome, as a lone write's would.
     pub async fn write(self: &Arc<Self>, request: Request) -> Result<Written, NodeError> {
-        if self.is_leader() || !self.leader_reads_batches() {
+        if !self.in_batches(Batched::Writes) {
             return self.write_alone(request).await;
         }
         let node = self.clone();
@@ -884,22 +897,42 @@ impl Node {
         }
     }
 
-    /// Whether the leader this node follows has answered a batch. When that is not known, asks it with an
-    /// empty batch of heartbeats in the background (one question at a time) and answers no for now.
-    fn leader_reads_batches(self: &Arc<Self>) -> bool {
+    /// Whether this node, following another, sends `what` to its leader in batches: heartbeats unless the
+    /// leader refused a batch lately, writes only once it has answered one. When that is not known, asks
+    /// the leader with an empty batch of heartbeats in the background (one question at a time), and its
+    /// writes go one by one meanwhile.
+    fn in_batches(self: &Arc<Self>, what: Batched) -> bool {
         let leader = self.raft.metrics().borrow().current_leader;
-        let Some(leader) = leader else { return false };
-        if *self.batches_read_by.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) == Some(leader) {
-            return true;
+        let Some(leader) = leader.filter(|leader| *leader != self.id) else { return false };
+        match (self.leader_reads_batches(leader), what) {
+            (Some(reads), _) => reads,
+            (None, Batched::Heartbeats) => true,
+            (None, Batched::Writes) => {
+                if !self.asking_for_batches.swap(true, Ordering::AcqRel) {
+                    let node = self.clone();
+                    tokio::spawn(async move {
+                        let _ = node.through_leader(ForwardRequest::Heartbeats(Vec::new())).await;
+                        node.asking_for_batches.store(false, Ordering::Release);
+                    });
+                }
+                false
+            }
         }
-        if !self.leader_refused_batches() && !self.asking_for_batches.swap(true, Ordering::AcqRel) {
-            let node = self.clone();
-            tokio::spawn(async move {
-                let _ = node.through_leader(ForwardRequest::Heartbeats(Vec::new())).await;
-                node.asking_for_batches.store(false, Ordering::Release);
-            });
+    }
+
+    /// Whether `leader` reads batches, as far as this node has seen: `Some(false)` for
+    /// [`BATCHES_REFUSED_FOR`] after it closed the connection on one.
+    fn leader_reads_batches(&self, leader: NodeId) -> Option<bool> {
+        match *self.batches.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            Some(LeaderBatches::Read(by)) if by == leader => Some(true),
+            Some(LeaderBatches::Refused(by, until)) if by == leader && Instant::now() < until => Some(false),
+            _ => None,
         }
-        false
+    }
+
+    /// Records what `leader` did with a batch.
+    fn leader_batches(&self, seen: LeaderBatches) {
+        *self.batches.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(seen);
     }
 
     /// One result per write of `requests`, in order, from one request through the leader. A write the
@@ -942,7 +975,7 @@ impl Node {
     /// follower could pass on only about 8,000 a second, so that most of 10,000 sessions attached to it
     /// expired (docs/benchmarks.md).
     pub async fn heartbeat(self: &Arc<Self>, id: SessionId) -> Result<HeartbeatReply, NodeError> {
-        if self.is_leader() || self.leader_refused_batches() {
+        if !self.in_batches(Batched::Heartbeats) {
             return self.heartbeat_alone(id).await;
         }
         let node = self.clone();
@@ -967,7 +1000,7 @@ impl Node {
                 return replies.into_iter().map(Ok).collect()
             }
             Ok(other) => NodeError::Unavailable(format!("the leader answered {count} heartbeats with {other:?}")),
-            Err(_) if self.leader_refused_batches() => {
+            Err(_) if self.batches_refused() => {
                 let alone = ids.into_iter().map(|id| self.heartbeat_alone(id));
                 return futures_util::future::join_all(alone).await;
             }
@@ -976,12 +1009,10 @@ impl Node {
         vec![Err(error); count]
     }
 
-    /// Whether the leader closed the connection on a batch not long ago (see
-    /// [`BATCHES_REFUSED_FOR`]).
-    fn leader_refused_batches(&self) -> bool {
-        let refused = *self.batches_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    /// Whether the leader closed the connection on a batch not long ago (see [`BATCHES_REFUSED_FOR`]).
+    fn batches_refused(&self) -> bool {
         let leader = self.raft.metrics().borrow().current_leader;
-        refused.is_some_and(|(by, until)| Some(by) == leader && Instant::now() < until)
+        leader.is_some_and(|leader| self.leader_reads_batches(leader) == Some(false))
     }
 
     /// Session `id` and its claims, as of a point no earlier than this call (confirmed by the leader and
@@ -1099,7 +1130,7 @@ impl Node {
             Ok(reply) => {
                 // Answered at all, whatever the answer: that node reads batches.
                 if request.is_batch() {
-                    *self.batches_read_by.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(leader);
+                    self.leader_batches(LeaderBatches::Read(leader));
                 }
                 reply
             }
@@ -1111,12 +1142,7 @@ impl Node {
                 // failed meanwhile): heartbeats and writes go to it one by one for a while. The writes of a
                 // batch were received, and may have been applied: theirs is the error below, as for one.
                 tracing::warn!(leader, %e, "the leader closed the connection on a batch; forwarding one by one for {BATCHES_REFUSED_FOR:?}");
-                *self.batches_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                    Some((leader, Instant::now() + BATCHES_REFUSED_FOR));
-                self.batches_read_by
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .take_if(|by| *by == leader);
+                self.leader_batches(LeaderBatches::Refused(leader, Instant::now() + BATCHES_REFUSED_FOR));
                 Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}")))
             }
             Err(e) => Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}"))),
