@@ -9,7 +9,7 @@
 #   cluster/bench.sh --report target/bench/results-…      # only rewrite the page from an earlier run
 #
 # Settings (environment):
-#   DURATION=10s            each of uncontended 1, uncontended 64 and contended 8
+#   DURATION=10s            each of uncontended 1, uncontended 64, contended 8 and the three reads workloads
 #   SESSIONS=10000 LEASE=2s SESSIONS_DURATION=20s   the sessions workloads (through the leader, then through a follower)
 #   LOCKS=100000 SCALE_CLIENTS=128                  the scale workload
 #   ELECTION_TIMEOUT=250ms  the nodes' --election-timeout (and the base of the failover target)
@@ -53,7 +53,8 @@ CLUSTER=$ROOT/cluster/cluster.sh
 RUN_DIR=$BENCH_DIR/run
 RESULTS=$BENCH_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
 LOG=/dev/null
-WORKLOADS=(uncontended-1 uncontended-64 contended-8 failover sessions sessions-follower scale failover-held)
+WORKLOADS=(uncontended-1 uncontended-64 contended-8 reads-64 busy-64 reads-follower failover sessions sessions-follower scale
+    failover-held)
 
 die() {
     echo "bench.sh: $*" >&2
@@ -236,6 +237,9 @@ run_all() {
     bench uncontended-1 uncontended --clients 1 --duration "$DURATION"
     bench uncontended-64 uncontended --clients 64 --duration "$DURATION"
     bench contended-8 contended --clients 8 --duration "$DURATION"
+    bench reads-64 reads --clients 64 --duration "$DURATION"
+    bench busy-64 reads --busy --clients 64 --duration "$DURATION"
+    ENDPOINTS=$(follower_endpoint) bench reads-follower reads --clients 64 --duration "$DURATION"
     bench failover failover --kill "$CLUSTER kill {id}" --restart "$CLUSTER restart {id}" \
         --election-timeout "$ELECTION_TIMEOUT" --warmup "$FAILOVER_WARMUP" --after "$FAILOVER_AFTER"
     revive_nodes
@@ -246,12 +250,17 @@ run_all() {
     failover_held
 }
 
+# The client address of a node that does not lead.
+follower_endpoint() {
+    local leader
+    leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
+    echo "127.0.0.1:$(client_port $((${leader:-1} % 3 + 1)))"
+}
+
 # The same sessions attached to a follower, as behind a load balancer that picks any node: their
 # heartbeats reach the leader through it.
 sessions_through_follower() {
-    local leader
-    leader=$(http "$(node_url 1)/v1/cluster" | jq -r '.leader // empty')
-    ENDPOINTS=127.0.0.1:$(client_port $((${leader:-1} % 3 + 1))) bench sessions-follower sessions \
+    ENDPOINTS=$(follower_endpoint) bench sessions-follower sessions \
         --sessions "$SESSIONS" --lease "$LEASE" --duration "$SESSIONS_DURATION" --pids "$(pids)"
 }
 
@@ -284,6 +293,8 @@ report() {
     jq -n -r --slurpfile run "$RESULTS/run.json" --slurpfile host "$RESULTS/host.json" \
         --slurpfile u1 "$RESULTS/uncontended-1.json" --slurpfile u64 "$RESULTS/uncontended-64.json" \
         --slurpfile c8 "$RESULTS/contended-8.json" --slurpfile fo "$RESULTS/failover.json" \
+        --slurpfile rd "$RESULTS/reads-64.json" --slurpfile bz "$RESULTS/busy-64.json" \
+        --slurpfile rf "$RESULTS/reads-follower.json" \
         --slurpfile se "$RESULTS/sessions.json" --slurpfile sf "$RESULTS/sessions-follower.json" \
         --slurpfile sc "$RESULTS/scale.json" \
         --slurpfile nd "$RESULTS/nodes.json" --slurpfile fh "$RESULTS/failover-held.json" -f /dev/stdin >"$RESULTS/section.md" <<'JQ'
@@ -306,8 +317,11 @@ def sessions_row($what; $se):
       (verdict($se.opened == $se.sessions and $se.spurious_lost == 0 and $se.expirations == 0
                and le($se.cpu_cores_total; 1))
         + (if $se.sessions < 10000 then " (at \(i($se.sessions)), not 10,000)" else "" end)));
+def reads_row($what; $x):
+  row($what; $x; "\(i($x.rate_per_s)) answers/s, p50 \(r($x.p50_ms)) ms, p99 \(r($x.p99_ms)) ms, \($x.errors) errors";
+      "none (each answer confirmed by a quorum)"; "—");
 $run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se | $sf[0] as $sf |
-$sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
+$sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host | $rd[0] as $rd | $bz[0] as $bz | $rf[0] as $rf |
 ($nd.nodes | map(.rss_bytes) | max) as $rss_max |
 ($nd.nodes | map(.peak_bytes) | if any(. == null) then null else max end) as $fill_peak_max |
 # The peak through the snapshots and the restart (results from before 2026-12-02 evening have only the
@@ -344,6 +358,9 @@ $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host |
   row("8 clients on one lock"; $c8;
       "\(i($c8.rate_per_s)) hand-overs/s, p50 \(r($c8.p50_ms)) ms, p99 \(r($c8.p99_ms)) ms";
       "≥ 2,000 hand-overs/s, p99 ≤ 5 ms"; verdict(ge($c8.rate_per_s; 2000) and le($c8.p99_ms; 5))),
+  reads_row("64 clients reading one held lock (`get`)"; $rd),
+  reads_row("64 clients trying one held lock (one-shot acquires, all busy)"; $bz),
+  reads_row("64 clients reading one held lock through a follower"; $rf),
   row("leader killed"; $fo;
       "first grant \(i($fo.first_grant_after_kill_ms)) ms after the kill (new leader seen at \(i($fo.new_leader_after_kill_ms)) ms), longest gap \(i($fo.longest_gap_ms)) ms; \($fo.held_kept) of \($fo.held) locks held before the kill still held, same fence\(if $fo.session_kept == null then "" elif $fo.session_kept then "; a session's lock (\(r($fo.session_lease_ms / 1000)) s lease) kept" else "; a session's lock (\(r($fo.session_lease_ms / 1000)) s lease) LOST" end)";
       "a grant within the election timeout (\(i($fo.election_timeout_ms)) ms) + 0.5 s; held locks stay held";

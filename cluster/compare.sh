@@ -11,7 +11,9 @@
 # Settings (environment):
 #   ROUNDS=2                how many times every build runs, alternating
 #   DURATION=6s             each workload's duration
-#   WORKLOADS="uncontended-1 uncontended-64 contended-8"   uncontended-N or contended-N (N clients)
+#   WORKLOADS="uncontended-1 uncontended-64 contended-8"   uncontended-N, contended-N, reads-N or busy-N
+#                           (N clients; reads: `get`s of a held lock, busy: one-shot acquires of it); with
+#                           `@follower` (reads-64@follower) the load goes to a follower alone
 #   GENERATOR=              the binary that runs `holdfast bench` (default: the first build), the same
 #                           for every build so that only the nodes differ; `each`: every build runs its
 #                           own load (for a change to the client as well as the nodes)
@@ -60,7 +62,7 @@ for tool in curl jq; do
     command -v "$tool" >/dev/null || die "$tool is needed"
 done
 for workload in $WORKLOADS; do
-    [[ $workload =~ ^(uncontended|contended)-[0-9]+$ ]] || die "unknown workload '$workload'"
+    [[ $workload =~ ^(uncontended|contended|reads|busy)-[0-9]+(@follower)?$ ]] || die "unknown workload '$workload'"
 done
 
 export HOLDFAST_RUN_DIR=$RUN_DIR HOLDFAST_BASE_PORT=$BASE_PORT HOLDFAST_SERVER_ARGS=${SERVER_ARGS:-}
@@ -71,6 +73,19 @@ if [[ $WORKER_THREADS != default ]]; then
 fi
 ENDPOINTS=$(for i in 1 2 3; do printf '127.0.0.1:%s,' $((BASE_PORT + 100 * (i - 1))); done)
 ENDPOINTS=${ENDPOINTS%,}
+
+# The client address of a node that does not lead (the cluster has just elected its leader).
+follower_endpoint() {
+    local leader id
+    leader=$(curl -sf "127.0.0.1:$BASE_PORT/v1/cluster" | jq -r '.leader // empty')
+    [[ -n $leader ]] || die "no leader to find a follower by"
+    for id in 1 2 3; do
+        if [[ $id != "$leader" ]]; then
+            echo "127.0.0.1:$((BASE_PORT + 100 * (id - 1)))"
+            return
+        fi
+    done
+}
 mkdir -p "$RESULTS"
 
 cleanup() {
@@ -103,11 +118,18 @@ for round in $(seq 1 "$ROUNDS"); do
         HOLDFAST_BIN=${binaries[$label]} "$CLUSTER" start 3 >"$RESULTS/cluster.log" 2>&1 ||
             die "the cluster of '$label' did not start: $(tail -3 "$RESULTS/cluster.log")"
         for workload in $WORKLOADS; do
-            kind=${workload%-*} clients=${workload##*-}
+            endpoints=$ENDPOINTS
+            [[ $workload != *@follower ]] || endpoints=$(follower_endpoint)
+            kind=${workload%-*} clients=${workload##*-} clients=${clients%@follower}
+            args=("$kind")
+            case $kind in
+            reads) ;;
+            busy) args=(reads --busy) ;;
+            esac
             ticks_before=$(cpu_ticks) switches_before=$(switches)
             generator=$GENERATOR
             [[ $generator != each ]] || generator=${binaries[$label]}
-            out=$("$generator" bench --endpoints "$ENDPOINTS" --json "$kind" --clients "$clients" \
+            out=$("$generator" bench --endpoints "$endpoints" --json "${args[@]}" --clients "$clients" \
                 --duration "$DURATION" 2>>"$RESULTS/bench.log") || out='{"ops": 0, "failed": true}'
             ticks=$(($(cpu_ticks) - ticks_before)) switches=$(($(switches) - switches_before))
             echo "$out" | jq -c --arg build "$label" --arg workload "$workload" --argjson round "$round" \

@@ -1,7 +1,7 @@
 //! `holdfast bench …`: load against a running cluster, with progress on stderr while it runs and a table
 //! (or one JSON object, `--json`) on stdout at the end. Every run is bounded and stops by itself.
 //!
-//! - `loops.rs`: `uncontended` and `contended`, cycles and hand-overs for a duration;
+//! - `loops.rs`: `uncontended`, `contended` and `reads`, cycles, hand-overs and answers for a duration;
 //! - `failover.rs`: a prober while the leader is killed by a command;
 //! - `sessions.rs`: many sessions heartbeating, each holding a lock;
 //! - `scale.rs`: filling the cluster with held locks;
@@ -33,6 +33,9 @@ pub enum Workload {
     /// Every client's session wants the same lock and releases it as soon as it holds it: hand-overs/s and
     /// the hand-over latency (release sent → next holder told).
     Contended { clients: usize, duration: Duration },
+    /// Every client asks about one held lock (`get`, or with `busy` a one-shot acquire that finds it
+    /// held): answers/s and latency.
+    Reads { clients: usize, duration: Duration, busy: bool },
     /// A prober acquires and releases while a command kills the leader.
     Failover(FailoverArgs),
     /// Many sessions heartbeat, each holding a lock.
@@ -71,6 +74,7 @@ pub async fn run(args: BenchArgs) -> u8 {
     let report = match workload {
         Workload::Uncontended { clients, duration } => Ok(loops::uncontended(&client, run_id, clients, duration).await),
         Workload::Contended { clients, duration } => Ok(loops::contended(&client, run_id, clients, duration).await),
+        Workload::Reads { clients, duration, busy } => loops::reads(&client, run_id, clients, duration, busy).await,
         Workload::Failover(a) => failover::run(&client, &args.builder, run_id, a).await,
         Workload::Sessions(a) => sessions::run(&client, &args.builder, run_id, a).await,
         Workload::Scale(a) => scale::run(&client, run_id, a).await,

@@ -200,6 +200,18 @@ enum BenchCli {
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         duration: Duration,
     },
+    /// Every client asks about one lock held by another, in a loop: answers/s and latency. Each answer is
+    /// confirmed by the leader with a quorum.
+    Reads {
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Ask with one-shot acquires that find the lock held (busy), as a fleet woken together does,
+        /// instead of `get`.
+        #[arg(long)]
+        busy: bool,
+    },
     /// A prober acquires and releases while a command kills the leader: the longest gap, the time to the
     /// first grant after the kill, and whether locks held before the kill are still held.
     Failover(bench::FailoverArgs),
@@ -407,6 +419,7 @@ fn main() -> anyhow::Result<()> {
             let workload = match workload {
                 BenchCli::Uncontended { clients, duration } => bench::Workload::Uncontended { clients, duration },
                 BenchCli::Contended { clients, duration } => bench::Workload::Contended { clients, duration },
+                BenchCli::Reads { clients, duration, busy } => bench::Workload::Reads { clients, duration, busy },
                 BenchCli::Failover(args) => bench::Workload::Failover(args),
                 BenchCli::Sessions(args) => bench::Workload::Sessions(args),
                 BenchCli::Scale(args) => bench::Workload::Scale(args),

@@ -1,9 +1,9 @@
-//! `uncontended` and `contended`: cycles (or hand-overs) in a loop for a duration.
+//! `uncontended`, `contended` and `reads`: cycles, hand-overs or answers in a loop for a duration.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use holdfast_client::Client;
+use holdfast_client::{Client, Error};
 
 use super::{entry_commands, progress, rate_line, Counters, Report, Samples};
 
@@ -98,6 +98,59 @@ pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: D
     }
     let samples = samples.lock().unwrap().clone();
     finish("contended", "contended hand-over", "handovers/s", clients, started, &counters, &samples)
+}
+
+/// Every client asks about one lock that another client holds, in a loop until `duration` is over: with
+/// `get` or, `busy`, with one-shot acquires that find it held (a fleet woken together, all but one too
+/// late). Each answer is the leader's, confirmed with a quorum: answers/s and latency.
+pub async fn reads(
+    client: &Client,
+    run_id: u32,
+    clients: usize,
+    duration: Duration,
+    busy: bool,
+) -> anyhow::Result<Report> {
+    let name = format!("bench-{run_id:08x}-read");
+    let hold = client.acquire(&name, duration + Duration::from_secs(30), Duration::ZERO).await?;
+    let counters = Counters::shared();
+    let started = Instant::now();
+    let deadline = started + duration;
+    let _progress = progress(started, rate_line(counters.clone(), "answers"));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (client, counters, name) = (client.clone(), counters.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Samples::default();
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                // The answer must name the lock held: anything else is counted as an error.
+                let held = if busy {
+                    matches!(
+                        client.acquire(&name, Duration::from_secs(30), Duration::ZERO).await,
+                        Err(Error::Busy { .. })
+                    )
+                } else {
+                    matches!(client.get(&name).await, Ok(Some(_)))
+                };
+                if held {
+                    samples.push(t.elapsed());
+                    counters.add_done();
+                } else {
+                    counters.add_error();
+                }
+            }
+            samples
+        }));
+    }
+    let mut samples = Samples::default();
+    for task in tasks {
+        if let Ok(s) = task.await {
+            samples.extend(s);
+        }
+    }
+    let _ = client.release(&name, &hold.token).await;
+    let (kind, what) = if busy { ("busy", "one-shot acquire of a held lock") } else { ("reads", "get of a held lock") };
+    Ok(finish(kind, what, "answers/s", clients, started, &counters, &samples))
 }
 
 fn finish(
