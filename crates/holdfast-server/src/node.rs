@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, SessionId, SessionView, Token};
 use holdfast_store::{Durable, NodeId, Response, SharedState, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
-use openraft::{BasicNode, LogId, Raft, ServerState};
+use openraft::{BasicNode, LogId, Raft, ServerState, Vote};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -419,8 +419,10 @@ fn majority_of_each(configs: &[BTreeSet<NodeId>], granted: &BTreeSet<NodeId>) ->
 /// A vote or a pre-vote this node answered, and what it knew then: whether it has to campaign at once (see
 /// [`Node::answered_vote`]).
 struct Refused {
-    /// The term the candidate campaigns in (or, for a pre-vote, would campaign in), and its last entry.
+    /// The term the candidate campaigns in (or, for a pre-vote, would campaign in), the candidate, and its
+    /// last entry.
     candidate_term: u64,
+    candidate: NodeId,
     candidate_last: Option<LogId<NodeId>>,
     /// Whether this node granted it.
     granted: bool,
@@ -434,21 +436,53 @@ struct Refused {
     state: ServerState,
     /// The term of this node's vote, as its metrics last told.
     term: u64,
+    /// This node's id.
+    id: NodeId,
+    /// Whether this node's vote, as it answered, is for a third node (neither the candidate nor itself) in
+    /// the candidate's term.
+    voted_other: bool,
 }
 
 impl Refused {
     /// How many campaigns, one after the other, take this node's term past the candidate's: `None` if this
-    /// node should not campaign now (it granted the vote, the candidate's log is not behind, it already
-    /// voted in a later term, a leader was heard from within a lease, or it is not a follower).
+    /// node should not campaign now. It does when the candidate cannot win its vote for a shorter log and
+    /// no leader has been heard from for a lease (it follows, and did not vote in a later term), or when it
+    /// is the leader the candidate deposes ([`Refused::deposed`]).
     fn campaigns(&self) -> Option<u64> {
-        let behind = self.candidate_last < self.last;
-        let passed = self.answer_term > self.candidate_term;
-        let leader_gone = self.leader_silent > self.lease;
-        if self.granted || !behind || passed || !leader_gone || self.state != ServerState::Follower {
+        if self.granted || self.answer_term > self.candidate_term {
             return None;
         }
-        Some((self.candidate_term + 1).saturating_sub(self.term).clamp(1, 3))
+        let behind = self.candidate_last < self.last;
+        let leader_gone = behind && self.leader_silent > self.lease && self.state == ServerState::Follower;
+        let deposed = self.deposed() && matches!(self.state, ServerState::Follower | ServerState::Leader);
+        (leader_gone || deposed).then(|| campaigns_past(self.candidate_term, self.term))
     }
+
+    /// Whether the last leader this node heard from is itself, and the candidate's vote is above the one
+    /// it led with (a higher term, or the same term and a higher id, as openraft orders votes), and it
+    /// refused the candidate for its shorter log or its own lease, not for another candidate of that term:
+    /// its last entry is its own, which no later leader's entries followed. The candidate's vote deposes
+    /// it (its followers answer its calls with that vote) or has already, and the candidate, which did not
+    /// get its vote, may get no other: the leader is gone, though this node heard from it a moment ago.
+    fn deposed(&self) -> bool {
+        self.last.is_some_and(|last| {
+            let led = (last.leader_id.term, last.leader_id.node_id);
+            last.leader_id.node_id == self.id && led < (self.candidate_term, self.candidate)
+        }) && !self.voted_other
+    }
+}
+
+/// Whether node `id`'s vote `vote` is for a third node, neither `candidate`'s nor its own, in the
+/// candidate's term.
+fn votes_for_a_third(vote: &Vote<NodeId>, candidate: &Vote<NodeId>, id: NodeId) -> bool {
+    let (vote, candidate) = (vote.leader_id(), candidate.leader_id());
+    vote.term == candidate.term && ![Some(candidate.node_id), Some(id)].contains(&vote.voted_for())
+}
+
+/// How many campaigns, one after the other, take a node whose vote is of `term` past `candidate_term`,
+/// in which openraft would have the candidate refuse it if its id is lower: at least one, at most three.
+fn campaigns_past(candidate_term: u64, term: u64) -> u64 {
+    (candidate_term + 1).saturating_sub(term).clamp(1, 3)
 }
 
 /// What decides whether a node tries to campaign because its leader fell silent
@@ -534,6 +568,10 @@ pub struct Bugs {
     /// follower's batch of heartbeats or writes (it cannot decode one). What a follower of a newer build
     /// meets during a rolling upgrade, and must cope with.
     pub no_heartbeat_batches: bool,
+    /// A follower whose watch won a pre-vote campaigns even if it granted another candidate its vote
+    /// during the pre-vote. What happens anyway when the grant comes after the watch's last look but
+    /// before openraft's core takes the campaign (see [`Node::answered_vote`]); here it happens every time.
+    pub campaign_despite_a_vote_granted: bool,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
@@ -644,12 +682,23 @@ impl Node {
     /// openraft orders the candidates of one term by node id, and would have the candidate refuse this
     /// node in its own term if this node's id is lower. A campaign never breaks safety; at worst it costs
     /// an election round, and a node that still hears from a leader never starts one here.
+    ///
+    /// Nor does it wait when the leader such a candidate deposes is this node. Two followers whose watches
+    /// try within a moment of each other both win their pre-votes; the second may grant the first its vote
+    /// after its own watch last looked, and campaign in the next term anyway (the grant and the campaign
+    /// meet only in openraft's core). The first, elected meanwhile with one entry more, is deposed by that
+    /// higher term and refuses the second for its shorter log: nobody could win until the second tried
+    /// again, a lease and an election timeout after its grant (a failover of 1.18 s instead of 0.56 s in a
+    /// `cluster/bench.sh` run, docs/benchmarks.md). If the second's log is as long as the first's (it heard
+    /// the first's entry before its campaign), the first refuses it for its own lease, with the same end.
+    /// The deposed leader campaigns at once instead.
     pub(crate) fn answered_vote(
         &self,
-        candidate_term: u64,
+        candidate: &Vote<NodeId>,
         candidate_last: Option<LogId<NodeId>>,
         answer: &openraft::raft::VoteResponse<NodeId>,
     ) {
+        let candidate_term = candidate.leader_id().term;
         let heard = {
             let mut contact = self.contact();
             let now = Instant::now();
@@ -669,6 +718,9 @@ impl Node {
             lease: self.lease(),
             state,
             term,
+            id: self.id,
+            candidate: candidate.leader_id().node_id,
+            voted_other: votes_for_a_third(&answer.vote, candidate, self.id),
         });
     }
 
@@ -695,6 +747,7 @@ impl Node {
         if !granted && judged.leader_gone() {
             self.campaign_past(Refused {
                 candidate_term: asked.term,
+                candidate: asked.candidate,
                 candidate_last: asked.last_log_id,
                 granted,
                 last,
@@ -703,6 +756,8 @@ impl Node {
                 lease: self.lease(),
                 state,
                 term,
+                id: self.id,
+                voted_other: false,
             });
         }
         PreVoteAnswer { granted }
@@ -716,13 +771,32 @@ impl Node {
             return;
         }
         self.metrics.early_campaigns.inc();
-        tracing::info!(
-            candidate_term,
-            campaigns,
-            "campaigning at once: a candidate's log is behind this node's and no leader has been heard from for a lease"
-        );
-        let raft = self.raft.clone();
+        let leads = refused.state == ServerState::Leader;
+        if refused.deposed() {
+            tracing::info!(
+                candidate_term,
+                "campaigning at once: a candidate deposed this node as leader and did not get its vote"
+            );
+        } else {
+            tracing::info!(
+                candidate_term,
+                campaigns,
+                "campaigning at once: a candidate's log is behind this node's and no leader has been heard from for a lease"
+            );
+        }
+        let (raft, lease) = (self.raft.clone(), self.lease());
         tokio::spawn(async move {
+            let mut campaigns = campaigns;
+            if leads {
+                // openraft ignores a leader's campaign: wait until the candidate's term deposes it (its
+                // followers answer its next calls with that term), and count from the term it then holds.
+                let deposed = raft.wait(Some(lease)).metrics(|m| m.state != ServerState::Leader, "deposed").await;
+                let Ok(metrics) = deposed else {
+                    tracing::info!(candidate_term, "not campaigning: still the leader a lease later");
+                    return;
+                };
+                campaigns = campaigns_past(candidate_term, metrics.vote.leader_id().term);
+            }
             for _ in 0..campaigns {
                 if let Err(e) = raft.trigger().elect().await {
                     tracing::warn!(%e, "cannot campaign");
@@ -1477,7 +1551,7 @@ impl Node {
             }
             // Two followers whose watches try within a round trip of each other both win their pre-votes; the
             // one that granted the other's vote meanwhile would only depose the leader it just voted for.
-            if self.contact().quiet_since(Instant::now()) >= now {
+            if self.contact().quiet_since(Instant::now()) >= now && !self.bugs.campaign_despite_a_vote_granted {
                 tracing::debug!("not campaigning: a leader was heard from, or a vote granted, during the pre-vote");
                 continue;
             }
@@ -1749,7 +1823,12 @@ mod tests {
     use super::*;
 
     fn log_id(term: u64, index: u64) -> Option<LogId<NodeId>> {
-        Some(LogId::new(CommittedLeaderId::new(term, 2), index))
+        log_id_of(term, 2, index)
+    }
+
+    /// An entry written by leader `node`.
+    fn log_id_of(term: u64, node: NodeId, index: u64) -> Option<LogId<NodeId>> {
+        Some(LogId::new(CommittedLeaderId::new(term, node), index))
     }
 
     #[test]
@@ -1850,6 +1929,7 @@ mod tests {
     fn refused(answer: &VoteResponse<NodeId>) -> Refused {
         Refused {
             candidate_term: 3,
+            candidate: 1,
             candidate_last: log_id(2, 3852),
             granted: answer.vote_granted,
             last: answer.last_log_id,
@@ -1858,6 +1938,8 @@ mod tests {
             lease: Duration::from_millis(300),
             state: ServerState::Follower,
             term: 2,
+            id: 3,
+            voted_other: false,
         }
     }
 
@@ -1886,5 +1968,59 @@ mod tests {
         for state in [ServerState::Candidate, ServerState::Leader, ServerState::Learner] {
             assert_eq!(Refused { state, ..refused(&refusal) }.campaigns(), None, "{state:?}");
         }
+    }
+
+    #[test]
+    fn a_leader_deposed_by_a_candidate_with_a_shorter_log_campaigns_at_once() {
+        // Node 3 was elected in term 3 and wrote its first entry, 3854; node 1, a candidate of term 4 that
+        // ends at 3853, deposes it. Node 3 heard from itself a moment ago.
+        let refusal = answer(false, Vote::new_committed(3, 3), log_id_of(3, 3, 3854));
+        let deposed = Refused {
+            candidate_term: 4,
+            candidate_last: log_id(2, 3853),
+            leader_silent: Duration::from_millis(5),
+            term: 3,
+            ..refused(&refusal)
+        };
+        // Whether it still leads when it answers or has stepped down already: terms 4 and 5.
+        for state in [ServerState::Leader, ServerState::Follower] {
+            assert_eq!(Refused { state, ..deposed }.campaigns(), Some(2), "{state:?}");
+        }
+        // Not when its last entry is another leader's: that leader may still lead.
+        for state in [ServerState::Leader, ServerState::Follower] {
+            assert_eq!(Refused { state, last: log_id(3, 3854), ..deposed }.campaigns(), None, "{state:?}");
+        }
+        // Not when the candidate's term is its own: nothing deposes it.
+        assert_eq!(Refused { candidate_term: 3, ..deposed }.campaigns(), None);
+        // Not when it voted for another candidate of that term, which may win, nor when it granted the vote.
+        assert_eq!(Refused { voted_other: true, ..deposed }.campaigns(), None);
+        assert_eq!(Refused { granted: true, ..deposed }.campaigns(), None);
+        // But when it refused a candidate with a log as long for its own lease: the candidate may get no
+        // other vote.
+        assert_eq!(Refused { candidate_last: log_id_of(3, 3, 3854), ..deposed }.campaigns(), Some(2));
+
+        // A fresh cluster: node 2 won term 1 and wrote entry 1; node 3, started later, stands in term 1 too,
+        // a vote above node 2's. Node 2 refuses it for its lease (its own vote of term 1), and campaigns in
+        // term 2 once deposed; not for a candidate of its term with a lower id, which cannot depose it.
+        let fresh = answer(false, Vote::new_committed(1, 2), log_id_of(1, 2, 1));
+        let late = Refused {
+            candidate_term: 1,
+            candidate: 3,
+            candidate_last: None,
+            leader_silent: Duration::from_millis(5),
+            term: 1,
+            id: 2,
+            state: ServerState::Leader,
+            ..refused(&fresh)
+        };
+        assert_eq!(late.campaigns(), Some(1));
+        assert_eq!(Refused { candidate: 1, ..late }.campaigns(), None);
+        // Its own vote in the candidate's term, or one for the candidate, is not a third node's; a vote in
+        // another term is not in the candidate's.
+        let candidate = Vote::new(1, 3);
+        assert!(!votes_for_a_third(&Vote::new_committed(1, 2), &candidate, 2));
+        assert!(!votes_for_a_third(&Vote::new(1, 3), &candidate, 2));
+        assert!(votes_for_a_third(&Vote::new(1, 1), &candidate, 2));
+        assert!(!votes_for_a_third(&Vote::new(0, 1), &candidate, 2));
     }
 }

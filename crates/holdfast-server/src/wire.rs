@@ -175,10 +175,10 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
             }
             Some(Call::Vote) => {
                 let rpc: VoteRequest<NodeId> = decode(body)?;
-                let (term, last) = (rpc.vote.leader_id().term, rpc.last_log_id);
+                let (candidate, last) = (rpc.vote, rpc.last_log_id);
                 let voted = node.raft.vote(rpc).await;
                 if let Ok(voted) = &voted {
-                    node.answered_vote(term, last, voted);
+                    node.answered_vote(&candidate, last, voted);
                 }
                 encode_into(&mut answer, &voted);
             }
