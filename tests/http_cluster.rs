@@ -139,6 +139,40 @@ async fn writes_through_a_follower_go_to_the_leader_in_batches_and_are_all_appli
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_busy_answers_at_once_share_the_leaders_confirmation_rounds() {
+    const READS: usize = 200;
+    let cluster = std::sync::Arc::new(Cluster::start(NODES).await);
+    let leader = cluster.leader().await;
+    let held = Grant::from_reply(&cluster.acquire(leader, "watched", "holder", "60").await, "the held lock");
+    let rounds = async || {
+        let page = cluster.get(leader, "/metrics").await;
+        sample(page.body.as_str().unwrap_or_default(), "holdfast_raft_leader_confirmations_total").unwrap_or(0.0)
+    };
+    let before = rounds().await;
+    // Half read the lock, half try to take it: each answer is the leader's, confirmed by a quorum round.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..READS {
+        let cluster = cluster.clone();
+        tasks.spawn(async move {
+            if i % 2 == 0 {
+                let reply = cluster.lock(leader, "watched").await;
+                holder(&reply, "a read")["fence"].as_u64()
+            } else {
+                let reply = cluster.acquire(leader, "watched", &format!("late-{i}"), "60").await;
+                reply.assert_problem(409, "busy", "a try-lock of the held lock");
+                reply.body["holder"]["fence"].as_u64()
+            }
+        });
+    }
+    while let Some(fence) = tasks.join_next().await {
+        assert_eq!(fence.expect("a read task"), Some(held.fence), "every answer shows the holder's fence");
+    }
+    let used = rounds().await - before;
+    eprintln!("{READS} reads and busy answers in {used} confirmation rounds");
+    assert!(used >= 1.0 && used <= (READS / 2) as f64, "{READS} answers took {used} rounds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_keeps_a_held_lock_and_fences_keep_growing() {
     let mut cluster = Cluster::start(NODES).await;
     let leader = cluster.leader().await;

@@ -157,6 +157,7 @@ pub struct Metrics {
     pub early_campaigns: Counter,
     pub silent_leader_campaigns: Counter,
     pub pre_votes_lost: Counter,
+    pub confirmations: Counter,
     pub proposals: Family<ProposalLabels, Counter>,
     pub entry_commands: Histogram,
     pub held_back: Gauge,
@@ -204,6 +205,7 @@ impl Metrics {
             apply_lag: Gauge::default(),
             leader_changes: Counter::default(),
             early_campaigns: Counter::default(),
+            confirmations: Counter::default(),
             silent_leader_campaigns: Counter::default(),
             pre_votes_lost: Counter::default(),
             proposals: Family::default(),
@@ -242,7 +244,7 @@ impl Metrics {
         raft.register(
             "early_campaigns",
             "Elections this node started at once, on refusing a candidate whose log was behind its own after no leader \
-             was heard from for a lease",
+             was heard from for a lease, or a candidate that deposed this node as leader",
             m.early_campaigns.clone(),
         );
         raft.register(
@@ -257,6 +259,12 @@ impl Metrics {
              majority of the voters would vote for it (they still hear a leader, hold a longer log, or cannot be \
              reached)",
             m.pre_votes_lost.clone(),
+        );
+        raft.register(
+            "leader_confirmations",
+            "Quorum rounds this node ran as leader to confirm it still leads, each shared by the reads, busy answers \
+             and heartbeats that arrived before it began",
+            m.confirmations.clone(),
         );
         raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
         raft.register(

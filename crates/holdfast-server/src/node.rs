@@ -26,9 +26,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long adding or removing a member may take: an added node first catches up as a learner, which may
 /// take a snapshot transfer.
 pub const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
-/// The shortest time between two leadership confirmation rounds for heartbeats. Back to back, rounds ran
-/// about a thousand times a second under 10,000 sessions, each a message to every follower; spaced, a
-/// heartbeat waits at most this much longer for its acknowledgement (a lease is 100s of ms at least).
+/// The shortest time between two leadership confirmation rounds for heartbeats alone. Back to back, rounds
+/// ran about a thousand times a second under 10,000 sessions, each a message to every follower; spaced, a
+/// heartbeat waits at most this much longer for its acknowledgement (a lease is 100s of ms at least). A
+/// read does not wait for the spacing ([`Node::confirm_leader`]).
 const CONFIRM_SPACING: Duration = Duration::from_millis(5);
 /// How long an asked-for snapshot may take to build and store (a million held locks take about a second).
 pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -574,11 +575,15 @@ pub struct Bugs {
     pub campaign_despite_a_vote_granted: bool,
 }
 
-/// Batches leadership confirmations: one quorum round answers every heartbeat that arrived before it began.
+/// Batches leadership confirmations: one quorum round answers every heartbeat and read that arrived
+/// before it began.
 struct Confirmer {
     wake: tokio::sync::Notify,
-    /// When the last round began, and whether it confirmed leadership.
-    rounds: tokio::sync::watch::Sender<Option<(Instant, bool)>>,
+    /// A read waits: the next round begins as soon as the last one ended, not [`CONFIRM_SPACING`] after it
+    /// began.
+    hurry: tokio::sync::Notify,
+    /// When the last round began, and what it found.
+    rounds: tokio::sync::watch::Sender<Option<(Instant, Result<(), NodeError>)>>,
 }
 
 /// How far a node's own log is, as its store tells.
@@ -611,7 +616,11 @@ impl Node {
     ) -> Self {
         let LogProgress { committed_index, durable } = log;
         let metrics = events.metrics().clone();
-        let confirmer = Confirmer { wake: tokio::sync::Notify::new(), rounds: tokio::sync::watch::channel(None).0 };
+        let confirmer = Confirmer {
+            wake: tokio::sync::Notify::new(),
+            hurry: tokio::sync::Notify::new(),
+            rounds: tokio::sync::watch::channel(None).0,
+        };
         let last_stamp_ms = AtomicU64::new(0);
         let (admin_key, auth) = (None, crate::auth::Auth::default());
         let rng = Mutex::new(StdRng::from_entropy());
@@ -1427,7 +1436,11 @@ impl Node {
         // Acknowledged only once a quorum round begun after the heartbeats arrived confirms this node still
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
         if extended.iter().any(Option::is_some) && !self.bugs.unconfirmed_heartbeats {
-            self.confirmed_since(received).await?;
+            // Not confirmed until this node applied its floor, either: a heartbeat is answered from its state.
+            let confirmed = self.confirmed_since(received, false).await;
+            if confirmed.is_err() || self.floor_to_apply().is_some() {
+                return Err(NodeError::NotLeader { leader: None });
+            }
         }
         // Belt and braces: a session may have been closed while the round ran.
         let state = self.state.read().expect("lock state poisoned");
@@ -1438,20 +1451,25 @@ impl Node {
             .collect())
     }
 
-    /// Waits for a quorum round that began at or after `since` and confirmed this node's leadership.
-    async fn confirmed_since(&self, since: Instant) -> Result<(), NodeError> {
+    /// Waits for a quorum round that began at or after `since`, and answers what it found: whether it
+    /// confirmed this node's leadership. With `hurry`, that round begins as soon as the one under way
+    /// ended, without the spacing heartbeats keep.
+    async fn confirmed_since(&self, since: Instant, hurry: bool) -> Result<(), NodeError> {
         let mut rounds = self.confirmer.rounds.subscribe();
         self.confirmer.wake.notify_one();
+        if hurry {
+            self.confirmer.hurry.notify_one();
+        }
         let round = tokio::time::timeout(
             REQUEST_TIMEOUT,
-            rounds.wait_for(|round| round.is_some_and(|(began, _)| began >= since)),
+            rounds.wait_for(|round| round.as_ref().is_some_and(|(began, _)| *began >= since)),
         )
         .await
         .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?
         .map_err(|_| NodeError::Unavailable("shutting down".into()))?;
-        match *round {
-            Some((_, true)) => Ok(()),
-            _ => Err(NodeError::NotLeader { leader: None }),
+        match &*round {
+            Some((_, found)) => found.clone(),
+            None => unreachable!("waited for a round"),
         }
     }
 
@@ -1564,7 +1582,7 @@ impl Node {
     }
 
     /// Runs leadership confirmation rounds on demand until `shutdown`; one round answers every heartbeat
-    /// that arrived before it began.
+    /// and read that arrived before it began.
     pub async fn run_confirmer(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         loop {
             tokio::select! {
@@ -1572,13 +1590,35 @@ impl Node {
                 _ = shutdown.changed() => return,
             }
             let began = Instant::now();
-            let confirmed =
-                matches!(tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable()).await, Ok(Ok(_)));
-            // Not confirmed until this node applied its floor: a heartbeat is answered from its state.
-            let confirmed = confirmed && self.floor_to_apply().is_none();
-            self.confirmer.rounds.send_replace(Some((began, confirmed)));
-            // At most one round per CONFIRM_SPACING: heartbeats that arrive meanwhile share the next one.
-            tokio::time::sleep_until(began + CONFIRM_SPACING).await;
+            let found = self.confirm_round().await;
+            self.confirmer.rounds.send_replace(Some((began, found)));
+            // At most one round per CONFIRM_SPACING while only heartbeats wait: those that arrive meanwhile
+            // share the next one. A read waiting cuts the spacing short.
+            tokio::select! {
+                () = tokio::time::sleep_until(began + CONFIRM_SPACING) => {}
+                () = self.confirmer.hurry.notified() => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// One quorum round: whether this node still leads, once it applied everything committed before the
+    /// round began (openraft's `ensure_linearizable`).
+    async fn confirm_round(&self) -> Result<(), NodeError> {
+        self.metrics.confirmations.inc();
+        let confirmed = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable())
+            .await
+            .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
+        match confirmed {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(NodeError::NotLeader { leader: f.leader_id })
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(NodeError::NotLeader { leader: None })
+                    .inspect_err(|_| tracing::debug!(%e, "leadership not confirmed"))
+            }
+            Err(RaftError::Fatal(e)) => Err(NodeError::Unavailable(e.to_string())),
         }
     }
 
@@ -1762,24 +1802,17 @@ impl Node {
 
     /// Confirms with a quorum that this node is still the leader, and that it applied everything
     /// committed before now (openraft's `ensure_linearizable`, and [`Node::leader_floor`]).
+    ///
+    /// The confirmation is a round of the confirmer's, the first to begin after this call, shared with
+    /// every read and heartbeat that came before it: a round is a message to every follower and back, and
+    /// one each cost every leader-confirmed read (a `get`, a busy answer to a try-lock) that much
+    /// (docs/benchmarks.md).
     pub async fn confirm_leader(&self) -> Result<(), NodeError> {
-        let confirmed = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable())
-            .await
-            .map_err(|_| NodeError::Timeout(REQUEST_TIMEOUT))?;
-        match confirmed {
-            // Almost always applied already: only a leader restarted in its term waits here.
-            Ok(_) => match self.floor_to_apply() {
-                Some(floor) => self.wait_applied(floor).await,
-                None => Ok(()),
-            },
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(NodeError::NotLeader { leader: f.leader_id })
-            }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
-                Err(NodeError::NotLeader { leader: None })
-                    .inspect_err(|_| tracing::debug!(%e, "leadership not confirmed"))
-            }
-            Err(RaftError::Fatal(e)) => Err(NodeError::Unavailable(e.to_string())),
+        self.confirmed_since(Instant::now(), true).await?;
+        // Almost always applied already: only a leader restarted in its term waits here.
+        match self.floor_to_apply() {
+            Some(floor) => self.wait_applied(floor).await,
+            None => Ok(()),
         }
     }
 
