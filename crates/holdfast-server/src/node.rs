@@ -563,6 +563,8 @@ pub struct Bugs {
     pub term_as_fence: bool,
     /// A try-lock of a held lock is answered busy from this node's state without confirming leadership.
     pub unconfirmed_busy: bool,
+    /// A read (`get`, `list`) is answered from the leader's state without confirming its leadership.
+    pub unconfirmed_reads: bool,
     /// Leases never run out: the keeper never proposes an expiry.
     pub never_expire: bool,
     /// Not a bug: this node acts as one of a build from before batches, which closes the connection on a
@@ -1746,7 +1748,11 @@ impl Node {
     /// Confirms leadership with a quorum, waits until this node applied everything committed before,
     /// then answers from its state.
     async fn answer(&self, query: Query) -> Result<QueryReply, NodeError> {
-        self.confirm_leader().await?;
+        if !self.bugs.unconfirmed_reads {
+            self.confirm_leader().await?;
+        } else if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
         let state = self.state.read().expect("lock state poisoned");
         Ok(match query {
             Query::Lock { name } => QueryReply::Lock(state.get(&name)),

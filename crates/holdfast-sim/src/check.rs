@@ -219,7 +219,7 @@ pub fn acknowledged(ops: &[Op], end: &Final) -> Vec<Violation> {
         .iter()
         .filter_map(|op| match op.call {
             Call::Release { fence } => Some((op.lock.as_str(), fence)),
-            Call::Acquire { .. } => None,
+            Call::Acquire { .. } | Call::Get => None,
         })
         .collect();
     let mut violations = Vec::new();
@@ -365,6 +365,7 @@ fn describe(op: &Op) -> String {
         Call::Acquire { ttl_ms, wait: false } => format!("acquire({ttl_ms}ms)"),
         Call::Acquire { ttl_ms, wait: true } => format!("acquire({ttl_ms}ms, wait)"),
         Call::Release { fence } => format!("release({fence})"),
+        Call::Get => "get".to_string(),
     };
     let completed = op.completed.map_or_else(|| "-".to_string(), |completed| format!("{completed:?}"));
     let outcome = match op.outcome {
@@ -372,6 +373,8 @@ fn describe(op: &Op) -> String {
         Outcome::Busy => "busy".to_string(),
         Outcome::Released => "released".to_string(),
         Outcome::NotHeld => "not held".to_string(),
+        Outcome::Holds { fence } => format!("held under {fence}"),
+        Outcome::Free => "free".to_string(),
         Outcome::Unknown => "unknown".to_string(),
     };
     format!("client {} {call} on {:?} [{:?}, {completed}] -> {outcome}", op.client, op.lock, op.invoked)
@@ -416,6 +419,10 @@ impl LockModel {
                 Some(Self { holder: Holder::Free, ..self })
             }
             (Call::Release { fence }, Outcome::NotHeld, holder) if holder != Holder::Fence(fence) => Some(self),
+            (Call::Get, Outcome::Free, Holder::Free) => Some(self),
+            (Call::Get, Outcome::Holds { fence }, Holder::Fence(held)) if held == fence => Some(self),
+            // Granted to an acquire whose answer never came back: its fence is above every one granted before.
+            (Call::Get, Outcome::Holds { fence }, Holder::Unknown) if fence > self.fence_max => Some(self),
             _ => None,
         }
     }
@@ -428,6 +435,7 @@ impl LockModel {
             (Call::Release { fence }, Holder::Fence(held)) if held == fence => {
                 Some(Self { holder: Holder::Free, ..self })
             }
+            // A read changes nothing, whether it took effect or not.
             _ => None,
         }
     }
@@ -439,6 +447,7 @@ impl LockModel {
             // Fences only grow: one not above every fence granted so far is never granted again, so a release
             // naming it can only ever let go of the holder it names now.
             Call::Release { fence } => self.holder == Holder::Fence(fence) || fence > self.fence_max,
+            Call::Get => false,
         }
     }
 }
@@ -645,6 +654,11 @@ mod tests {
 
     fn granted(fence: u64) -> Outcome {
         Outcome::Granted { fence }
+    }
+
+    /// A read of `lock`, sent at `invoked_ms`, answered at `completed_ms`.
+    fn get(client: u32, lock: &str, invoked_ms: u64, completed_ms: u64, outcome: Outcome) -> Op {
+        op(client, lock, Call::Get, invoked_ms, Some(completed_ms), outcome)
     }
 
     fn hold(client: u32, lock: &str, fence: u64, from_ms: u64, until_ms: u64) -> Hold {
@@ -995,6 +1009,48 @@ mod tests {
                granted up to 3), and then nothing fits; the first answered call left is client 2 acquire(60000ms) \
                on \"a\" [40ms, 50ms] -> busy"],
         );
+    }
+
+    #[test]
+    fn linearizable_passes_reads_of_the_holder_and_of_a_free_lock() {
+        let ops = [
+            get(3, "a", 0, 5, Outcome::Free),
+            acquire(1, "a", 10, 20, granted(3)),
+            get(3, "a", 30, 40, Outcome::Holds { fence: 3 }),
+            // Overlapping the release: either answer fits.
+            release(1, "a", 3, 50, 70, Outcome::Released),
+            get(3, "a", 55, 65, Outcome::Holds { fence: 3 }),
+            get(2, "a", 56, 66, Outcome::Free),
+            // Held by an acquire whose answer never came: a fence above every one granted before.
+            acquire_unanswered(2, "a", 80),
+            get(3, "a", 100, 110, Outcome::Holds { fence: 7 }),
+        ];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_reports_a_read_of_a_holder_that_had_let_go() {
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Released),
+            // Sent after the release answered: a stale read, as from a deposed leader.
+            get(2, "a", 40, 50, Outcome::Holds { fence: 3 }),
+        ];
+        assert_violations(&linearizable(&ops), "linearizable", &["client 2 get on \"a\" [40ms, 50ms] -> held under 3"]);
+    }
+
+    #[test]
+    fn linearizable_reports_a_read_of_a_free_lock_while_it_was_held() {
+        let ops = [acquire(1, "a", 0, 10, granted(3)), get(2, "a", 20, 30, Outcome::Free)];
+        assert_violations(&linearizable(&ops), "linearizable", &["client 2 get on \"a\" [20ms, 30ms] -> free"]);
+        // Nor an older holder's fence while an unanswered acquire holds it.
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Released),
+            acquire_unanswered(2, "a", 40),
+            get(3, "a", 100, 110, Outcome::Holds { fence: 3 }),
+        ];
+        assert_violations(&linearizable(&ops), "linearizable", &["-> held under 3"]);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub enum Call {
     Acquire { ttl_ms: u64, wait: bool },
     /// Let go of the hold granted under `fence`.
     Release { fence: u64 },
+    /// Read who holds the lock (`GET /v1/locks/{name}`), changing nothing.
+    Get,
 }
 
 /// What came back.
@@ -46,6 +48,10 @@ pub enum Outcome {
     Released,
     /// The release named a hold that no longer exists (released or expired); nothing changed.
     NotHeld,
+    /// A read found the lock held under `fence`.
+    Holds { fence: u64 },
+    /// A read found the lock free.
+    Free,
     /// No definite answer (an error, a timeout, no answer at all): the call may or may not have taken
     /// effect.
     Unknown,

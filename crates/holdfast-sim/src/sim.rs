@@ -91,6 +91,8 @@ pub enum Role {
     /// Changes the membership while everything else goes on: adds the spare node, removes a member, adds
     /// it back, removes the spare (so the cluster ends as it began).
     Admin { spare: NodeId, victim: NodeId },
+    /// One-call reads of the model locks (linearizability of reads).
+    Reader,
 }
 
 /// A client written for one scenario: given its context, it runs to completion.
@@ -164,16 +166,18 @@ impl Report {
 
     /// A short account: seed, history fingerprint, counts, violations.
     pub fn summary(&self) -> String {
-        let granted =
-            self.history.ops.iter().filter(|op| matches!(op.outcome, crate::history::Outcome::Granted { .. }));
+        use crate::history::Outcome;
+        let granted = self.history.ops.iter().filter(|op| matches!(op.outcome, Outcome::Granted { .. }));
+        let read = self.history.ops.iter().filter(|op| matches!(op.outcome, Outcome::Holds { .. } | Outcome::Free));
         let mut text = format!(
-            "seed {} (history {:016x}): {:.1} s simulated, {} calls ({} grants), {} holds, {} resource accesses, {} \
-             faults",
+            "seed {} (history {:016x}): {:.1} s simulated, {} calls ({} grants, {} reads answered), {} holds, {} \
+             resource accesses, {} faults",
             self.seed,
             self.digest(),
             self.simulated.as_secs_f64(),
             self.history.ops.len(),
             granted.count(),
+            read.count(),
             self.history.holds.len(),
             self.history.accesses.len(),
             self.trace.len()
@@ -275,6 +279,8 @@ impl Plan {
         if spares > 0 {
             roles.push(Role::Admin { spare: nodes + 1, victim: rng.gen_range(1..=nodes) });
         }
+        // Last, so that the clients before it keep the numbers, and so the choices, they had before it.
+        roles.push(Role::Reader);
         Plan {
             seed,
             nodes,
@@ -445,6 +451,7 @@ pub fn run(plan: &Plan) -> Report {
             Role::FencedHttp => sim.client(format!("c{client}"), workload::fenced_http_client(ctx)),
             Role::Session => sim.client(format!("c{client}"), workload::session_client(ctx)),
             Role::Keeper => sim.client(format!("c{client}"), workload::keeper_client(ctx)),
+            Role::Reader => sim.client(format!("c{client}"), workload::reader_client(ctx)),
             Role::Admin { spare, victim } => {
                 // Changes begin well before the heal; faults may hold the last of them up past it, and
                 // liveness is then judged from after it (see `check::all` below).

@@ -79,6 +79,23 @@ pub async fn http_release(ctx: &Ctx, node: &str, lock: &str, fence: u64, token: 
     outcome
 }
 
+/// A read of `lock` through `node` (`GET /v1/locks/{lock}`); records it.
+pub async fn http_get(ctx: &Ctx, node: &str, lock: &str) -> Outcome {
+    let invoked = now();
+    let answer = http::call(node, Method::GET, &format!("/v1/locks/{lock}")).await;
+    let (outcome, completed) = match &answer {
+        Ok((StatusCode::OK, body)) => match body["holder"]["fence"].as_u64() {
+            Some(fence) => (Outcome::Holds { fence }, Some(now())),
+            None => (Outcome::Unknown, Some(now())),
+        },
+        Ok((StatusCode::NOT_FOUND, body)) if body["type"] == "urn:holdfast:not-found" => (Outcome::Free, Some(now())),
+        Ok(_) => (Outcome::Unknown, Some(now())),
+        Err(_) => (Outcome::Unknown, None),
+    };
+    ctx.recorder.op(ctx.client, lock, Call::Get, invoked, completed, outcome);
+    outcome
+}
+
 /// Releases until the answer is definite or the run is over: a hold left behind would keep a model lock
 /// busy for the rest of the run.
 async fn http_release_surely(ctx: &Ctx, rng: &mut StdRng, lock: &str, fence: u64, token: &str) {
@@ -102,6 +119,19 @@ pub async fn model_client(ctx: Ctx) -> turmoil::Result {
             http_release_surely(&ctx, &mut rng, lock, fence, &token).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(10..300))).await;
+    }
+    Ok(())
+}
+
+/// Reads the model locks through any node, now and then: each answer must fit the one-call history of
+/// the lock (linearizability of reads).
+pub async fn reader_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    while now() < ctx.stop_at {
+        let node = &ctx.nodes[rng.gen_range(0..ctx.nodes.len())];
+        let lock = MODEL_LOCKS[rng.gen_range(0..MODEL_LOCKS.len())];
+        http_get(&ctx, node, lock).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
     }
     Ok(())
 }

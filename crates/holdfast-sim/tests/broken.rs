@@ -8,7 +8,7 @@ use holdfast_server::Bugs;
 use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::sim::{run, script, Fault, Plan, Report, Role};
 use holdfast_sim::workload::{
-    http_acquire, http_release, leader_of, session_hold, until, FENCED_LOCK, FENCED_TTL_MS, MODEL_TTL_MS,
+    http_acquire, http_get, http_release, leader_of, session_hold, until, FENCED_LOCK, FENCED_TTL_MS, MODEL_TTL_MS,
 };
 
 const SEED: u64 = 42;
@@ -177,6 +177,42 @@ fn linearizable_catches_busy_answered_without_confirming_leadership() {
         plan.faults.push((secs(7.0), Fault::Heal));
         plan.healed_at = secs(7.0);
         caught(plan, Bugs { unconfirmed_busy: true, ..Bugs::default() }, "linearizable");
+    });
+}
+
+/// A deposed leader that answers a read from its own state without confirming its leadership answers from
+/// the past: a `get` that shows the holder after its release was acknowledged is not linearizable.
+#[test]
+fn linearizable_catches_reads_answered_without_confirming_leadership() {
+    test_in_own_process("linearizable_catches_reads_answered_without_confirming_leadership", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(9.0));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(0.5)).await;
+            let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
+            let old = format!("n{leader}:7070");
+            let (granted, token) = http_acquire(&ctx, &old, "model-a", MODEL_TTL_MS).await;
+            let (holdfast_sim::history::Outcome::Granted { fence }, Some(token)) = (granted, token) else {
+                return Err("the first acquire was not granted".into());
+            };
+            // The old leader is cut off at 2 s; release through the others once they elected a new one.
+            until(secs(3.5)).await;
+            let others: Vec<String> = ctx.nodes.iter().filter(|n| **n != old).cloned().collect();
+            for attempt in 0..20 {
+                let outcome = http_release(&ctx, &others[attempt % others.len()], "model-a", fence, &token).await;
+                if outcome != holdfast_sim::history::Outcome::Unknown {
+                    break;
+                }
+                tokio::time::sleep(secs(0.2)).await;
+            }
+            // Now read through the old leader (a moment later, so the two calls do not overlap in time).
+            tokio::time::sleep(secs(0.05)).await;
+            http_get(&ctx, &old, "model-a").await;
+            Ok(())
+        }));
+        plan.faults.push((secs(2.0), Fault::IsolateLeader));
+        plan.faults.push((secs(7.0), Fault::Heal));
+        plan.healed_at = secs(7.0);
+        caught(plan, Bugs { unconfirmed_reads: true, ..Bugs::default() }, "linearizable");
     });
 }
 
