@@ -313,8 +313,25 @@ pub fn linearizable(ops: &[Op]) -> Vec<Violation> {
 /// [`linearizable`] with the step budget per lock as an argument, so tests can exhaust it.
 fn linearizable_within(ops: &[Op], steps_max: u64) -> Vec<Violation> {
     const CHECKER: &str = "linearizable";
+    // A read that shows a fence no client was told: a grant to an acquire whose answer never arrived. Its
+    // node undoes such a grant once it learns the client went away (`acquire_or_undo` in holdfast-server's
+    // ops.rs), so the lock may be free again after the read, which the model, where such a grant holds the
+    // lock for good, cannot follow (seed 862: a read saw fence 64 held, then fence 84 was granted). Such a
+    // read is left out, as a session's acquire is; a read of a told fence, or of a free lock, is judged.
+    let told: HashSet<(&str, u64)> = ops
+        .iter()
+        .filter_map(|op| match op.outcome {
+            Outcome::Granted { fence } => Some((op.lock.as_str(), fence)),
+            _ => None,
+        })
+        .collect();
+    let judged = |op: &&Op| match (op.call, op.outcome) {
+        (Call::Acquire { wait: true, .. }, _) => false,
+        (Call::Get, Outcome::Holds { fence }) => told.contains(&(op.lock.as_str(), fence)),
+        _ => true,
+    };
     let mut by_lock: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
-    for op in ops.iter().filter(|op| !matches!(op.call, Call::Acquire { wait: true, .. })) {
+    for op in ops.iter().filter(judged) {
         by_lock.entry(&op.lock).or_default().push(op);
     }
     let mut violations = Vec::new();
@@ -421,8 +438,6 @@ impl LockModel {
             (Call::Release { fence }, Outcome::NotHeld, holder) if holder != Holder::Fence(fence) => Some(self),
             (Call::Get, Outcome::Free, Holder::Free) => Some(self),
             (Call::Get, Outcome::Holds { fence }, Holder::Fence(held)) if held == fence => Some(self),
-            // Granted to an acquire whose answer never came back: its fence is above every one granted before.
-            (Call::Get, Outcome::Holds { fence }, Holder::Unknown) if fence > self.fence_max => Some(self),
             _ => None,
         }
     }
@@ -1021,9 +1036,20 @@ mod tests {
             release(1, "a", 3, 50, 70, Outcome::Released),
             get(3, "a", 55, 65, Outcome::Holds { fence: 3 }),
             get(2, "a", 56, 66, Outcome::Free),
-            // Held by an acquire whose answer never came: a fence above every one granted before.
-            acquire_unanswered(2, "a", 80),
-            get(3, "a", 100, 110, Outcome::Holds { fence: 7 }),
+        ];
+        assert_eq!(linearizable(&ops), vec![]);
+    }
+
+    #[test]
+    fn linearizable_leaves_out_a_read_of_a_fence_nobody_was_told() {
+        // Seed 862 of a soak: client 1's acquire got no answer; its node granted it under fence 64, a read
+        // saw that, then the node undid the grant (its client had gone), and client 2 was granted 84.
+        let ops = [
+            acquire(1, "a", 0, 10, granted(58)),
+            release(1, "a", 58, 20, 30, Outcome::Released),
+            acquire_unanswered(1, "a", 40),
+            get(9, "a", 100, 200, Outcome::Holds { fence: 64 }),
+            acquire(2, "a", 300, 310, granted(84)),
         ];
         assert_eq!(linearizable(&ops), vec![]);
     }
