@@ -584,9 +584,14 @@ struct Confirmer {
     /// A read waits: the next round begins as soon as the last one ended, not [`CONFIRM_SPACING`] after it
     /// began.
     hurry: tokio::sync::Notify,
-    /// When the last round began, and what it found.
-    rounds: tokio::sync::watch::Sender<Option<(Instant, Result<(), NodeError>)>>,
+    /// When the last round began, and what it found: whether this node still leads, and if so the leader
+    /// floor it had not applied yet when the round ended (read once per round, not per waiter).
+    rounds: tokio::sync::watch::Sender<Option<(Instant, Confirmed)>>,
 }
+
+/// What a confirmation round found: the leader floor still to apply (if any), or why leadership was not
+/// confirmed.
+type Confirmed = Result<Option<u64>, NodeError>;
 
 /// How far a node's own log is, as its store tells.
 pub struct LogProgress {
@@ -1439,8 +1444,7 @@ impl Node {
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
         if extended.iter().any(Option::is_some) && !self.bugs.unconfirmed_heartbeats {
             // Not confirmed until this node applied its floor, either: a heartbeat is answered from its state.
-            let confirmed = self.confirmed_since(received, false).await;
-            if confirmed.is_err() || self.floor_to_apply().is_some() {
+            if !matches!(self.confirmed_since(received, false).await, Ok(None)) {
                 return Err(NodeError::NotLeader { leader: None });
             }
         }
@@ -1454,9 +1458,10 @@ impl Node {
     }
 
     /// Waits for a quorum round that began at or after `since`, and answers what it found: whether it
-    /// confirmed this node's leadership. With `hurry`, that round begins as soon as the one under way
-    /// ended, without the spacing heartbeats keep.
-    async fn confirmed_since(&self, since: Instant, hurry: bool) -> Result<(), NodeError> {
+    /// confirmed this node's leadership, and the leader floor not applied yet then ([`Node::floor_to_apply`]).
+    /// With `hurry`, that round begins as soon as the one under way ended, without the spacing heartbeats
+    /// keep.
+    async fn confirmed_since(&self, since: Instant, hurry: bool) -> Confirmed {
         let mut rounds = self.confirmer.rounds.subscribe();
         self.confirmer.wake.notify_one();
         if hurry {
@@ -1592,7 +1597,7 @@ impl Node {
                 _ = shutdown.changed() => return,
             }
             let began = Instant::now();
-            let found = self.confirm_round().await;
+            let found = self.confirm_round().await.map(|()| self.floor_to_apply());
             self.confirmer.rounds.send_replace(Some((began, found)));
             // At most one round per CONFIRM_SPACING while only heartbeats wait: those that arrive meanwhile
             // share the next one. A read waiting cuts the spacing short.
@@ -1814,9 +1819,8 @@ impl Node {
     /// one each cost every leader-confirmed read (a `get`, a busy answer to a try-lock) that much
     /// (docs/benchmarks.md).
     pub async fn confirm_leader(&self) -> Result<(), NodeError> {
-        self.confirmed_since(Instant::now(), true).await?;
         // Almost always applied already: only a leader restarted in its term waits here.
-        match self.floor_to_apply() {
+        match self.confirmed_since(Instant::now(), true).await? {
             Some(floor) => self.wait_applied(floor).await,
             None => Ok(()),
         }
