@@ -172,6 +172,59 @@ async fn reads_and_busy_answers_at_once_share_the_leaders_confirmation_rounds() 
     assert!(used >= 1.0 && used <= (READS / 2) as f64, "{READS} answers took {used} rounds");
 }
 
+/// A follower answers reads from its own state after a barrier through the leader (`Node::read`): 200
+/// `get`s of a held lock sent at once through a follower all show its holder, none is forwarded, and they
+/// share fewer barriers than reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_through_a_follower_share_barriers_and_are_answered_from_its_state() {
+    const READS: usize = 200;
+    let cluster = std::sync::Arc::new(Cluster::start(NODES).await);
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let held = Grant::from_reply(&cluster.acquire(leader, "watched", "holder", "60").await, "the held lock");
+    let forwarded = async |kind: &str| {
+        let page = cluster.get(follower, "/metrics").await;
+        let series = format!("holdfast_forwarded_requests_total{{kind=\"{kind}\"}}");
+        sample(page.body.as_str().unwrap_or_default(), &series).unwrap_or(0.0)
+    };
+    let barriers_before = forwarded("barrier").await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..READS {
+        let cluster = cluster.clone();
+        tasks.spawn(async move { holder(&cluster.lock(follower, "watched").await, "a read")["fence"].as_u64() });
+    }
+    while let Some(fence) = tasks.join_next().await {
+        assert_eq!(fence.expect("a read task"), Some(held.fence), "every answer shows the holder's fence");
+    }
+    let barriers = forwarded("barrier").await - barriers_before;
+    eprintln!("{READS} reads through the follower after {barriers} barriers");
+    assert_eq!(forwarded("read").await, 0.0, "no read is forwarded");
+    assert!(barriers >= 1.0 && barriers <= (READS / 2) as f64, "{READS} reads took {barriers} barriers");
+}
+
+/// A read through a follower shows every write acknowledged before it was sent, though the follower learns
+/// of a commit after the leader (up to a few milliseconds later, with the next entries or the commit's own
+/// notice): it waits until it applied what the leader had applied when its barrier was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_through_a_follower_shows_every_write_acknowledged_before_it() {
+    let cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    for round in 0..30 {
+        let grant = Grant::from_reply(&cluster.acquire(leader, "seen", "holder", "60").await, "an acquire");
+        let read = cluster.lock(follower, "seen").await;
+        assert_eq!(
+            holder(&read, "a read after the grant")["fence"].as_u64(),
+            Some(grant.fence),
+            "round {round}: the follower showed {read:?} after the grant of fence {}",
+            grant.fence
+        );
+        cluster.release(leader, "seen", &grant.token).await.ok("a release");
+        let read = cluster.lock(follower, "seen").await;
+        assert_eq!(read.status, 404, "round {round}: the follower showed {read:?} after the release");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_keeps_a_held_lock_and_fences_keep_growing() {
     let mut cluster = Cluster::start(NODES).await;

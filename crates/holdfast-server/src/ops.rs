@@ -230,7 +230,7 @@ pub async fn renew(
 }
 
 /// Who holds `name` and who waits for it.
-pub async fn get(node: &Node, scope: &Scope, name: String) -> Result<LockView, ApiError> {
+pub async fn get(node: &Arc<Node>, scope: &Scope, name: String) -> Result<LockView, ApiError> {
     check_name(&name)?;
     match node.read(Query::Lock { name: scope.inner(&name) }).await? {
         QueryReply::Lock(Some(view)) => Ok(scope.view(view)),
@@ -241,7 +241,7 @@ pub async fn get(node: &Node, scope: &Scope, name: String) -> Result<LockView, A
 
 /// Up to `limit` locks whose names start with `prefix`, after `after`; and the `after` of the next page.
 pub async fn list(
-    node: &Node,
+    node: &Arc<Node>,
     scope: &Scope,
     prefix: String,
     after: Option<String>,
@@ -339,7 +339,7 @@ pub async fn signup(node: &Arc<Node>, authorization: Option<&str>) -> Result<(St
 }
 
 /// Every tenant with a key, and when it was made (admin).
-pub async fn list_keys(node: &Node) -> Result<Vec<(u64, u64)>, ApiError> {
+pub async fn list_keys(node: &Arc<Node>) -> Result<Vec<(u64, u64)>, ApiError> {
     match node.read(Query::Keys).await? {
         QueryReply::Keys(keys) => Ok(keys),
         other => Err(ApiError::unexpected(other)),

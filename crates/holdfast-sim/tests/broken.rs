@@ -149,7 +149,7 @@ fn acknowledged_catches_disks_that_ack_before_flushing() {
 #[test]
 fn linearizable_catches_busy_answered_without_confirming_leadership() {
     test_in_own_process("linearizable_catches_busy_answered_without_confirming_leadership", || {
-        let plan = old_leader_asked_after_a_release(Asked::TryLock);
+        let plan = asked_after_a_release(Cut::Leader, Asked::TryLock);
         caught(plan, Bugs { unconfirmed_busy: true, ..Bugs::default() }, "linearizable");
     });
 }
@@ -158,9 +158,28 @@ fn linearizable_catches_busy_answered_without_confirming_leadership() {
 #[test]
 fn linearizable_catches_reads_answered_without_confirming_leadership() {
     test_in_own_process("linearizable_catches_reads_answered_without_confirming_leadership", || {
-        let plan = old_leader_asked_after_a_release(Asked::Read);
+        let plan = asked_after_a_release(Cut::Leader, Asked::Read);
         caught(plan, Bugs { unconfirmed_reads: true, ..Bugs::default() }, "linearizable");
     });
+}
+
+/// And for a follower: one cut off from the others before the release, answering a `get` from its own
+/// state at once, shows the holder after its release was acknowledged.
+#[test]
+fn linearizable_catches_follower_reads_answered_without_a_barrier() {
+    test_in_own_process("linearizable_catches_follower_reads_answered_without_a_barrier", || {
+        let plan = asked_after_a_release(Cut::Follower, Asked::Read);
+        caught(plan, Bugs { unconfirmed_follower_reads: true, ..Bugs::default() }, "linearizable");
+    });
+}
+
+/// Which node is cut off from the others before the release, and asked after it.
+#[derive(Clone, Copy)]
+enum Cut {
+    /// The leader (clients still reach it): the others elect a new one, which the release goes through.
+    Leader,
+    /// The lowest-numbered follower (clients still reach it): the release goes through the leader.
+    Follower,
 }
 
 /// What the old leader is asked about the lock once its holder let go.
@@ -170,15 +189,19 @@ enum Asked {
     Read,
 }
 
-/// A lock taken through the leader; the leader cut off at 2 s; the holder's release through the others once
-/// they elected a new leader; then `asked` through the old leader, which has not heard of the release.
-fn old_leader_asked_after_a_release(asked: Asked) -> Plan {
+/// A lock taken through the leader; a node (`cut`) cut off at 2 s; the holder's release through the others
+/// (once they elected a new leader, if the leader was cut off); then `asked` through the node cut off, which
+/// has not heard of the release.
+fn asked_after_a_release(cut: Cut, asked: Asked) -> Plan {
     let mut plan = Plan::quiet(SEED, 3, secs(9.0));
     plan.scripts.push(script(move |ctx| async move {
         until(secs(0.5)).await;
-        let leader = leader_of(&ctx.nodes[0]).await.ok_or("no leader")?;
-        let old = format!("n{leader}:7070");
-        let (granted, token) = http_acquire(&ctx, &old, "model-a", MODEL_TTL_MS).await;
+        let leader = format!("n{}:7070", leader_of(&ctx.nodes[0]).await.ok_or("no leader")?);
+        let old = match cut {
+            Cut::Leader => leader.clone(),
+            Cut::Follower => ctx.nodes.iter().find(|node| **node != leader).ok_or("no follower")?.clone(),
+        };
+        let (granted, token) = http_acquire(&ctx, &leader, "model-a", MODEL_TTL_MS).await;
         let (holdfast_sim::history::Outcome::Granted { fence }, Some(token)) = (granted, token) else {
             return Err("the first acquire was not granted".into());
         };
@@ -204,7 +227,11 @@ fn old_leader_asked_after_a_release(asked: Asked) -> Plan {
         }
         Ok(())
     }));
-    plan.faults.push((secs(2.0), Fault::IsolateLeader));
+    let isolate = match cut {
+        Cut::Leader => Fault::IsolateLeader,
+        Cut::Follower => Fault::IsolateFollower(0),
+    };
+    plan.faults.push((secs(2.0), isolate));
     plan.faults.push((secs(7.0), Fault::Heal));
     plan.healed_at = secs(7.0);
     plan
