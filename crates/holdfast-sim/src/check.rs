@@ -313,11 +313,14 @@ pub fn linearizable(ops: &[Op]) -> Vec<Violation> {
 /// [`linearizable`] with the step budget per lock as an argument, so tests can exhaust it.
 fn linearizable_within(ops: &[Op], steps_max: u64) -> Vec<Violation> {
     const CHECKER: &str = "linearizable";
-    // A read that shows a fence no client was told: a grant to an acquire whose answer never arrived. Its
-    // node undoes such a grant once it learns the client went away (`acquire_or_undo` in holdfast-server's
-    // ops.rs), so the lock may be free again after the read, which the model, where such a grant holds the
-    // lock for good, cannot follow (seed 862: a read saw fence 64 held, then fence 84 was granted). Such a
-    // read is left out, as a session's acquire is; a read of a told fence, or of a free lock, is judged.
+    // A read or a busy answer that shows a fence no client was told: a grant to an acquire whose answer
+    // never arrived. Its node undoes such a grant once it learns the client went away (`acquire_or_undo` in
+    // holdfast-server's ops.rs), so the lock may be free again after it, which the model, where such a
+    // grant holds the lock for good, cannot follow (seed 862: a read saw fence 64 held, then fence 84 was
+    // granted; seeds 134 and 188: a try-lock was told busy while such a grant held the lock, then a read
+    // found it free and another try-lock took it). Such an answer is left out, as a session's acquire is; a
+    // read or busy answer showing a told fence, a read of a free lock and a busy answer that showed no
+    // fence are judged.
     let told: HashSet<(&str, u64)> = ops
         .iter()
         .filter_map(|op| match op.outcome {
@@ -327,7 +330,9 @@ fn linearizable_within(ops: &[Op], steps_max: u64) -> Vec<Violation> {
         .collect();
     let judged = |op: &&Op| match (op.call, op.outcome) {
         (Call::Acquire { wait: true, .. }, _) => false,
-        (Call::Get, Outcome::Holds { fence }) => told.contains(&(op.lock.as_str(), fence)),
+        (Call::Get, Outcome::Holds { fence }) | (Call::Acquire { .. }, Outcome::Busy { holder: Some(fence) }) => {
+            told.contains(&(op.lock.as_str(), fence))
+        }
         _ => true,
     };
     let mut by_lock: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
@@ -387,7 +392,8 @@ fn describe(op: &Op) -> String {
     let completed = op.completed.map_or_else(|| "-".to_string(), |completed| format!("{completed:?}"));
     let outcome = match op.outcome {
         Outcome::Granted { fence } => format!("granted {fence}"),
-        Outcome::Busy => "busy".to_string(),
+        Outcome::Busy { holder: Some(fence) } => format!("busy (held under {fence})"),
+        Outcome::Busy { holder: None } => "busy".to_string(),
         Outcome::Released => "released".to_string(),
         Outcome::NotHeld => "not held".to_string(),
         Outcome::Holds { fence } => format!("held under {fence}"),
@@ -431,7 +437,7 @@ impl LockModel {
             (Call::Acquire { .. }, Outcome::Granted { fence }, Holder::Free) if fence > self.fence_max => {
                 Some(Self { holder: Holder::Fence(fence), fence_max: fence })
             }
-            (Call::Acquire { .. }, Outcome::Busy, Holder::Fence(_) | Holder::Unknown) => Some(self),
+            (Call::Acquire { .. }, Outcome::Busy { .. }, Holder::Fence(_) | Holder::Unknown) => Some(self),
             (Call::Release { fence }, Outcome::Released, Holder::Fence(held)) if held == fence => {
                 Some(Self { holder: Holder::Free, ..self })
             }
@@ -645,6 +651,9 @@ fn earliest_unplaced(deadlines: &[Option<At>], placed: &Bits) -> Option<(usize, 
 mod tests {
     use super::*;
 
+    /// A busy answer that showed no holder's fence (as a session's try-lock's).
+    const BUSY: Outcome = Outcome::Busy { holder: None };
+
     fn ms(millis: u64) -> At {
         Duration::from_millis(millis)
     }
@@ -818,7 +827,7 @@ mod tests {
             acquire(3, "c", 10, 12, granted(3)),
             acquire(1, "d", 20, 30, granted(9)),
             // Grants are the only answers with fences.
-            acquire(4, "a", 40, 41, Outcome::Busy),
+            acquire(4, "a", 40, 41, BUSY),
             release(1, "a", 5, 42, 43, Outcome::Released),
         ];
         assert_eq!(fence_order(&ops), vec![]);
@@ -898,7 +907,7 @@ mod tests {
             // Granted with a lease that ran out exactly when the end was read: it may be gone.
             op(4, "d", short, 900, Some(910), granted(8)),
             // Busy and failed calls promise nothing.
-            acquire(5, "a", 20, 30, Outcome::Busy),
+            acquire(5, "a", 20, 30, BUSY),
             acquire(5, "e", 20, 30, Outcome::Unknown),
             release(5, "a", 99, 20, 30, Outcome::NotHeld),
         ];
@@ -958,7 +967,7 @@ mod tests {
             acquire_unanswered(1, "a", 100),
             acquire(2, "a", 200, 300, Outcome::Unknown),
             release(3, "a", 3, 300, 1_301, Outcome::NotHeld),
-            acquire(4, "a", 400, 500, Outcome::Busy),
+            acquire(4, "a", 400, 500, BUSY),
         ];
         assert_violations(
             &liveness(&ops, ms(100), ms(1_000)),
@@ -973,7 +982,7 @@ mod tests {
     fn linearizable_passes_a_sequential_history() {
         let ops = [
             acquire(1, "a", 0, 10, granted(3)),
-            acquire(2, "a", 20, 30, Outcome::Busy),
+            acquire(2, "a", 20, 30, BUSY),
             // A fence of client 2's from before: not the holder's.
             release(2, "a", 2, 40, 50, Outcome::NotHeld),
             release(1, "a", 3, 60, 70, Outcome::Released),
@@ -987,11 +996,11 @@ mod tests {
     fn linearizable_passes_concurrent_calls_placed_out_of_send_order() {
         let ops = [
             // Client 2 is sent first but told Busy: it must have taken effect after client 1's grant.
-            acquire(2, "a", 0, 30, Outcome::Busy),
+            acquire(2, "a", 0, 30, BUSY),
             acquire(1, "a", 5, 10, granted(3)),
             // The release and a fresh grant overlap a Busy, which falls between them.
             release(1, "a", 3, 40, 60, Outcome::Released),
-            acquire(3, "a", 45, 70, Outcome::Busy),
+            acquire(3, "a", 45, 70, BUSY),
             acquire(4, "a", 50, 80, granted(4)),
         ];
         assert_eq!(linearizable(&ops), vec![]);
@@ -1003,8 +1012,8 @@ mod tests {
         let ops = [
             acquire(1, "a", 0, 10, granted(3)),
             acquire(2, "b", 5, 15, granted(4)),
-            acquire(2, "a", 20, 30, Outcome::Busy),
-            acquire(1, "b", 20, 30, Outcome::Busy),
+            acquire(2, "a", 20, 30, BUSY),
+            acquire(1, "b", 20, 30, BUSY),
         ];
         assert_eq!(linearizable(&ops), vec![]);
     }
@@ -1015,7 +1024,7 @@ mod tests {
             acquire(1, "a", 0, 10, granted(3)),
             release(1, "a", 3, 20, 30, Outcome::Released),
             // Sent after the release answered, and nobody else acquired: the lock was free.
-            acquire(2, "a", 40, 50, Outcome::Busy),
+            acquire(2, "a", 40, 50, BUSY),
         ];
         assert_violations(
             &linearizable(&ops),
@@ -1116,10 +1125,10 @@ mod tests {
     #[test]
     fn linearizable_passes_an_unknown_acquire_that_must_have_taken_effect() {
         // Nobody was granted the lock, yet client 2 was told Busy: only the unanswered acquire explains it.
-        let ops = [acquire_unanswered(1, "a", 0), acquire(2, "a", 10, 20, Outcome::Busy)];
+        let ops = [acquire_unanswered(1, "a", 0), acquire(2, "a", 10, 20, BUSY)];
         assert_eq!(linearizable(&ops), vec![]);
         // Answered with an error rather than not at all: the same.
-        let ops = [acquire(1, "a", 0, 5, Outcome::Unknown), acquire(2, "a", 10, 20, Outcome::Busy)];
+        let ops = [acquire(1, "a", 0, 5, Outcome::Unknown), acquire(2, "a", 10, 20, BUSY)];
         assert_eq!(linearizable(&ops), vec![]);
     }
 
@@ -1147,14 +1156,14 @@ mod tests {
         let did_not = [
             acquire(1, "a", 0, 10, granted(3)),
             release(1, "a", 3, 20, 30, Outcome::Unknown),
-            acquire(2, "a", 40, 50, Outcome::Busy),
+            acquire(2, "a", 40, 50, BUSY),
         ];
         assert_eq!(linearizable(&did_not), vec![]);
     }
 
     #[test]
     fn linearizable_reports_busy_that_an_unknown_acquire_sent_later_cannot_explain() {
-        let ops = [acquire(2, "a", 10, 20, Outcome::Busy), acquire_unanswered(1, "a", 30)];
+        let ops = [acquire(2, "a", 10, 20, BUSY), acquire_unanswered(1, "a", 30)];
         assert_violations(&linearizable(&ops), "linearizable", &["client 2"]);
     }
 
@@ -1162,12 +1171,33 @@ mod tests {
     fn linearizable_reports_a_grant_after_an_unknown_acquire_that_must_have_taken_effect() {
         // The Busy at 20 needs the unknown acquire to hold the lock, under a fence nobody can release, so the
         // lock cannot be free for the grant at 40.
-        let ops = [
-            acquire_unanswered(1, "a", 0),
-            acquire(2, "a", 10, 20, Outcome::Busy),
-            acquire(3, "a", 30, 40, granted(5)),
-        ];
+        let ops = [acquire_unanswered(1, "a", 0), acquire(2, "a", 10, 20, BUSY), acquire(3, "a", 30, 40, granted(5))];
         assert_violations(&linearizable(&ops), "linearizable", &["client 3"]);
+    }
+
+    #[test]
+    fn linearizable_leaves_out_a_busy_answer_showing_a_fence_nobody_was_told() {
+        // Seed 134: client 1's acquire got no answer, its node granted it (fence 93) and undid the grant
+        // once the client had gone; meanwhile client 2 was told busy, showing fence 93. Then a read found
+        // the lock free and client 3 took it. Judged, the busy answer needs the unanswered acquire to hold
+        // the lock for good, and nothing after it fits.
+        let ops = |shown: Option<u64>| {
+            [
+                acquire_unanswered(1, "a", 0),
+                acquire(2, "a", 10, 20, Outcome::Busy { holder: shown }),
+                get(8, "a", 30, 35, Outcome::Free),
+                acquire(3, "a", 40, 50, granted(95)),
+            ]
+        };
+        assert_eq!(linearizable(&ops(Some(93))), vec![]);
+        assert_violations(&linearizable(&ops(None)), "linearizable", &["client 8"]);
+        // A busy answer showing a fence a client was told is judged: here it shows a hold already released.
+        let told = [
+            acquire(1, "a", 0, 10, granted(3)),
+            release(1, "a", 3, 20, 30, Outcome::Released),
+            acquire(2, "a", 40, 50, Outcome::Busy { holder: Some(3) }),
+        ];
+        assert_violations(&linearizable(&told), "linearizable", &["client 2"]);
     }
 
     #[test]
@@ -1178,7 +1208,7 @@ mod tests {
             acquire(1, "a", 0, 10, granted(3)),
             release(1, "a", 3, 20, 30, Outcome::Released),
             acquire_unanswered(2, "a", 15),
-            acquire(3, "a", 40, 50, Outcome::Busy),
+            acquire(3, "a", 40, 50, BUSY),
         ];
         assert_eq!(linearizable(&ops), vec![]);
         let mut more = ops.to_vec();
@@ -1259,7 +1289,7 @@ mod tests {
                     if unknown {
                         (call, Outcome::Unknown)
                     } else if holder.is_some() {
-                        (call, Outcome::Busy)
+                        (call, Outcome::Busy { holder })
                     } else {
                         // Log indexes: other locks' entries leave gaps.
                         fence_last += 1 + rng.below(3);
@@ -1318,7 +1348,7 @@ mod tests {
     #[test]
     fn all_passes_a_clean_history() {
         let history = History {
-            ops: vec![acquire(1, "a", 0, 10, granted(3)), acquire(2, "a", 20, 30, Outcome::Busy)],
+            ops: vec![acquire(1, "a", 0, 10, granted(3)), acquire(2, "a", 20, 30, BUSY)],
             holds: vec![hold(1, "a", 3, 10, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true)],
             end: Some(end(100, &[("a", 3)])),
@@ -1333,7 +1363,7 @@ mod tests {
             ops: vec![
                 acquire(1, "a", 0, 10, granted(3)),
                 acquire(2, "a", 20, 30, granted(3)),
-                acquire(3, "b", 40, 5_000, Outcome::Busy),
+                acquire(3, "b", 40, 5_000, BUSY),
             ],
             holds: vec![hold(1, "a", 3, 10, 60_000), hold(2, "a", 3, 30, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true), write(2, 3, 35, 0, 1, true)],

@@ -42,8 +42,9 @@ pub enum Call {
 pub enum Outcome {
     /// The lock was granted under `fence`.
     Granted { fence: u64 },
-    /// Someone else holds it; nothing changed.
-    Busy,
+    /// Someone else holds it; nothing changed. `holder`: the holder's fence the answer showed, if it
+    /// showed one.
+    Busy { holder: Option<u64> },
     /// The hold was let go.
     Released,
     /// The release named a hold that no longer exists (released or expired); nothing changed.

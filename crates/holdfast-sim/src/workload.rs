@@ -55,7 +55,9 @@ pub async fn http_acquire(ctx: &Ctx, node: &str, lock: &str, ttl_ms: u64) -> (Ou
             (Some(fence), Some(token)) => (Outcome::Granted { fence }, Some(now()), Some(token.to_owned())),
             _ => (Outcome::Unknown, Some(now()), None),
         },
-        Ok((StatusCode::CONFLICT, body)) if body["type"] == "urn:holdfast:busy" => (Outcome::Busy, Some(now()), None),
+        Ok((StatusCode::CONFLICT, body)) if body["type"] == "urn:holdfast:busy" => {
+            (Outcome::Busy { holder: body["holder"]["fence"].as_u64() }, Some(now()), None)
+        }
         Ok(_) => (Outcome::Unknown, Some(now()), None),
         Err(_) => (Outcome::Unknown, None, None),
     };
@@ -154,7 +156,7 @@ pub async fn keeper_client(ctx: Ctx) -> turmoil::Result {
             }
             // Busy: an earlier attempt with no answer took it after all; that hold is this client's, and
             // the next name is tried.
-            (Outcome::Busy, _) => k += 1,
+            (Outcome::Busy { .. }, _) => k += 1,
             _ => {}
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(100..600))).await;
@@ -296,7 +298,7 @@ async fn session_acquire(
             let fence = held.fence();
             (Some(held), Some(now()), Outcome::Granted { fence })
         }
-        Err(ClientError::Timeout | ClientError::Busy { .. }) => (None, Some(now()), Outcome::Busy),
+        Err(ClientError::Timeout | ClientError::Busy { .. }) => (None, Some(now()), Outcome::Busy { holder: None }),
         Err(_) => (None, None, Outcome::Unknown),
     };
     ctx.recorder.op(ctx.client, lock, call, invoked, completed, outcome);
