@@ -9,7 +9,8 @@
 #   cluster/bench.sh --report target/bench/results-…      # only rewrite the page from an earlier run
 #
 # Settings (environment):
-#   DURATION=10s            each of uncontended 1, uncontended 64, contended 8 and the three reads workloads
+#   DURATION=10s            each of uncontended 1, uncontended 64, contended 8 (through the leader, then through
+#                           a follower) and the three reads workloads
 #   SESSIONS=10000 LEASE=2s SESSIONS_DURATION=20s   the sessions workloads (through the leader, then through a follower)
 #   LOCKS=100000 SCALE_CLIENTS=128                  the scale workload
 #   ELECTION_TIMEOUT=250ms  the nodes' --election-timeout (and the base of the failover target)
@@ -53,7 +54,7 @@ CLUSTER=$ROOT/cluster/cluster.sh
 RUN_DIR=$BENCH_DIR/run
 RESULTS=$BENCH_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
 LOG=/dev/null
-WORKLOADS=(uncontended-1 uncontended-64 contended-8 reads-64 busy-64 reads-follower failover sessions sessions-follower scale
+WORKLOADS=(uncontended-1 uncontended-64 contended-8 contended-follower reads-64 busy-64 reads-follower failover sessions sessions-follower scale
     failover-held)
 
 die() {
@@ -237,6 +238,7 @@ run_all() {
     bench uncontended-1 uncontended --clients 1 --duration "$DURATION"
     bench uncontended-64 uncontended --clients 64 --duration "$DURATION"
     bench contended-8 contended --clients 8 --duration "$DURATION"
+    ENDPOINTS=$(follower_endpoint) bench contended-follower contended --clients 8 --duration "$DURATION"
     bench reads-64 reads --clients 64 --duration "$DURATION"
     bench busy-64 reads --busy --clients 64 --duration "$DURATION"
     ENDPOINTS=$(follower_endpoint) bench reads-follower reads --clients 64 --duration "$DURATION"
@@ -292,7 +294,8 @@ report() {
     [[ -s $RESULTS/host.json ]] || echo '{}' >"$RESULTS/host.json"
     jq -n -r --slurpfile run "$RESULTS/run.json" --slurpfile host "$RESULTS/host.json" \
         --slurpfile u1 "$RESULTS/uncontended-1.json" --slurpfile u64 "$RESULTS/uncontended-64.json" \
-        --slurpfile c8 "$RESULTS/contended-8.json" --slurpfile fo "$RESULTS/failover.json" \
+        --slurpfile c8 "$RESULTS/contended-8.json" --slurpfile cf "$RESULTS/contended-follower.json" \
+        --slurpfile fo "$RESULTS/failover.json" \
         --slurpfile rd "$RESULTS/reads-64.json" --slurpfile bz "$RESULTS/busy-64.json" \
         --slurpfile rf "$RESULTS/reads-follower.json" \
         --slurpfile se "$RESULTS/sessions.json" --slurpfile sf "$RESULTS/sessions-follower.json" \
@@ -322,7 +325,7 @@ def sessions_row($what; $se):
 def reads_row($what; $x):
   row($what; $x; "\(i($x.rate_per_s)) answers/s, p50 \(r($x.p50_ms)) ms, p99 \(r($x.p99_ms)) ms, \($x.errors) errors";
       "none (each answer confirmed by a quorum)"; "—");
-$run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $fo[0] as $fo | $se[0] as $se | $sf[0] as $sf |
+$run[0] as $run | $u1[0] as $u1 | $u64[0] as $u64 | $c8[0] as $c8 | $cf[0] as $cf | $fo[0] as $fo | $se[0] as $se | $sf[0] as $sf |
 $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host | $rd[0] as $rd | $bz[0] as $bz | $rf[0] as $rf |
 ($nd.nodes | map(.rss_bytes) | max) as $rss_max |
 ($nd.nodes | map(.peak_bytes) | if any(. == null) then null else max end) as $fill_peak_max |
@@ -360,6 +363,9 @@ $sc[0] as $sc | $nd[0] as $nd | $fh[0] as $fh | $host[0] as $host | $rd[0] as $r
   row("8 clients on one lock"; $c8;
       "\(i($c8.rate_per_s)) hand-overs/s, p50 \(r($c8.p50_ms)) ms, p99 \(r($c8.p99_ms)) ms";
       "≥ 2,000 hand-overs/s, p99 ≤ 5 ms"; verdict(ge($c8.rate_per_s; 2000) and le($c8.p99_ms; 5))),
+  row("8 clients on one lock through a follower"; $cf;
+      "\(i($cf.rate_per_s)) hand-overs/s, p50 \(r($cf.p50_ms)) ms, p99 \(r($cf.p99_ms)) ms";
+      "none (the sessions attached to a follower, as behind a load balancer)"; "—"),
   reads_row("64 clients reading one held lock (`get`)"; $rd),
   reads_row("64 clients trying one held lock (one-shot acquires, all busy)"; $bz),
   reads_row("64 clients reading one held lock through a follower"; $rf),

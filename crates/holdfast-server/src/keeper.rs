@@ -48,6 +48,9 @@ pub struct Events {
     metrics: Arc<Metrics>,
     /// The last log index this node's current snapshot covers, and its size in bytes.
     snapshot: Mutex<Option<(u64, u64)>>,
+    /// The highest log index a follower may be waiting to apply: as leader, this node tells its followers
+    /// of a commit through it at once, not with the next entries ([`Events::urgent_commit`]).
+    urgent_commit: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -236,7 +239,29 @@ impl Inner {
 
 impl Events {
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        Events { inner: Mutex::default(), metrics, snapshot: Mutex::default() }
+        let urgent_commit = tokio::sync::watch::channel(0).0;
+        Events { inner: Mutex::default(), metrics, snapshot: Mutex::default(), urgent_commit }
+    }
+
+    /// Marks the commit of the entry at `index` as one a follower may be waiting for: a lock handed over
+    /// to a waiter whose session or long poll is not attached to this node (it may be attached to a
+    /// follower, which tells it when it applies the entry), a session opened (a follower answers `Opened` once it applied it), a barrier
+    /// answered (a follower's reads wait to apply through it). The leader's network sends a commit notice
+    /// it holds back for the next entries to carry ([`crate::network::COMMIT_NOTICE_HOLD`]) at once
+    /// instead, to every follower that was not told of a commit through `index` yet.
+    pub fn urgent_commit(&self, index: u64) {
+        self.urgent_commit.send_if_modified(|urgent| {
+            let later = index > *urgent;
+            if later {
+                *urgent = index;
+            }
+            later
+        });
+    }
+
+    /// The highest index marked by [`Events::urgent_commit`], as it changes.
+    pub fn urgent_commits(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.urgent_commit.subscribe()
     }
 
     /// The last log index this node's current snapshot covers, and its size in bytes; `None` before its
@@ -395,10 +420,21 @@ impl Events {
 }
 
 impl ApplyObserver for Events {
-    fn applied(&self, state: &LockState, _index: u64, cmd: &Command, applied: &Applied) {
+    fn applied(&self, state: &LockState, index: u64, cmd: &Command, applied: &Applied) {
         self.count(applied);
         let now = Instant::now();
         let mut inner = self.lock();
+        // A waiter granted the lock whose session or long poll is not attached here may be attached to a
+        // follower, which tells it once it applied this entry.
+        let own_grant = |grant: &Grant| matches!(cmd, Command::Acquire(a) if a.token == grant.token);
+        let waits_elsewhere = |grant: &Grant| match grant.lease {
+            Lease::Session(id) => !inner.streams.contains_key(&id),
+            Lease::Ttl { .. } => !inner.watchers.contains_key(&grant.token),
+        };
+        let handed_over = applied.grants.iter().any(|grant| !own_grant(grant) && waits_elsewhere(grant));
+        if handed_over || matches!(applied.outcome, Outcome::SessionOpened { .. }) {
+            self.urgent_commit(index);
+        }
         for (name, fence) in &applied.ended {
             inner.holds.end(name, *fence);
             if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
@@ -572,6 +608,42 @@ mod tests {
     /// The tokens of the one-shot waiters the keeper finds run out now.
     fn due_waiters(events: &Events, state: &LockState) -> Vec<Token> {
         events.due(state, Instant::now(), u64::MAX).waiters.into_iter().map(|(_, token)| token).collect()
+    }
+
+    /// A lock handed over to a waiter attached elsewhere and a session opened make their entry's commit
+    /// urgent (a follower may be waiting to apply it); a grant to its own acquire, a queued acquire, a
+    /// release with nobody waiting and a hand-over to a waiter attached to this node do not.
+    #[test]
+    fn a_hand_over_or_a_session_opened_makes_its_commit_urgent() {
+        let events = Events::default();
+        let urgent = events.urgent_commits();
+        let mut state = LockState::new();
+        apply(&events, &mut state, 1, acquire("a", None));
+        apply(&events, &mut state, 2, acquire_by("a", Token(8), 60_000, None));
+        assert_eq!(*urgent.borrow(), 0, "a grant to its own acquire, and a queued acquire");
+        let open = Command::OpenSession { id: 9, owner: "s".into(), lease_ms: 2_000 };
+        apply(&events, &mut state, 3, open);
+        assert_eq!(*urgent.borrow(), 3, "a session opened");
+        apply(&events, &mut state, 4, Command::Release { name: "a".into(), token: Token(7) });
+        assert_eq!(state.holder("a").map(|holder| holder.fence), Some(4), "the waiter holds it");
+        assert_eq!(*urgent.borrow(), 4, "a hand-over");
+        apply(&events, &mut state, 5, acquire("b", None));
+        apply(&events, &mut state, 6, Command::Release { name: "b".into(), token: Token(7) });
+        assert_eq!(*urgent.borrow(), 4, "a grant and a release with nobody waiting");
+        // A waiter whose long poll is on this node: told here, nobody else waits.
+        apply(&events, &mut state, 7, acquire("b", None));
+        apply(&events, &mut state, 8, acquire_by("b", Token(10), 60_000, None));
+        let _told = events.watch("b", Token(10));
+        apply(&events, &mut state, 9, Command::Release { name: "b".into(), token: Token(7) });
+        assert_eq!(state.holder("b").map(|holder| holder.fence), Some(9), "the waiter holds it");
+        assert_eq!(*urgent.borrow(), 4, "a hand-over to a waiter attached here");
+        // The same for a session whose stream is attached here.
+        apply(&events, &mut state, 10, acquire("c", None));
+        apply(&events, &mut state, 11, acquire_by("c", Token(11), 60_000, Some(9)));
+        let _notes = events.attach(9);
+        apply(&events, &mut state, 12, Command::Release { name: "c".into(), token: Token(7) });
+        assert_eq!(state.holder("c").map(|holder| holder.fence), Some(12), "the session holds it");
+        assert_eq!(*urgent.borrow(), 4, "a hand-over to a session attached here");
     }
 
     #[tokio::test(start_paused = true)]

@@ -251,7 +251,8 @@ where
     };
     let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
-    let network = Network { peers: peers.clone(), durable: Some(durable.clone()) };
+    let network =
+        Network { peers: peers.clone(), durable: Some(durable.clone()), urgent: Some(events.urgent_commits()) };
     let raft = Raft::new(config.id, raft_config, network, log_store, sm_store).await.context("starting raft")?;
 
     // Every node may initialize with the full member list: the first entry is then the same everywhere,

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -48,7 +49,8 @@ const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
 /// How long the leader may hold back telling a follower of a newer commit index, for the next entries to
 /// carry it instead ([`PeerNetwork::is_commit_notice`]). It delays a follower's apply of the last entries
 /// of a burst (and what clients attached to that follower hear of them) by this, at most; tokio's timers
-/// round it up to the next millisecond.
+/// round it up to the next millisecond. A commit a follower may be waiting for is not held back
+/// ([`crate::keeper::Events::urgent_commit`]).
 pub const COMMIT_NOTICE_HOLD: Duration = Duration::from_millis(1);
 /// Forwarded client requests in flight to one peer, at most; more wait for one of them to finish. Each
 /// takes a connection of its own, so this bounds the connections (and file descriptors) a busy follower
@@ -252,6 +254,10 @@ pub struct Network {
     /// How far this node's log is durable: no commit index past it is sent (holdfast-store's `durable`
     /// module says why). `None`: commit indexes go as openraft gives them.
     pub durable: Option<Durable>,
+    /// The highest log index whose commit a follower may be waiting for
+    /// ([`crate::keeper::Events::urgent_commits`]): a commit notice through it is not held back. `None`:
+    /// every notice may be.
+    pub urgent: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -263,8 +269,11 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             peers: self.peers.clone(),
             durable: self.durable.clone(),
+            urgent: self.urgent.clone(),
             acked: None,
             commit_told: None,
+            commit_sent: Arc::default(),
+            hold_for: COMMIT_NOTICE_HOLD,
             held: None,
         }
     }
@@ -276,11 +285,17 @@ pub struct PeerNetwork {
     addr: String,
     peers: Arc<Peers>,
     durable: Option<Durable>,
+    urgent: Option<tokio::sync::watch::Receiver<u64>>,
     /// What the peer last answered `Success` to on this connection: the vote it accepted, and the last log
     /// id it then held from that leader.
     acked: Option<(Vote<NodeId>, Option<LogId<NodeId>>)>,
     /// The newest commit index sent to the peer on this connection, or held back to be sent.
     commit_told: Option<LogId<NodeId>>,
+    /// The newest commit index (its log index) that went out to the peer on this connection, as lowered to
+    /// the durable log: a notice held back goes at once when a commit past it is urgent.
+    commit_sent: Arc<AtomicU64>,
+    /// How long a commit notice is held back: [`COMMIT_NOTICE_HOLD`].
+    hold_for: Duration,
     /// A commit notice held back ([`COMMIT_NOTICE_HOLD`]), and the task that sends it if nothing else does.
     held: Option<(HeldNotice, tokio::task::JoinHandle<()>)>,
 }
@@ -319,15 +334,29 @@ impl PeerNetwork {
     }
 
     /// Holds back the commit notice `rpc`: the next request on this connection carries its commit index;
-    /// if none goes within [`COMMIT_NOTICE_HOLD`], a task sends it alone (and drops its answer).
+    /// if none goes within [`COMMIT_NOTICE_HOLD`], or a commit the peer was not sent yet becomes urgent
+    /// meanwhile (or was already), a task sends it alone (and drops its answer).
     fn hold(&mut self, rpc: AppendEntriesRequest<TypeConfig>, ttl: Duration) {
         let slot: HeldNotice = Arc::new(Mutex::new(Some(rpc)));
         let (peers, target, addr, durable) = (self.peers.clone(), self.target, self.addr.clone(), self.durable.clone());
-        let held = slot.clone();
+        let (held, sent, hold_for, urgent) =
+            (slot.clone(), self.commit_sent.clone(), self.hold_for, self.urgent.clone());
         let sender = tokio::spawn(async move {
-            tokio::time::sleep(COMMIT_NOTICE_HOLD).await;
+            let unsent = sent.load(Ordering::Acquire);
+            let urgent = async {
+                match urgent {
+                    // An error: the node is shutting down, and the notice may as well go.
+                    Some(mut urgent) => drop(urgent.wait_for(|urgent| *urgent > unsent).await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(hold_for) => {}
+                () = urgent => {}
+            }
             let Some(mut rpc) = held.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() else { return };
             clamp_commit(durable.as_ref(), &mut rpc);
+            sent.fetch_max(rpc.leader_commit.map_or(0, |commit| commit.index), Ordering::AcqRel);
             let answer: Result<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>, _> =
                 peers.call(target, &addr, Call::Append, &rpc, ttl).await;
             // Nothing to do with a failure: the next request to the peer carries the commit index again.
@@ -382,6 +411,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         // What openraft means to have told, not what goes: a request that repeats it is not a new notice.
         self.commit_told = self.commit_told.max(rpc.leader_commit);
         clamp_commit(self.durable.as_ref(), &mut rpc);
+        self.commit_sent.fetch_max(rpc.leader_commit.map_or(0, |commit| commit.index), Ordering::AcqRel);
         let last = rpc.entries.last().map(|entry| entry.log_id).or(rpc.prev_log_id);
         let vote = rpc.vote;
         // Forgotten first: openraft drops this future when its timeout passes, and then nothing may be
@@ -617,7 +647,7 @@ mod tests {
     }
 
     async fn peer_network(addr: &str) -> PeerNetwork {
-        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: None };
+        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: None, urgent: None };
         factory.new_client(2, &BasicNode { addr: addr.to_owned() }).await
     }
 
@@ -653,6 +683,46 @@ mod tests {
         // A heartbeat after it (no new commit index) is a real call: the peer saw it before it was answered.
         success(net.append_entries(append(7, 7, Some(7)), option()).await);
         assert_eq!(seen.try_recv().unwrap(), Seen { prev: Some(7), entries: 0, commit: Some(7) });
+    }
+
+    /// A notice held back goes at once when a commit it tells of becomes urgent (a lock handed over, a
+    /// barrier answered), and at once when one already was; not for an urgent commit the peer was sent.
+    #[tokio::test]
+    async fn a_held_notice_goes_at_once_when_a_follower_may_be_waiting_for_its_commit() {
+        let (addr, mut seen) = recording_peer(Arc::default()).await;
+        let mut net = peer_network(&addr).await;
+        let (urgent, urgent_rx) = tokio::sync::watch::channel(0);
+        net.urgent = Some(urgent_rx);
+        // Longer than the test may take: a notice that arrives went because its commit was urgent.
+        net.hold_for = Duration::from_secs(3600);
+        let success = |answer: RpcResult<AppendEntriesResponse<NodeId>, _>| {
+            assert!(matches!(answer, Ok(AppendEntriesResponse::Success)), "{answer:?}");
+        };
+        success(net.append_entries(append(4, 6, Some(4)), option()).await);
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(4), entries: 2, commit: Some(4) });
+
+        // Urgent through 4, which the peer was sent: the notice of 6 is held back.
+        urgent.send_replace(4);
+        success(net.append_entries(append(6, 6, Some(6)), option()).await);
+        let (slot, _) = net.held.as_ref().expect("the notice is held back");
+        let slot = slot.clone();
+        // Its task runs (this runtime has one thread) and goes on waiting.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(slot.lock().unwrap().is_some(), "the notice of 6 went though nothing past 4 was urgent");
+        // 6 becomes urgent: the notice goes.
+        urgent.send_replace(6);
+        let notice = tokio::time::timeout(TTL, seen.recv()).await.expect("the urgent notice went out").unwrap();
+        assert_eq!(notice, Seen { prev: Some(6), entries: 0, commit: Some(6) });
+
+        // 7 committed, urgent before its notice is held: it goes at once as well.
+        success(net.append_entries(append(6, 7, Some(6)), option()).await);
+        assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(6), entries: 1, commit: Some(6) });
+        urgent.send_replace(7);
+        success(net.append_entries(append(7, 7, Some(7)), option()).await);
+        let notice = tokio::time::timeout(TTL, seen.recv()).await.expect("the urgent notice went out").unwrap();
+        assert_eq!(notice, Seen { prev: Some(7), entries: 0, commit: Some(7) });
     }
 
     #[tokio::test]
@@ -715,7 +785,7 @@ mod tests {
         let durable = log.durable();
         assert_eq!(durable.last(), Some(log_id(5)));
 
-        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: Some(durable) };
+        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: Some(durable), urgent: None };
         let mut net = factory.new_client(2, &BasicNode { addr: addr.clone() }).await;
         net.append_entries(append(4, 7, Some(6)), option()).await.unwrap();
         assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(4), entries: 3, commit: Some(5) });

@@ -195,6 +195,10 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "undecodable: a batch"));
                 }
                 let reply: Result<ForwardReply, NodeError> = node.serve_forwarded(forwarded).await;
+                // The asking follower's reads wait until it applied through the barrier's index.
+                if let Ok(ForwardReply::Barrier(index)) = &reply {
+                    node.events.urgent_commit(*index);
+                }
                 encode_into(&mut answer, &reply);
             }
             Some(Call::PreVote) => {
