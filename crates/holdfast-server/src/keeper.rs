@@ -245,10 +245,11 @@ impl Events {
 
     /// Marks the commit of the entry at `index` as one a follower may be waiting for: a lock handed over
     /// to a waiter whose session or long poll is not attached to this node (it may be attached to a
-    /// follower, which tells it when it applies the entry), a session opened (a follower answers `Opened` once it applied it), a barrier
-    /// answered (a follower's reads wait to apply through it). The leader's network sends a commit notice
-    /// it holds back for the next entries to carry ([`crate::network::COMMIT_NOTICE_HOLD`]) at once
-    /// instead, to every follower that was not told of a commit through `index` yet.
+    /// follower, which tells it when it applies the entry), a session opened (a follower answers `Opened`
+    /// once it applied it), a barrier answered (a follower's reads wait to apply through it). The leader's
+    /// network sends a commit notice it holds back for the next entries to carry
+    /// ([`crate::network::COMMIT_NOTICE_HOLD`]) at once instead, to every follower that was not sent a
+    /// commit through `index` yet.
     pub fn urgent_commit(&self, index: u64) {
         self.urgent_commit.send_if_modified(|urgent| {
             let later = index > *urgent;

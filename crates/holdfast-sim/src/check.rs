@@ -1177,10 +1177,10 @@ mod tests {
 
     #[test]
     fn linearizable_leaves_out_a_busy_answer_showing_a_fence_nobody_was_told() {
-        // Seed 134: client 1's acquire got no answer, its node granted it (fence 93) and undid the grant
-        // once the client had gone; meanwhile client 2 was told busy, showing fence 93. Then a read found
-        // the lock free and client 3 took it. Judged, the busy answer needs the unanswered acquire to hold
-        // the lock for good, and nothing after it fits.
+        // As in seed 134: client 1's acquire got no answer, its node granted it and undid the grant once
+        // the client had gone; meanwhile client 2 was told busy, showing that grant's fence. Then a read
+        // found the lock free and client 3 took it. Judged, the busy answer needs the unanswered acquire to
+        // hold the lock for good, and nothing after it fits.
         let ops = |shown: Option<u64>| {
             [
                 acquire_unanswered(1, "a", 0),
