@@ -288,7 +288,7 @@ report() {
     local name
     [[ -s $RESULTS/run.json ]] || die "$RESULTS/run.json is missing: not a results directory of this script"
     for name in "${WORKLOADS[@]}"; do
-        [[ -s $RESULTS/$name.json ]] || echo '{"failed": true, "exit": "none"}' >"$RESULTS/$name.json"
+        [[ -s $RESULTS/$name.json ]] || echo '{"failed": true, "exit": "none: no result in this directory"}' >"$RESULTS/$name.json"
     done
     [[ -s $RESULTS/nodes.json ]] || echo '{"nodes": [], "fsync": []}' >"$RESULTS/nodes.json"
     [[ -s $RESULTS/host.json ]] || echo '{}' >"$RESULTS/host.json"
