@@ -54,8 +54,8 @@ CLUSTER=$ROOT/cluster/cluster.sh
 RUN_DIR=$BENCH_DIR/run
 RESULTS=$BENCH_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
 LOG=/dev/null
-WORKLOADS=(uncontended-1 uncontended-64 contended-8 contended-follower reads-64 busy-64 reads-follower failover sessions sessions-follower scale
-    failover-held)
+WORKLOADS=(uncontended-1 uncontended-64 contended-8 contended-follower reads-64 busy-64 reads-follower failover sessions
+    sessions-follower scale failover-held)
 
 die() {
     echo "bench.sh: $*" >&2

@@ -182,7 +182,7 @@ enum Cut {
     Follower,
 }
 
-/// What the old leader is asked about the lock once its holder let go.
+/// What the node cut off is asked about the lock once its holder let go.
 #[derive(Clone, Copy)]
 enum Asked {
     TryLock,
@@ -197,7 +197,7 @@ fn asked_after_a_release(cut: Cut, asked: Asked) -> Plan {
     plan.scripts.push(script(move |ctx| async move {
         until(secs(0.5)).await;
         let leader = format!("n{}:7070", leader_of(&ctx.nodes[0]).await.ok_or("no leader")?);
-        let old = match cut {
+        let cut_off = match cut {
             Cut::Leader => leader.clone(),
             Cut::Follower => ctx.nodes.iter().find(|node| **node != leader).ok_or("no follower")?.clone(),
         };
@@ -206,7 +206,7 @@ fn asked_after_a_release(cut: Cut, asked: Asked) -> Plan {
             return Err("the first acquire was not granted".into());
         };
         until(secs(3.5)).await;
-        let others: Vec<String> = ctx.nodes.iter().filter(|n| **n != old).cloned().collect();
+        let others: Vec<String> = ctx.nodes.iter().filter(|n| **n != cut_off).cloned().collect();
         for attempt in 0..20 {
             let outcome = http_release(&ctx, &others[attempt % others.len()], "model-a", fence, &token).await;
             if outcome != holdfast_sim::history::Outcome::Unknown {
@@ -219,10 +219,10 @@ fn asked_after_a_release(cut: Cut, asked: Asked) -> Plan {
         // What came back is recorded for the checkers.
         match asked {
             Asked::TryLock => {
-                http_acquire(&ctx, &old, "model-a", MODEL_TTL_MS).await;
+                http_acquire(&ctx, &cut_off, "model-a", MODEL_TTL_MS).await;
             }
             Asked::Read => {
-                http_get(&ctx, &old, "model-a").await;
+                http_get(&ctx, &cut_off, "model-a").await;
             }
         }
         Ok(())
