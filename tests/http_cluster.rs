@@ -104,9 +104,8 @@ async fn writes_through_a_follower_go_to_the_leader_in_batches_and_are_all_appli
     // A first write through the follower goes alone, and has it ask the leader whether it reads batches.
     let first = cluster.acquire(follower, "first", "w-first", "60").await;
     let first = Grant::from_reply(&first, "the first write through the follower").fence;
-    let metrics = async |id: usize| cluster.get(id, "/metrics").await.body.as_str().unwrap_or_default().to_owned();
     wait_for(ELECTION_BOUND, "the leader to answer the follower's question about batches", async || {
-        match sample(&metrics(follower).await, "holdfast_forwarded_requests_total{kind=\"heartbeats\"}") {
+        match cluster.metric(follower, "holdfast_forwarded_requests_total{kind=\"heartbeats\"}").await {
             Some(n) if n >= 1.0 => Ok(()),
             n => Err(format!("{n:?} batches of heartbeats forwarded")),
         }
@@ -132,8 +131,7 @@ async fn writes_through_a_follower_go_to_the_leader_in_batches_and_are_all_appli
         let held = cluster.lock(leader, &format!("batched-{i}")).await;
         assert_eq!(holder(&held, "GET through the leader")["fence"].as_u64(), Some(*fence), "batched-{i}");
     }
-    let page = metrics(follower).await;
-    let batches = sample(&page, "holdfast_forwarded_requests_total{kind=\"writes\"}").unwrap_or(0.0);
+    let batches = cluster.metric(follower, "holdfast_forwarded_requests_total{kind=\"writes\"}").await.unwrap_or(0.0);
     eprintln!("{WRITES} writes through the follower in {batches} batches");
     assert!(batches > 0.0 && batches < WRITES as f64, "{WRITES} writes in {batches} batches");
 }
@@ -144,10 +142,7 @@ async fn reads_and_busy_answers_at_once_share_the_leaders_confirmation_rounds() 
     let cluster = std::sync::Arc::new(Cluster::start(NODES).await);
     let leader = cluster.leader().await;
     let held = Grant::from_reply(&cluster.acquire(leader, "watched", "holder", "60").await, "the held lock");
-    let rounds = async || {
-        let page = cluster.get(leader, "/metrics").await;
-        sample(page.body.as_str().unwrap_or_default(), "holdfast_raft_leader_confirmations_total").unwrap_or(0.0)
-    };
+    let rounds = async || cluster.metric(leader, "holdfast_raft_leader_confirmations_total").await.unwrap_or(0.0);
     let before = rounds().await;
     // Half read the lock, half try to take it: each answer is the leader's, confirmed by a quorum round.
     let mut tasks = tokio::task::JoinSet::new();
@@ -183,9 +178,8 @@ async fn reads_through_a_follower_share_barriers_and_are_answered_from_its_state
     let follower = cluster.other_than(&[leader]);
     let held = Grant::from_reply(&cluster.acquire(leader, "watched", "holder", "60").await, "the held lock");
     let forwarded = async |kind: &str| {
-        let page = cluster.get(follower, "/metrics").await;
         let series = format!("holdfast_forwarded_requests_total{{kind=\"{kind}\"}}");
-        sample(page.body.as_str().unwrap_or_default(), &series).unwrap_or(0.0)
+        cluster.metric(follower, &series).await.unwrap_or(0.0)
     };
     let barriers_before = forwarded("barrier").await;
     let mut tasks = tokio::task::JoinSet::new();
@@ -918,9 +912,8 @@ async fn parallel_writes_share_log_entries_and_each_gets_its_own_answer() {
     }
     assert!(batched, "{BURSTS} bursts of {LOCKS} parallel acquires never shared an entry");
     // The leader's histogram of commands per entry saw it too: more commands than entries.
-    let metrics = cluster.get(leader, "/metrics").await;
-    let page = metrics.body.as_str().unwrap_or_default();
-    let value = |series: &str| sample(page, series).unwrap_or_else(|| panic!("{series} missing from:\n{page}"));
+    let page = cluster.metrics(leader).await;
+    let value = |series: &str| sample(&page, series).unwrap_or_else(|| panic!("{series} missing from:\n{page}"));
     let (commands, entries) = (value("holdfast_raft_entry_commands_sum"), value("holdfast_raft_entry_commands_count"));
     assert!(commands > entries, "{commands} commands in {entries} entries: none batched");
 }
@@ -935,8 +928,7 @@ async fn a_release_and_the_acquire_held_back_for_it_share_an_entry() {
     let cluster = std::sync::Arc::new(Cluster::start_with(NODES, &["--queue-hold", "10s"]).await);
     let leader = cluster.leader().await;
     let metric = async |series: &str| {
-        let metrics = cluster.get(leader, "/metrics").await;
-        let page = metrics.body.as_str().unwrap_or_default().to_owned();
+        let page = cluster.metrics(leader).await;
         sample(&page, series).unwrap_or_else(|| panic!("{series} missing from:\n{page}"))
     };
     let held = Grant::from_reply(&cluster.acquire(leader, "crowd", "first", "60").await, "acquire of a free lock");

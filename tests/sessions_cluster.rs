@@ -400,11 +400,6 @@ async fn a_session_keeps_its_lock_through_a_failover_in_a_cluster_nobody_writes_
     session.close().await.expect("close the session");
 }
 
-/// Node `id`'s metrics page.
-async fn metrics_page(cluster: &Cluster, id: usize) -> String {
-    cluster.get(id, "/metrics").await.body.as_str().expect("a metrics page").to_owned()
-}
-
 /// A follower forwards its sessions' heartbeats to the leader in batches (`Node::heartbeat`). One by one,
 /// each held one of the follower's forwarding slots for a quorum round, and a follower with 10,000
 /// sessions (2 s leases) passed on only about 8,000 heartbeats a second: most of them expired
@@ -446,7 +441,7 @@ async fn a_followers_sessions_are_kept_alive_by_heartbeats_forwarded_in_batches(
     })
     .await;
 
-    let page = metrics_page(&cluster, follower).await;
+    let page = cluster.metrics(follower).await;
     let acknowledged = sample(&page, "holdfast_heartbeat_duration_seconds_count").unwrap_or(0.0);
     let batches = sample(&page, "holdfast_forwarded_requests_total{kind=\"heartbeats\"}").unwrap_or(0.0);
     let alone = sample(&page, "holdfast_forwarded_requests_total{kind=\"heartbeat\"}").unwrap_or(0.0);
@@ -455,7 +450,7 @@ async fn a_followers_sessions_are_kept_alive_by_heartbeats_forwarded_in_batches(
     assert!(acknowledged >= (2 * 3 * SESSIONS) as f64, "only {acknowledged} heartbeats acknowledged");
     assert!(batches > 0.0 && batches < acknowledged, "{acknowledged} heartbeats in {batches} batches");
     assert_eq!(alone, 0.0, "heartbeats forwarded one by one");
-    let expired = sample(&metrics_page(&cluster, leader).await, "holdfast_expirations_total{kind=\"session\"}");
+    let expired = cluster.metric(leader, "holdfast_expirations_total{kind=\"session\"}").await;
     assert_eq!(expired.unwrap_or(0.0), 0.0, "the leader expired sessions");
     for (session, held) in sessions {
         held.release().await.expect("release");

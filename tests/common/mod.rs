@@ -551,6 +551,17 @@ impl Cluster {
         self.send(self.http.get(&url), &format!("GET {url}")).await
     }
 
+    /// Node `id`'s metrics page.
+    pub async fn metrics(&self, id: usize) -> String {
+        self.get(id, "/metrics").await.body.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The value of `series` (name with labels, exactly as exposed) on node `id`'s metrics page, if it is
+    /// there.
+    pub async fn metric(&self, id: usize, series: &str) -> Option<f64> {
+        sample(&self.metrics(id).await, series)
+    }
+
     /// `POST {path}` on node `id`.
     pub async fn post(&self, id: usize, path: &str) -> Reply {
         let url = format!("{}{path}", self.client_url(id));
