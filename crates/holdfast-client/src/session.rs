@@ -171,6 +171,7 @@ impl Session {
             clock,
             claims: BTreeMap::new(),
             conn: Some(conn),
+            secret: opened.secret,
             endpoint,
             replay: None,
             closing: None,
@@ -475,6 +476,9 @@ struct Task {
     clock: LeaseClock,
     claims: BTreeMap<String, Claim>,
     conn: Option<Conn>,
+    /// What resuming the session takes, as the server's `Opened` gave it: given once, kept here only
+    /// (never logged, never in a `Debug`).
+    secret: String,
     /// The endpoint of the current (or last) stream.
     endpoint: usize,
     replay: Option<Replay>,
@@ -569,10 +573,14 @@ impl Task {
         };
         let pool = self.pool.clone();
         let id = self.shared.id;
+        let resume = Resume { session_id: id, secret: self.secret.clone() };
         let resume = async move {
-            pool.call("resume session", plan, |i, client| async move {
-                let (conn, _, _) = open_stream(client, RequestKind::Resume(Resume { session_id: id })).await?;
-                Ok((conn, i))
+            pool.call("resume session", plan, |i, client| {
+                let resume = resume.clone();
+                async move {
+                    let (conn, _, _) = open_stream(client, RequestKind::Resume(resume)).await?;
+                    Ok((conn, i))
+                }
             })
             .await
         };

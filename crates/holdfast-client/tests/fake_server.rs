@@ -69,6 +69,11 @@ fn event(kind: EventKind) -> Result<SessionEvent, Status> {
     Ok(SessionEvent { kind: Some(kind) })
 }
 
+/// The secret the fake gives session `id` when it opens.
+fn secret_of(id: u64) -> String {
+    format!("{:032x}", u128::from(id) * 0x9e37_79b9)
+}
+
 fn session_gone() -> Status {
     let mut metadata = tonic::metadata::MetadataMap::new();
     metadata.insert(PROBLEM_METADATA, "urn:holdfast:session-gone".parse().unwrap());
@@ -335,8 +340,8 @@ impl Locks for Fake {
                         state.next_id += 1;
                         state.sessions.insert(id);
                         state.streams.insert(id, tx.clone());
-                        let _ = tx
-                            .try_send(event(EventKind::Opened(v1::Opened { session_id: id, lease_ms: open.lease_ms })));
+                        let opened = v1::Opened { session_id: id, lease_ms: open.lease_ms, secret: secret_of(id) };
+                        let _ = tx.try_send(event(EventKind::Opened(opened)));
                         fake.note(|s| s.opens += 1);
                         id
                     }
@@ -347,8 +352,15 @@ impl Locks for Fake {
                             let _ = tx.try_send(Err(session_gone()));
                             return;
                         }
+                        // As the real server: a resume without the secret the open gave is refused, so the
+                        // resume tests below pass only if the client kept and sent it.
+                        if resume.secret != secret_of(id) {
+                            let _ = tx.try_send(Err(Status::permission_denied("wrong session secret")));
+                            return;
+                        }
                         state.streams.insert(id, tx.clone());
-                        let _ = tx.try_send(event(EventKind::Opened(v1::Opened { session_id: id, lease_ms: 0 })));
+                        let opened = v1::Opened { session_id: id, lease_ms: 0, secret: String::new() };
+                        let _ = tx.try_send(event(EventKind::Opened(opened)));
                         for (name, (s, fence, token)) in &state.holds {
                             if *s == id {
                                 let acquired = v1::Acquired { name: name.clone(), fence: *fence, token: token.clone() };

@@ -4,8 +4,10 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
-/// A session's id, made by the leader before it proposes [`Command::OpenSession`].
+/// A session's public id, made by the leader before it proposes [`Command::OpenSession`]. Reads show it
+/// (who holds a lock); it gives no power over the session: resuming one takes its [`SessionSecret`].
 pub type SessionId = u64;
 
 /// The secret that proves a claim (a holder or a waiter). Made by the leader from a random source before
@@ -37,6 +39,60 @@ impl fmt::Debug for Token {
     // Tokens are secrets: debug output (and so logs) shows only a prefix.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Token({:08x}…)", (self.0 >> 96) as u32)
+    }
+}
+
+/// The secret that proves a session: `Resume` needs it. 128 random bits made by the leader before it
+/// proposes [`Command::OpenSession`], sent to the opener in `Opened` and nowhere else. The log and the
+/// snapshot carry only its [`SecretDigest`], so neither a replica's files nor a snapshot sent to a
+/// follower give a session away.
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSecret(pub Token);
+
+impl SessionSecret {
+    /// What the replicated state keeps of the secret: its SHA-256. A plain hash is enough for 128 random
+    /// bits (nothing to guess by trying), as for API keys.
+    pub fn digest(&self) -> SecretDigest {
+        SecretDigest(Sha256::digest(self.0 .0.to_be_bytes()).into())
+    }
+}
+
+impl fmt::Display for SessionSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for SessionSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionSecret(..)")
+    }
+}
+
+impl FromStr for SessionSecret {
+    type Err = BadToken;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(SessionSecret)
+    }
+}
+
+/// The SHA-256 of a [`SessionSecret`], as the log, the lock state and its snapshots keep it. Compared in
+/// constant time, like tokens.
+#[allow(clippy::derived_hash_with_manual_eq)]
+#[derive(Clone, Copy, Eq, Hash, Serialize, Deserialize)]
+pub struct SecretDigest(pub [u8; 32]);
+
+impl PartialEq for SecretDigest {
+    fn eq(&self, other: &Self) -> bool {
+        let diff = self.0.iter().zip(&other.0).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(diff) == 0
+    }
+}
+
+impl fmt::Debug for SecretDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretDigest(..)")
     }
 }
 
@@ -80,8 +136,10 @@ pub enum Command {
     Renew { name: String, token: Token, ttl_ms: u64 },
     /// Withdraw a claim: leave the queue, or let go if it was granted meanwhile.
     Cancel { name: String, token: Token },
-    /// Open a session whose claims live as long as its lease is kept alive by heartbeats.
-    OpenSession { id: SessionId, owner: String, lease_ms: u64 },
+    /// Open a session whose claims live as long as its lease is kept alive by heartbeats, as written by
+    /// builds from before [`SessionSecret`]s. Such a session has no secret and cannot be resumed. Kept so
+    /// that stored logs still decode; no build proposes it any more.
+    OpenSessionWithoutSecret { id: SessionId, owner: String, lease_ms: u64 },
     /// End a session cleanly: its locks are handed over at once, its waits withdrawn.
     CloseSession { id: SessionId },
     /// Leases the leader found run out.
@@ -113,6 +171,10 @@ pub enum Command {
     /// `RenewKeepingTtl`, so that a build that does not know it refuses the entry instead of applying it
     /// with the batch rule. See [`limits::BATCH_MAX`](crate::limits::BATCH_MAX).
     Group(Vec<Command>),
+    /// Open a session whose claims live as long as its lease is kept alive by heartbeats; resuming it
+    /// takes the secret whose digest is `secret`. (Last, so that the variants before it keep their
+    /// encoding in stored logs.)
+    OpenSession { id: SessionId, owner: String, lease_ms: u64, secret: SecretDigest },
 }
 
 impl Command {
@@ -199,5 +261,16 @@ mod tests {
         assert_eq!("".parse::<Token>(), Err(BadToken));
         assert_eq!("+123456789abcdef0011223344556677".parse::<Token>(), Err(BadToken));
         assert_eq!("0123456789abcdef00112233445566778".parse::<Token>(), Err(BadToken));
+    }
+
+    #[test]
+    fn session_secrets_hide_in_debug_and_digests_tell_them_apart() {
+        let secret = SessionSecret(Token(0x0123_4567_89ab_cdef_0011_2233_4455_6677));
+        assert_eq!(format!("{secret:?}"), "SessionSecret(..)");
+        assert_eq!(format!("{:?}", secret.digest()), "SecretDigest(..)");
+        assert_eq!(secret.to_string().parse::<SessionSecret>(), Ok(secret));
+        assert_eq!(secret.digest(), secret.digest());
+        assert_ne!(secret.digest(), SessionSecret(Token(secret.0 .0 ^ 1)).digest());
+        assert_ne!(secret.digest().0, secret.0 .0.to_be_bytes().repeat(2)[..32], "a digest, not the secret");
     }
 }

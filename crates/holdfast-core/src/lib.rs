@@ -17,7 +17,7 @@ pub mod command;
 pub mod limits;
 pub mod state;
 
-pub use command::{Acquire, Command, Entry, Expire, SessionId, Token};
+pub use command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
 pub use state::{
     Applied, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject, SessionView, SessionWait, SnapshotError,
     WaiterView,

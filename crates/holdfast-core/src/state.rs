@@ -6,7 +6,7 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Acquire, Command, Entry, Expire, SessionId, Token};
+use crate::command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
 use crate::limits;
 
 /// How a hold stays alive.
@@ -187,10 +187,20 @@ pub struct SessionView {
     pub id: SessionId,
     pub owner: String,
     pub lease_ms: u64,
+    /// The digest of the secret that resumes it; `None` for a session opened by a build from before
+    /// secrets, which cannot be resumed.
+    pub secret: Option<SecretDigest>,
     /// The locks it holds, in name order.
     pub holds: Vec<Grant>,
     /// The queues it is in, in name order.
     pub waits: Vec<SessionWait>,
+}
+
+impl SessionView {
+    /// Whether `secret` is the session's own (compared in constant time). Never for a session without one.
+    pub fn proven_by(&self, secret: &SessionSecret) -> bool {
+        self.secret.is_some_and(|digest| digest == secret.digest())
+    }
 }
 
 /// A session's place in a lock's queue.
@@ -283,6 +293,10 @@ struct Session {
     opened_at_ms: u64,
     /// Names of the locks the session holds or waits for.
     claims: BTreeSet<String>,
+    /// The digest of the secret that resumes it. Not encoded with the rest of the session: a snapshot
+    /// carries the digests after the state (format 3), so that format 2's sessions still decode.
+    #[serde(skip)]
+    secret: Option<SecretDigest>,
 }
 
 /// The replicated lock state.
@@ -366,7 +380,26 @@ pub enum SnapshotError {
     Write(#[source] bincode::Error),
 }
 
-const SNAPSHOT_FORMAT: u32 = 2;
+/// Format 3: the state as format 2 encoded it, then the sessions' secret digests ([`SessionSecrets`]).
+/// Format 2 still restores, its sessions without secrets.
+const SNAPSHOT_FORMAT: u32 = 3;
+const SNAPSHOT_FORMAT_WITHOUT_SECRETS: u32 = 2;
+
+/// The sessions' secret digests, by session id in id order, as a snapshot encodes them after the state.
+struct SessionSecrets<'a>(&'a OrdMap<SessionId, Session>);
+
+impl Serialize for SessionSecrets<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let secrets = || self.0.iter().filter_map(|(id, session)| session.secret.map(|secret| (id, secret)));
+        // bincode writes a map's length first: counted in a pass of its own.
+        let mut map = serializer.serialize_map(Some(secrets().count()))?;
+        for (id, secret) in secrets() {
+            map.serialize_entry(id, &secret)?;
+        }
+        map.end()
+    }
+}
 
 /// The lock `name` in `locks`, to change: copied first if a snapshot's copy of the state shares it
 /// ([`Arc::make_mut`]), so that the copy keeps what it saw.
@@ -475,7 +508,10 @@ impl LockState {
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, Some(*ttl_ms)),
             Command::RenewKeepingTtl { name, token } => self.renew(name, *token, None),
             Command::Cancel { name, token } => self.cancel(name, *token, &mut applied),
-            Command::OpenSession { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms),
+            Command::OpenSession { id, owner, lease_ms, secret } => {
+                self.open_session(*id, owner, *lease_ms, Some(*secret))
+            }
+            Command::OpenSessionWithoutSecret { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms, None),
             Command::CloseSession { id } => match self.close_session(*id, &BTreeSet::new(), &mut applied) {
                 true => Outcome::SessionClosed { id: *id },
                 false => Outcome::Rejected(Reject::NoSession(*id)),
@@ -636,7 +672,7 @@ impl LockState {
         Outcome::Withdrawn
     }
 
-    fn open_session(&mut self, id: SessionId, owner: &str, lease_ms: u64) -> Outcome {
+    fn open_session(&mut self, id: SessionId, owner: &str, lease_ms: u64, secret: Option<SecretDigest>) -> Outcome {
         if !limits::valid_owner(owner) {
             return Outcome::Rejected(Reject::InvalidOwner);
         }
@@ -649,7 +685,8 @@ impl LockState {
         if self.sessions.len() >= limits::SESSIONS_MAX {
             return Outcome::Rejected(Reject::TooManySessions);
         }
-        let session = Session { owner: owner.to_owned(), lease_ms, opened_at_ms: self.now_ms, claims: BTreeSet::new() };
+        let session =
+            Session { owner: owner.to_owned(), lease_ms, opened_at_ms: self.now_ms, claims: BTreeSet::new(), secret };
         self.sessions.insert(id, session);
         Outcome::SessionOpened { id }
     }
@@ -837,6 +874,7 @@ impl LockState {
             id,
             owner: session.owner.clone(),
             lease_ms: session.lease_ms,
+            secret: session.secret,
             holds: Vec::new(),
             waits: Vec::new(),
         };
@@ -877,13 +915,16 @@ impl LockState {
 
     /// The whole state as bytes; equal states give equal bytes.
     pub fn snapshot(&self) -> Vec<u8> {
-        bincode::serialize(&(SNAPSHOT_FORMAT, self)).expect("the lock state always serializes")
+        let mut bytes = Vec::new();
+        self.write_snapshot(&mut bytes).expect("the lock state always serializes");
+        bytes
     }
 
     /// Writes the bytes of [`LockState::snapshot`] to `out` as they are made, without holding them
     /// all (about 110 bytes per held lock) in memory.
     pub fn write_snapshot<W: std::io::Write>(&self, out: W) -> Result<(), SnapshotError> {
-        bincode::serialize_into(out, &(SNAPSHOT_FORMAT, self)).map_err(SnapshotError::Write)
+        bincode::serialize_into(out, &(SNAPSHOT_FORMAT, self, SessionSecrets(&self.sessions)))
+            .map_err(SnapshotError::Write)
     }
 
     /// The tenant whose API key has SHA-256 `hash`.
@@ -914,22 +955,33 @@ impl LockState {
 
     /// The state [`LockState::snapshot`] wrote.
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        let format: u32 = bincode::deserialize(bytes)?;
-        if format != SNAPSHOT_FORMAT {
-            return Err(SnapshotError::Format(format));
-        }
-        let (_, state): (u32, LockState) = bincode::deserialize(bytes)?;
-        Ok(state)
+        Self::read_snapshot(bytes, bytes.len() as u64)
     }
 
     /// The state [`LockState::snapshot`] wrote, read from `input` as far as its end: whatever follows
-    /// is left unread.
-    pub fn read_snapshot<R: std::io::Read>(mut input: R) -> Result<Self, SnapshotError> {
-        let format: u32 = bincode::deserialize_from(&mut input)?;
-        if format != SNAPSHOT_FORMAT {
+    /// is left unread. `len_bytes` is how long the input is: no length inside it may claim more, so a
+    /// corrupt length is an error rather than an allocation of that size (bincode's reader sizes its
+    /// buffer from the length before it reads).
+    pub fn read_snapshot<R: std::io::Read>(mut input: R, len_bytes: u64) -> Result<Self, SnapshotError> {
+        use bincode::Options;
+        let bounded = || bincode::options().with_fixint_encoding().allow_trailing_bytes().with_limit(len_bytes);
+        let format: u32 = bounded().deserialize_from(&mut input)?;
+        if format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_WITHOUT_SECRETS {
             return Err(SnapshotError::Format(format));
         }
-        Ok(bincode::deserialize_from(input)?)
+        let mut state: LockState = bounded().deserialize_from(&mut input)?;
+        if format == SNAPSHOT_FORMAT {
+            let secrets: BTreeMap<SessionId, SecretDigest> = bounded().deserialize_from(input)?;
+            for (id, secret) in secrets {
+                let Some(session) = state.sessions.get_mut(&id) else {
+                    return Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(format!(
+                        "a secret for session {id}, which the snapshot does not have"
+                    )))));
+                };
+                session.secret = Some(secret);
+            }
+        }
+        Ok(state)
     }
 
     /// Asserts every structural invariant. O(state): for tests and after restoring a snapshot.
@@ -1019,7 +1071,12 @@ mod tests {
             })
         };
         let commands = [
-            Command::OpenSession { id: 7, owner: "s".into(), lease_ms: 2_000 },
+            Command::OpenSession {
+                id: 7,
+                owner: "s".into(),
+                lease_ms: 2_000,
+                secret: SessionSecret(Token(5)).digest(),
+            },
             Command::CreateKey { tenant: 3, hash: [9; 32] },
             acquire("b", 1, None),
             acquire("a", 2, Some(7)),
@@ -1038,14 +1095,20 @@ mod tests {
             now_ms: state.now_ms,
             applied_index: state.applied_index,
         };
-        assert_eq!(state.snapshot(), bincode::serialize(&(SNAPSHOT_FORMAT, &earlier)).unwrap());
+        let secrets = BTreeMap::from([(7u64, SessionSecret(Token(5)).digest())]);
+        assert_eq!(state.snapshot(), bincode::serialize(&(SNAPSHOT_FORMAT, &earlier, secrets)).unwrap());
     }
 
     #[test]
     fn a_snapshot_written_and_read_as_a_stream_is_the_same_snapshot() {
         let mut state = LockState::new();
-        state
-            .apply(1, &Entry { at_ms: 1_000, cmd: Command::OpenSession { id: 7, owner: "s".into(), lease_ms: 2_000 } });
+        let open = Command::OpenSession {
+            id: 7,
+            owner: "s".into(),
+            lease_ms: 2_000,
+            secret: SessionSecret(Token(5)).digest(),
+        };
+        state.apply(1, &Entry { at_ms: 1_000, cmd: open });
         let mut written = Vec::new();
         state.write_snapshot(&mut written).unwrap();
         assert_eq!(written, state.snapshot());
@@ -1053,14 +1116,27 @@ mod tests {
         // Read from a stream, a snapshot ends where its state does: what follows stays unread.
         written.extend_from_slice(b"after");
         let mut input = written.as_slice();
-        let read = LockState::read_snapshot(&mut input).unwrap();
-        assert_eq!(read.snapshot(), state.snapshot());
+        let read = LockState::read_snapshot(&mut input, written.len() as u64).unwrap();
+        assert_eq!(read, state);
         assert_eq!(input, b"after");
 
         let mut other_format = state.snapshot();
-        other_format[0] ^= 1;
-        assert!(matches!(LockState::read_snapshot(other_format.as_slice()), Err(SnapshotError::Format(3))));
+        other_format[0] ^= 0x10;
+        let refused = LockState::read_snapshot(other_format.as_slice(), other_format.len() as u64);
+        assert!(matches!(refused, Err(SnapshotError::Format(19))));
         let cut = &state.snapshot()[..10];
-        assert!(matches!(LockState::read_snapshot(cut), Err(SnapshotError::Decode(_))));
+        assert!(matches!(LockState::read_snapshot(cut, 10), Err(SnapshotError::Decode(_))));
+    }
+
+    #[test]
+    fn a_length_in_a_snapshot_longer_than_the_snapshot_is_an_error_not_an_allocation() {
+        // The format, then no locks... as the first map's length, 2^60 entries; then a string length of
+        // 2^60 bytes where the first lock's name would be. Unbounded, bincode's reader would size a buffer
+        // of that length before reading it, and the allocation would abort the process.
+        let mut bytes = SNAPSHOT_FORMAT.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&(1u64 << 60).to_le_bytes());
+        bytes.extend_from_slice(&(1u64 << 60).to_le_bytes());
+        let refused = LockState::read_snapshot(bytes.as_slice(), bytes.len() as u64);
+        assert!(matches!(refused, Err(SnapshotError::Decode(_))), "{refused:?}");
     }
 }

@@ -13,7 +13,7 @@
 use holdfast_core::limits::{TTL_MS_MAX, TTL_MS_MIN};
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
-    SessionId, Token, WaiterView,
+    SessionId, SessionSecret, Token, WaiterView,
 };
 use proptest::prelude::*;
 
@@ -158,7 +158,7 @@ impl Model {
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, Some(*ttl_ms)),
             Command::RenewKeepingTtl { name, token } => self.renew(name, *token, None),
             Command::Cancel { name, token } => self.cancel(name, *token, fx),
-            Command::OpenSession { id, lease_ms, .. } => {
+            Command::OpenSession { id, lease_ms, .. } | Command::OpenSessionWithoutSecret { id, lease_ms, .. } => {
                 if !valid_ttl(*lease_ms) {
                     Outcome::Rejected(Reject::InvalidTtl(*lease_ms))
                 } else if self.is_open(*id) {
@@ -648,7 +648,8 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
             Command::Cancel { name, token }
         }
         Op::OpenSession { id, lease } => {
-            Command::OpenSession { id: *id, owner: format!("svc-{id}"), lease_ms: TTLS[*lease] }
+            let secret = SessionSecret(Token(u128::from(*id))).digest();
+            Command::OpenSession { id: *id, owner: format!("svc-{id}"), lease_ms: TTLS[*lease], secret }
         }
         Op::CloseSession { id } => Command::CloseSession { id: *id },
         Op::Expire { pick: bits, stale_locks, stale_waiters, sessions, turn } => {

@@ -6,13 +6,15 @@
 //!
 //! Tests named `bug_…` reproduce bugs found in `src/`; each says what is wrong and what it expects.
 
+use std::collections::BTreeMap;
+
 use holdfast_core::limits::{
     CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, NAME_LEN_MAX, OWNER_LEN_MAX, SESSIONS_MAX, TTL_MS_MAX, TTL_MS_MIN,
     WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
 };
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
-    SessionId, SnapshotError, Token, WaiterView,
+    SessionId, SessionSecret, SessionView, SnapshotError, Token, WaiterView,
 };
 
 /// A realistic leader stamp (ms since the Unix epoch), so that `at + ttl` arithmetic is exercised.
@@ -58,7 +60,12 @@ fn cancel(name: &str, token: Token) -> Command {
 }
 
 fn open(id: SessionId, owner: &str, lease_ms: u64) -> Command {
-    Command::OpenSession { id, owner: owner.to_owned(), lease_ms }
+    Command::OpenSession { id, owner: owner.to_owned(), lease_ms, secret: secret(id).digest() }
+}
+
+/// The secret the tests' leader makes for session `id`.
+fn secret(id: SessionId) -> SessionSecret {
+    SessionSecret(Token(0x5ec_0000_0000 + u128::from(id)))
 }
 
 fn close(id: SessionId) -> Command {
@@ -140,15 +147,20 @@ fn seen(state: &LockState) -> Seen {
     }
 }
 
-/// The snapshot without its last 16 bytes, which are `now_ms` and `applied_index` (the last two fields of
-/// `LockState`, fixed-width little-endian in bincode): every entry moves those, so this is what "the entry
-/// changed nothing" compares. Asserts the layout, so that reordering the fields fails here, loudly.
+/// The snapshot without `now_ms` and `applied_index` (the last two fields of `LockState`, fixed-width
+/// little-endian in bincode, the 16 bytes before the sessions' secrets): every entry moves those, so this is
+/// what "the entry changed nothing" compares. Asserts the layout, so that reordering the fields fails here,
+/// loudly.
 fn state_bytes(state: &LockState) -> Vec<u8> {
     let mut bytes = state.snapshot();
-    let tail = bytes.split_off(bytes.len() - 16);
+    // The format, the state's own encoding (which leaves the secrets out), then the secrets.
+    let state_end = 4 + bincode::serialize(state).unwrap().len();
+    let after = bytes.split_off(state_end);
+    let tail = bytes.split_off(state_end - 16);
     let mut expected_tail = state.now_ms().to_le_bytes().to_vec();
     expected_tail.extend_from_slice(&state.applied_index().to_le_bytes());
-    assert_eq!(tail, expected_tail, "the snapshot ends with now_ms and applied_index");
+    assert_eq!(tail, expected_tail, "the state's encoding ends with now_ms and applied_index");
+    bytes.extend_from_slice(&after);
     bytes
 }
 
@@ -1233,7 +1245,51 @@ fn restore_of_garbage_or_another_format_is_an_error() {
     other[..4].copy_from_slice(&99u32.to_le_bytes());
     assert!(matches!(LockState::restore(&other), Err(SnapshotError::Format(99))));
     let err = LockState::restore(&other).unwrap_err();
-    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 2)");
+    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 3)");
+}
+
+#[test]
+fn a_snapshot_keeps_session_secrets_and_one_of_format_2_restores_its_sessions_without_them() {
+    let state = sessions_with_claims();
+    let restored = LockState::restore(&state.snapshot()).unwrap();
+    assert!(restored.session(1).unwrap().proven_by(&secret(1)));
+    assert!(restored.session(2).unwrap().proven_by(&secret(2)));
+
+    // Format 2 is the state alone: what a build before secrets wrote (the state's own encoding leaves the
+    // digests out, for this).
+    let old = bincode::serialize(&(2u32, &state)).unwrap();
+    let restored = LockState::restore(&old).unwrap();
+    restored.check_invariants();
+    for id in [1, 2] {
+        let was = state.session(id).unwrap();
+        assert_eq!(restored.session(id).unwrap(), SessionView { secret: None, ..was }, "session {id}");
+    }
+    assert_eq!(seen(&restored), seen(&state));
+
+    // A digest for a session the snapshot does not have is corruption.
+    let stray = bincode::serialize(&(3u32, &state, BTreeMap::from([(99u64, secret(1).digest())]))).unwrap();
+    assert!(matches!(LockState::restore(&stray), Err(SnapshotError::Decode(_))));
+}
+
+#[test]
+fn a_session_is_proven_by_its_own_secret_only_and_one_opened_without_a_secret_by_none() {
+    let mut state = LockState::new();
+    assert_eq!(state.apply(1, &at(T0, open(1, "svc-a", 2_000))).outcome, Outcome::SessionOpened { id: 1 });
+    let old = Command::OpenSessionWithoutSecret { id: 2, owner: "svc-b".into(), lease_ms: 3_000 };
+    assert_eq!(state.apply(2, &at(T0, old)).outcome, Outcome::SessionOpened { id: 2 });
+    let view = |id, lease_ms, secret| SessionView {
+        id,
+        owner: if id == 1 { "svc-a".into() } else { "svc-b".into() },
+        lease_ms,
+        secret,
+        holds: vec![],
+        waits: vec![],
+    };
+    assert_eq!(state.session(1), Some(view(1, 2_000, Some(secret(1).digest()))));
+    assert_eq!(state.session(2), Some(view(2, 3_000, None)));
+    assert!(state.session(1).unwrap().proven_by(&secret(1)));
+    assert!(!state.session(1).unwrap().proven_by(&secret(2)), "another session's secret");
+    assert!(!state.session(2).unwrap().proven_by(&secret(2)), "no secret proves a session opened without one");
 }
 
 // --- the log only goes forward ---

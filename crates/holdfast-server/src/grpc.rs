@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use holdfast_core::{Grant, HolderView, Lease, LockView, Outcome, SessionId, SessionView, Token};
+use holdfast_core::{Grant, HolderView, Lease, LockView, Outcome, SessionId, SessionSecret, SessionView, Token};
 use holdfast_proto::v1::{
     self, AcquireRequest, Acquired, AddMemberRequest, Call, ClusterStatusRequest, ClusterStatusResponse, EventKind,
     GetRequest, Hold, Holder, ListRequest, ListResponse, Locks, ReleaseRequest, ReleaseResponse, RemoveMemberRequest,
@@ -153,7 +153,7 @@ impl Locks for LocksService {
         &self,
         request: GrpcRequest<AddMemberRequest>,
     ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
-        ops::check_admin(&self.node, authorization(&request))?;
+        ops::check_admin(&self.node, caller(&request))?;
         let r = request.into_inner();
         ops::add_member(&self.node, r.id, &r.addr).await?;
         Ok(GrpcResponse::new(self.status()))
@@ -163,13 +163,13 @@ impl Locks for LocksService {
         &self,
         request: GrpcRequest<RemoveMemberRequest>,
     ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
-        ops::check_admin(&self.node, authorization(&request))?;
+        ops::check_admin(&self.node, caller(&request))?;
         ops::remove_member(&self.node, request.into_inner().id).await?;
         Ok(GrpcResponse::new(self.status()))
     }
 
     async fn snapshot(&self, request: GrpcRequest<SnapshotRequest>) -> Result<GrpcResponse<SnapshotResponse>, Status> {
-        ops::check_admin(&self.node, authorization(&request))?;
+        ops::check_admin(&self.node, caller(&request))?;
         let (snapshot_index, snapshot_bytes) = self.node.snapshot().await.map_err(ApiError::from)?;
         Ok(GrpcResponse::new(SnapshotResponse { id: self.node.id, snapshot_index, snapshot_bytes }))
     }
@@ -177,6 +177,11 @@ impl Locks for LocksService {
 
 fn authorization<T>(request: &GrpcRequest<T>) -> Option<&str> {
     request.metadata().get("authorization").and_then(|v| v.to_str().ok())
+}
+
+/// Who makes an admin call: its `authorization` metadata and the address its connection came from.
+fn caller<T>(request: &GrpcRequest<T>) -> ops::Caller<'_> {
+    ops::Caller { authorization: authorization(request), peer: crate::http::peer_ip(request.extensions()) }
 }
 
 impl LocksService {
@@ -298,7 +303,7 @@ async fn serve_session(
     tx: &Outbox,
 ) -> Result<(), Status> {
     let first = inbound.message().await?.and_then(|m| m.kind);
-    let (stream, mut notes, lease_ms, resumed) = match first {
+    let (stream, mut notes, opened, resumed) = match first {
         Some(RequestKind::Open(open)) => {
             let owner = or_anonymous(open.owner);
             ops::check_owner(&owner)?;
@@ -306,10 +311,10 @@ async fn serve_session(
             let owner = scope.inner(&owner);
             let written =
                 node.write(Request::OpenSession { owner, lease_ms: open.lease_ms }).await.map_err(ApiError::from)?;
-            let id = match written.outcome() {
-                Outcome::SessionOpened { id } => *id,
-                Outcome::Rejected(reject) => return Err(ApiError::from(reject.clone()).into()),
-                other => return Err(ApiError::unexpected(other).into()),
+            let (id, secret) = match (written.outcome(), written.secret) {
+                (Outcome::SessionOpened { id }, Some(secret)) => (*id, secret),
+                (Outcome::Rejected(reject), _) => return Err(ApiError::from(reject.clone()).into()),
+                (other, _) => return Err(ApiError::unexpected(other).into()),
             };
             node.wait_applied(written.index).await.map_err(ApiError::from)?;
             let notes = {
@@ -317,22 +322,42 @@ async fn serve_session(
                 node.events.attach(id)
             };
             let stream = SessionStream { node: node.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
-            (stream, notes, open.lease_ms, None)
+            let opened = v1::Opened { session_id: id, lease_ms: open.lease_ms, secret: secret.to_string() };
+            (stream, notes, opened, None)
         }
         Some(RequestKind::Resume(resume)) => {
             let id = resume.session_id;
-            // Another tenant's session does not exist for this one; checked before attaching, so a stranger
-            // cannot take over the stream of a session that is not its own.
+            let secret = resume_secret(&resume.secret)?;
+            // Another tenant's session does not exist for this one, and a session is taken over only with
+            // its secret (its id is in every read of its locks): both checked before attaching, so that a
+            // stranger's stream never displaces the holder's, and a refused one changes nothing.
             let found = node
-                .session_view(id, |view| scope.owns(&view.owner).then(|| node.events.attach(id)))
+                .session_view(id, |view| {
+                    if !scope.owns(&view.owner) {
+                        return Err(ApiError::SessionGone { id });
+                    }
+                    if view.secret.is_none() {
+                        let detail =
+                            format!("session {id} was opened by a build without session secrets and cannot be resumed");
+                        return Err(ApiError::Forbidden { slug: "wrong-session-secret", detail });
+                    }
+                    if !view.proven_by(&secret) {
+                        let detail =
+                            format!("the secret is not session {id}'s: Resume needs the one its Opened carried");
+                        return Err(ApiError::Forbidden { slug: "wrong-session-secret", detail });
+                    }
+                    Ok(node.events.attach(id))
+                })
                 .await
                 .map_err(ApiError::from)?;
-            let Some((view, Some(notes))) = found else {
+            let Some((view, attached)) = found else {
                 return Err(ApiError::SessionGone { id }.into());
             };
+            let notes = attached?;
             let mut stream = SessionStream { node: node.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
             stream.adopt(&view);
-            (stream, notes, view.lease_ms, Some(view))
+            let opened = v1::Opened { session_id: id, lease_ms: view.lease_ms, secret: String::new() };
+            (stream, notes, opened, Some(view))
         }
         _ => {
             return Err(
@@ -342,10 +367,20 @@ async fn serve_session(
     };
     let id = stream.id;
     tracing::debug!(session = id, resumed = resumed.is_some(), "session stream attached");
-    let result = stream.run(&mut inbound, &mut notes, lease_ms, resumed).await;
+    let result = stream.run(&mut inbound, &mut notes, opened, resumed).await;
     drop(notes);
     node.events.detach(id);
     result
+}
+
+/// The secret a `Resume` presents: 32 hex digits. Missing is refused as a wrong secret would be (a client
+/// from before secrets sends none); malformed is bad input.
+fn resume_secret(text: &str) -> Result<SessionSecret, ApiError> {
+    if text.is_empty() {
+        let detail = "Resume needs the secret the session's Opened carried".into();
+        return Err(ApiError::Forbidden { slug: "wrong-session-secret", detail });
+    }
+    text.parse().map_err(|_| ApiError::invalid("invalid-secret", "a session secret is 32 hex digits".into()))
 }
 
 impl SessionStream {
@@ -375,10 +410,10 @@ impl SessionStream {
         mut self,
         inbound: &mut Streaming<SessionRequest>,
         notes: &mut mpsc::UnboundedReceiver<SessionNote>,
-        lease_ms: u64,
+        opened: v1::Opened,
         resumed: Option<SessionView>,
     ) -> Result<(), Status> {
-        self.send(event(EventKind::Opened(v1::Opened { session_id: self.id, lease_ms }))).await?;
+        self.send(event(EventKind::Opened(opened))).await?;
         if let Some(view) = resumed {
             for grant in &view.holds {
                 self.send(acquired(&grant.name, grant.fence, grant.token)).await?;

@@ -622,7 +622,12 @@ mod tests {
         apply(&events, &mut state, 1, acquire("a", None));
         apply(&events, &mut state, 2, acquire_by("a", Token(8), 60_000, None));
         assert_eq!(*urgent.borrow(), 0, "a grant to its own acquire, and a queued acquire");
-        let open = Command::OpenSession { id: 9, owner: "s".into(), lease_ms: 2_000 };
+        let open = Command::OpenSession {
+            id: 9,
+            owner: "s".into(),
+            lease_ms: 2_000,
+            secret: holdfast_core::SessionSecret(holdfast_core::Token(1)).digest(),
+        };
         apply(&events, &mut state, 3, open);
         assert_eq!(*urgent.borrow(), 3, "a session opened");
         apply(&events, &mut state, 4, Command::Release { name: "a".into(), token: Token(7) });
@@ -656,7 +661,12 @@ mod tests {
             let session: SessionId = 9;
             let lease = Duration::from_secs(2);
             apply(&events, &mut state, 1, acquire("a", None));
-            let open = Command::OpenSession { id: session, owner: "s".into(), lease_ms: lease.as_millis() as u64 };
+            let open = Command::OpenSession {
+                id: session,
+                owner: "s".into(),
+                lease_ms: lease.as_millis() as u64,
+                secret: holdfast_core::SessionSecret(holdfast_core::Token(1)).digest(),
+            };
             apply(&events, &mut state, 2, open);
             // A one-shot request waits for "a" (its node pings the leader that it still waits).
             let waiter = Token(8);
@@ -713,7 +723,12 @@ mod tests {
             acquire("a", None),
             acquire_by("b", Token(21), 60_000, None),
             acquire_by("a", Token(8), 60_000, None),
-            Command::OpenSession { id: session, owner: "s".into(), lease_ms: lease.as_millis() as u64 },
+            Command::OpenSession {
+                id: session,
+                owner: "s".into(),
+                lease_ms: lease.as_millis() as u64,
+                secret: holdfast_core::SessionSecret(holdfast_core::Token(1)).digest(),
+            },
             acquire_by("s", Token(30), 0, Some(session)),
         ];
         for (i, cmd) in commands.into_iter().enumerate() {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, SessionId, SessionView, Token};
+use holdfast_core::{Acquire, Command, Entry, Grant, LockView, Outcome, SessionId, SessionSecret, SessionView, Token};
 use holdfast_store::{Durable, NodeId, Response, SharedState, TypeConfig};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, LogId, Raft, ServerState, Vote};
@@ -132,6 +132,8 @@ pub struct Written {
     pub response: Response,
     /// The token the leader made, for an acquire.
     pub token: Option<Token>,
+    /// The secret the leader made, for an opened session: the only copy, for its opener.
+    pub secret: Option<SessionSecret>,
 }
 
 /// What the leader answers a session's heartbeat: how many locks it holds and waits for, or `None` if the
@@ -1700,6 +1702,7 @@ impl Node {
                 return Ok(busy);
             }
         }
+        let mut secret = None;
         let (cmd, token) = match request {
             Request::Acquire { name, owner, ttl_ms, wait_ms } => {
                 // The leader makes the token before it proposes, so apply stays deterministic.
@@ -1715,7 +1718,9 @@ impl Node {
             Request::OpenSession { owner, lease_ms } => {
                 // Ids are made by the leader, like tokens; 0 is never used so it can mean "none" on the wire.
                 let id = self.random::<u64>().max(1);
-                (Command::OpenSession { id, owner, lease_ms }, None)
+                let made = SessionSecret(Token(self.random()));
+                secret = Some(made);
+                (Command::OpenSession { id, owner, lease_ms, secret: made.digest() }, None)
             }
             Request::CloseSession { id } => (Command::CloseSession { id }, None),
             Request::CreateKey { tenant, hash } => (Command::CreateKey { tenant, hash }, None),
@@ -1740,7 +1745,7 @@ impl Node {
             true => self.proposer.propose(cmd).await?,
             false => self.propose_command(cmd).await?,
         };
-        Ok(Written { index, response, token })
+        Ok(Written { index, response, token, secret })
     }
 
     /// A try-lock of a lock that is held needs no log entry: if this leader's state says `name` is held,
@@ -1763,6 +1768,7 @@ impl Node {
             index: state.applied_index(),
             response: Response { at_ms: state.now_ms(), outcome: Some(Outcome::Busy { holder }) },
             token: None,
+            secret: None,
         }))
     }
 

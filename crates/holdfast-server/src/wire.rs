@@ -22,8 +22,9 @@ use crate::network::MESSAGE_BYTES_MAX;
 use crate::node::{ForwardReply, ForwardRequest, Node, NodeError, PreVote};
 
 /// The first bytes on every peer connection: the protocol and its version. Version 2: log entries may be
-/// a `Command::Group`, which builds of version 1 cannot decode.
-pub const HELLO: &[u8; 8] = b"HFPEER/2";
+/// a `Command::Group`, which builds of version 1 cannot decode. Version 3: log entries may be a
+/// `Command::OpenSession` with its secret's digest, which builds of version 2 cannot decode.
+pub const HELLO: &[u8; 8] = b"HFPEER/3";
 /// How long a new connection may take to say [`HELLO`].
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection's buffers that grew past this (for a snapshot chunk) are let go after the call.

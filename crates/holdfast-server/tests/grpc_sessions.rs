@@ -121,11 +121,29 @@ fn acquire(name: &str, wait: bool) -> RequestKind {
     RequestKind::Acquire(SessionAcquire { name: name.into(), wait })
 }
 
-async fn opened(stream: &mut Stream) -> u64 {
+/// The session's id and secret from its `Opened`.
+async fn opened(stream: &mut Stream) -> (u64, String) {
     match stream.next().await {
-        EventKind::Opened(o) => o.session_id,
+        EventKind::Opened(o) => (o.session_id, o.secret),
         other => panic!("expected Opened, got {other:?}"),
     }
+}
+
+fn resume(session_id: u64, secret: &str) -> RequestKind {
+    RequestKind::Resume(Resume { session_id, secret: secret.into() })
+}
+
+/// The status a session stream opened with `first` ends with, before any event.
+async fn refused(client: &mut LocksClient<Channel>, first: RequestKind) -> tonic::Status {
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(SessionRequest { kind: Some(first) }).await.unwrap();
+    let mut events = client.session(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let message = tokio::time::timeout(BOUND, events.message()).await.expect("an answer in time");
+    message.expect_err("the stream is refused")
+}
+
+fn problem(status: &tonic::Status) -> &str {
+    status.metadata().get("holdfast-problem").unwrap().to_str().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,7 +189,7 @@ async fn heartbeats_are_acknowledged_and_a_silent_session_loses_its_lock_after_i
     let node = Node::start().await;
     let mut client = node.client().await;
     let mut holder = Stream::open(&mut client, open("holder", 600)).await;
-    let holder_id = opened(&mut holder).await;
+    let (holder_id, holder_secret) = opened(&mut holder).await;
     holder.send(acquire("job", true)).await;
     let EventKind::Acquired(held) = holder.next().await else { panic!("holder holds job") };
     holder.send(RequestKind::Heartbeat(Heartbeat { seq: 7 })).await;
@@ -190,13 +208,10 @@ async fn heartbeats_are_acknowledged_and_a_silent_session_loses_its_lock_after_i
     assert!(silent_since.elapsed() >= Duration::from_millis(300), "granted before the lease could run out");
     assert!(next.fence > held.fence);
     assert!(matches!(holder.next().await, EventKind::Lost(l) if l.name == "job"));
-    // The expired session cannot be resumed.
-    let (tx, rx) = mpsc::channel(1);
-    tx.send(SessionRequest { kind: Some(RequestKind::Resume(Resume { session_id: holder_id })) }).await.unwrap();
-    let mut events = client.session(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    let status = events.message().await.expect_err("resuming an expired session fails");
+    // The expired session cannot be resumed, even with its secret.
+    let status = refused(&mut client, resume(holder_id, &holder_secret)).await;
     assert_eq!(status.code(), tonic::Code::NotFound);
-    assert_eq!(status.metadata().get("holdfast-problem").unwrap(), "urn:holdfast:session-gone");
+    assert_eq!(problem(&status), "urn:holdfast:session-gone");
     node.stop().await;
 }
 
@@ -210,15 +225,16 @@ async fn a_session_resumed_on_a_new_stream_keeps_its_locks_and_queue_places() {
     assert!(matches!(other.next().await, EventKind::Acquired(_)));
 
     let mut first = Stream::open(&mut client, open("mine", 5_000)).await;
-    let id = opened(&mut first).await;
+    let (id, secret) = opened(&mut first).await;
     first.send(acquire("a", true)).await;
     let EventKind::Acquired(a) = first.next().await else { panic!("holds a") };
     first.send(acquire("b", true)).await;
     assert!(matches!(first.next().await, EventKind::Waiting(_)));
     drop(first); // the stream breaks; the session lives on
 
-    let mut resumed = Stream::open(&mut client, RequestKind::Resume(Resume { session_id: id })).await;
-    assert_eq!(opened(&mut resumed).await, id);
+    let mut resumed = Stream::open(&mut client, resume(id, &secret)).await;
+    // The secret is given once, to the opener: a resumed stream's Opened carries none.
+    assert_eq!(opened(&mut resumed).await, (id, String::new()));
     assert!(
         matches!(resumed.next().await, EventKind::Acquired(x) if x.name == "a" && x.fence == a.fence && x.token == a.token)
     );
@@ -226,6 +242,58 @@ async fn a_session_resumed_on_a_new_stream_keeps_its_locks_and_queue_places() {
     // The queue place is real: when the other session lets go, the resumed stream is granted.
     other.send(RequestKind::Release(SessionRelease { name: "b".into() })).await;
     assert!(matches!(resumed.next_not_ack().await, EventKind::Acquired(x) if x.name == "b"));
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cannot_be_taken_over_with_what_a_read_of_its_lock_shows() {
+    use holdfast_proto::v1::{GetRequest, ReleaseRequest};
+    let node = Node::start().await;
+    let mut client = node.client().await;
+    let mut holder = Stream::open(&mut client, open("holder", 5_000)).await;
+    let (id, secret) = opened(&mut holder).await;
+    assert_eq!(secret.len(), 32, "a secret of 128 bits, in hex: {secret:?}");
+    holder.send(acquire("job", true)).await;
+    let EventKind::Acquired(held) = holder.next().await else { panic!("the holder holds job") };
+    let mut waiter = Stream::open(&mut client, open("waiter", 5_000)).await;
+    let (waiter_id, waiter_secret) = opened(&mut waiter).await;
+    assert_ne!(waiter_secret, secret, "every session has its own secret");
+    waiter.send(acquire("job", true)).await;
+    assert!(matches!(waiter.next().await, EventKind::Waiting(w) if w.position == 1));
+
+    // Everything a stranger can read of the lock, through gRPC and HTTP.
+    let read = client.get(GetRequest { name: "job".into() }).await.unwrap().into_inner();
+    let shown = read.holder.clone().unwrap();
+    assert_eq!((shown.session_id, shown.fence, read.waiters[0].session_id), (id, held.fence, waiter_id));
+    let http = reqwest::get(format!("http://{}/v1/locks/job", node.addr)).await.unwrap().text().await.unwrap();
+    assert!(!http.contains(&secret) && !http.contains(&held.token), "a read shows no secret: {http}");
+    assert!(!format!("{read:?}").contains(&secret), "a read shows no secret: {read:?}");
+
+    // Resuming with the public id alone, with guesses made of what was read, or with the waiter's own
+    // secret: refused, before the stream attaches.
+    let guesses = ["".to_owned(), format!("{id:032x}"), format!("{:032x}", shown.fence), waiter_secret.clone()];
+    for guess in &guesses {
+        let status = refused(&mut client, resume(id, guess)).await;
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "secret {guess:?}: {status:?}");
+        assert_eq!(problem(&status), "urn:holdfast:wrong-session-secret");
+    }
+    let status = refused(&mut client, resume(id, "not hex")).await;
+    assert_eq!((status.code(), problem(&status)), (tonic::Code::InvalidArgument, "urn:holdfast:invalid-secret"));
+    // A one-shot release needs the hold's token, which no read shows.
+    for token in [format!("{id:032x}"), format!("{:032x}", shown.fence)] {
+        let status = client.release(ReleaseRequest { name: "job".into(), token }).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    }
+
+    // Nothing changed: the holder's stream was not displaced, it still holds, the waiter still waits.
+    holder.send(RequestKind::Heartbeat(Heartbeat { seq: 1 })).await;
+    assert!(matches!(holder.next().await, EventKind::HeartbeatAck(ack) if ack.seq == 1 && ack.held == 1));
+    let after = client.get(GetRequest { name: "job".into() }).await.unwrap().into_inner();
+    assert_eq!(after, read);
+    // And the real holder still lets go as usual; the waiter is next.
+    holder.send(RequestKind::Release(SessionRelease { name: "job".into() })).await;
+    assert!(matches!(holder.next().await, EventKind::Released(_)));
+    assert!(matches!(waiter.next_not_ack().await, EventKind::Acquired(a) if a.fence > held.fence));
     node.stop().await;
 }
 
@@ -272,9 +340,9 @@ async fn a_stream_whose_session_is_resumed_elsewhere_on_the_node_is_ended() {
     let node = Node::start().await;
     let mut client = node.client().await;
     let mut old = Stream::open(&mut client, open("mover", 5_000)).await;
-    let id = opened(&mut old).await;
-    let mut new = Stream::open(&mut client, RequestKind::Resume(Resume { session_id: id })).await;
-    assert_eq!(opened(&mut new).await, id);
+    let (id, secret) = opened(&mut old).await;
+    let mut new = Stream::open(&mut client, resume(id, &secret)).await;
+    assert_eq!(opened(&mut new).await.0, id);
     // The old stream, still open, must not go on acting for the session.
     let ended = tokio::time::timeout(BOUND, old.events.message()).await.expect("the old stream ends in time");
     assert_eq!(ended.expect_err("the old stream ends with an error").code(), tonic::Code::Aborted);

@@ -283,7 +283,7 @@ pub fn open_memory(disk: &MemDisk, observer: Arc<dyn ApplyObserver>) -> (MemLogS
         Durable::new(opened.synced.subscribe(), Some(Arc::new(move || opened.sync_now())))
     };
     let restored = stored.map(|(meta, data)| {
-        let (state, summary) = snapshot::decode(data.as_slice())
+        let (state, summary) = snapshot::decode(data.as_slice(), data.len() as u64)
             .expect("a stored snapshot restores: its bytes are a state that passed its invariant checks");
         (meta, state, summary.len)
     });

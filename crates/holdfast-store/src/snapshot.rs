@@ -118,12 +118,16 @@ impl SnapshotData {
     /// runs off the async workers (see [`blocking`]).
     pub(crate) async fn decode(&mut self) -> Result<(LockState, Summary), StoreError> {
         match &mut self.inner {
-            Inner::Memory(cursor) => blocking(|| decode(cursor.get_ref().as_slice())),
+            Inner::Memory(cursor) => blocking(|| {
+                let bytes = cursor.get_ref().as_slice();
+                decode(bytes, bytes.len() as u64)
+            }),
             Inner::File(data) => {
                 let mut file = data.std_file().await?;
                 blocking(move || {
                     rewind(&mut file, Rewind::Kept).map_err(StoreError::SnapshotFile)?;
-                    decode(file)
+                    let len_bytes = file.metadata().map_err(StoreError::SnapshotFile)?.len();
+                    decode(file, len_bytes)
                 })
             }
         }
@@ -267,12 +271,12 @@ pub(crate) fn encode(state: &LockState, out: impl Write) -> Result<Summary, Stor
     Ok(summing.summary())
 }
 
-/// The lock state in a snapshot's bytes, read from `input` a buffer at a time up to its end, and the
-/// summary of what was read. Bytes after the state are refused, and the state is checked: a snapshot that
-/// breaks an invariant is a bug, not an input to run with.
-pub(crate) fn decode(input: impl Read) -> Result<(LockState, Summary), StoreError> {
+/// The lock state in a snapshot's bytes, read from `input` (`len_bytes` long) a buffer at a time up to its
+/// end, and the summary of what was read. Bytes after the state are refused, and the state is checked: a
+/// snapshot that breaks an invariant is a bug, not an input to run with.
+pub(crate) fn decode(input: impl Read, len_bytes: u64) -> Result<(LockState, Summary), StoreError> {
     let mut input = io::BufReader::with_capacity(BUFFER_BYTES, Summing::new(input));
-    let state = LockState::read_snapshot(&mut input)?;
+    let state = LockState::read_snapshot(&mut input, len_bytes)?;
     let mut after = [0; 1];
     if input.read(&mut after).map_err(StoreError::SnapshotFile)? != 0 {
         return Err(StoreError::SnapshotCorrupt("bytes follow the lock state".into()));
@@ -332,7 +336,8 @@ mod tests {
     fn state() -> LockState {
         let mut state = LockState::new();
         for id in 1..=100 {
-            let cmd = Command::OpenSession { id, owner: format!("worker-{id}"), lease_ms: 2_000 };
+            let secret = holdfast_core::SessionSecret(holdfast_core::Token(id.into())).digest();
+            let cmd = Command::OpenSession { id, owner: format!("worker-{id}"), lease_ms: 2_000, secret };
             state.apply(id, &Entry { at_ms: 1_000 + id, cmd });
         }
         state
@@ -346,7 +351,7 @@ mod tests {
         assert_eq!(bytes, state.snapshot());
         assert_eq!(summary, Summary { len: bytes.len() as u64, crc: crc32fast::hash(&bytes) });
 
-        let (decoded, read) = decode(bytes.as_slice()).unwrap();
+        let (decoded, read) = decode(bytes.as_slice(), bytes.len() as u64).unwrap();
         assert_eq!(decoded.snapshot(), bytes);
         assert_eq!(read, summary);
     }
@@ -355,7 +360,7 @@ mod tests {
     fn bytes_after_the_state_are_refused() {
         let mut bytes = state().snapshot();
         bytes.push(0);
-        let refused = decode(bytes.as_slice()).unwrap_err();
+        let refused = decode(bytes.as_slice(), bytes.len() as u64).unwrap_err();
         assert_eq!(refused.to_string(), "the stored snapshot is corrupt: bytes follow the lock state");
     }
 

@@ -139,7 +139,9 @@ fn restore(snapshots: &sled::Tree, dir: &Path, stored: Stored) -> Result<Option<
         Stored::None => Ok(None),
         Stored::File(meta, file) => {
             let path = dir.join(&file.name);
-            let (state, summary) = snapshot::decode(std::fs::File::open(&path).map_err(StoreError::SnapshotFile)?)?;
+            let input = std::fs::File::open(&path).map_err(StoreError::SnapshotFile)?;
+            // Bounded by the length recorded with it: a state that claims more is corrupt.
+            let (state, summary) = snapshot::decode(input, file.summary.len)?;
             if summary != file.summary {
                 let found = format!("{} has {} bytes with CRC {:08x}", path.display(), summary.len, summary.crc);
                 let recorded = format!("{} bytes with CRC {:08x}", file.summary.len, file.summary.crc);
@@ -148,7 +150,8 @@ fn restore(snapshots: &sled::Tree, dir: &Path, stored: Stored) -> Result<Option<
             Ok(Some((meta, state, summary.len)))
         }
         Stored::InTree(meta) => {
-            let (state, summary) = snapshot::decode(&tree_bytes(snapshots)?[..])?;
+            let bytes = tree_bytes(snapshots)?;
+            let (state, summary) = snapshot::decode(&bytes[..], bytes.len() as u64)?;
             Ok(Some((meta, state, summary.len)))
         }
     }
