@@ -1,13 +1,18 @@
 //! The HTTP/JSON API on the client port. See `docs/http-api.md`.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use axum::extract::{Path, Query as QueryParams, State};
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::{FromRequestParts, Path, Query as QueryParams, State};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::{IncomingStream, Listener};
 use axum::{Json, Router};
 use holdfast_core::{Grant, HolderView, Lease, LockView, Token};
 use serde_json::{json, Value};
@@ -115,14 +120,70 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
 }
 
-async fn signup(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
+/// The address a client connection came from, as the client port's listener accepted it: put in every
+/// request's extensions (`ConnectInfo<PeerAddr>`) by [`crate::serve`], for HTTP and gRPC alike.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The client port's listener as [`crate::serve`] runs it: any listener (TCP, TLS, the simulation's),
+/// whose connections are told their [`PeerAddr`]. (A wrapper of our own, because axum's `Connected` for
+/// any listener would overlap with axum's own.)
+pub struct ClientPort<L>(pub L);
+
+impl<L: Listener<Addr = SocketAddr>> Listener for ClientPort<L> {
+    type Io = L::Io;
+    type Addr = SocketAddr;
+
+    fn accept(&mut self) -> impl std::future::Future<Output = (Self::Io, SocketAddr)> + Send {
+        self.0.accept()
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
+impl<L: Listener<Addr = SocketAddr>> Connected<IncomingStream<'_, ClientPort<L>>> for PeerAddr {
+    fn connect_info(stream: IncomingStream<'_, ClientPort<L>>) -> Self {
+        PeerAddr(*stream.remote_addr())
+    }
+}
+
+/// The peer address of a request (HTTP or gRPC) from its extensions; `None` if it was not served by
+/// [`crate::serve`] (a router driven directly, as in unit tests), which admin checks take for remote.
+pub fn peer_ip(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+    extensions.get::<ConnectInfo<PeerAddr>>().map(|ConnectInfo(PeerAddr(addr))| addr.ip())
+}
+
+/// What an admin check needs of an HTTP request: its `Authorization` header and where it came from.
+struct AdminCall {
+    authorization: Option<String>,
+    peer: Option<IpAddr>,
+}
+
+impl AdminCall {
+    fn caller(&self) -> ops::Caller<'_> {
+        ops::Caller { authorization: self.authorization.as_deref(), peer: self.peer }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for AdminCall {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        let authorization = authorization(&parts.headers).map(str::to_owned);
+        Ok(AdminCall { authorization, peer: peer_ip(&parts.extensions) })
+    }
+}
+
+async fn signup(State(node): State<Arc<Node>>, admin: AdminCall, params: Params) -> Result<Response, ApiError> {
     Parsed::new(&params, &[])?;
-    let (key, tenant) = ops::signup(&node, authorization(&headers)).await?;
+    let (key, tenant) = ops::signup(&node, admin.caller()).await?;
     Ok(Json(json!({"api_key": key, "tenant": format!("{tenant:016x}")})).into_response())
 }
 
-async fn list_keys(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
-    ops::check_admin(&node, authorization(&headers))?;
+async fn list_keys(State(node): State<Arc<Node>>, admin: AdminCall, params: Params) -> Result<Response, ApiError> {
+    ops::check_admin(&node, admin.caller())?;
     Parsed::new(&params, &[])?;
     let keys: Vec<Value> = ops::list_keys(&node)
         .await?
@@ -136,11 +197,11 @@ async fn list_keys(State(node): State<Arc<Node>>, headers: HeaderMap, params: Pa
 
 async fn revoke_key(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    admin: AdminCall,
     Path(tenant): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    ops::check_admin(&node, authorization(&headers))?;
+    ops::check_admin(&node, admin.caller())?;
     Parsed::new(&params, &[])?;
     let id = u64::from_str_radix(&tenant, 16)
         .ok()
@@ -150,8 +211,8 @@ async fn revoke_key(
     Ok(Json(json!({"tenant": tenant, "revoked": true})).into_response())
 }
 
-async fn add_member(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
-    ops::check_admin(&node, authorization(&headers))?;
+async fn add_member(State(node): State<Arc<Node>>, admin: AdminCall, params: Params) -> Result<Response, ApiError> {
+    ops::check_admin(&node, admin.caller())?;
     let p = Parsed::new(&params, &["id", "addr"])?;
     let id = p.get("id").and_then(|id| id.parse::<u64>().ok()).unwrap_or(0);
     let addr = p.get("addr").unwrap_or("");
@@ -161,19 +222,19 @@ async fn add_member(State(node): State<Arc<Node>>, headers: HeaderMap, params: P
 
 async fn remove_member(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
+    admin: AdminCall,
     Path(id): Path<String>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    ops::check_admin(&node, authorization(&headers))?;
+    ops::check_admin(&node, admin.caller())?;
     Parsed::new(&params, &[])?;
     let id = id.parse::<u64>().map_err(|_| ApiError::invalid("invalid-member", format!("{id:?} is not a node id")))?;
     ops::remove_member(&node, id).await?;
     Ok(Json(crate::cluster_status(&node)).into_response())
 }
 
-async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
-    ops::check_admin(&node, authorization(&headers))?;
+async fn snapshot(State(node): State<Arc<Node>>, admin: AdminCall, params: Params) -> Result<Response, ApiError> {
+    ops::check_admin(&node, admin.caller())?;
     Parsed::new(&params, &[])?;
     let (index, bytes) = node.snapshot().await?;
     Ok(Json(json!({"id": node.id, "snapshot_index": index, "snapshot_bytes": bytes})).into_response())

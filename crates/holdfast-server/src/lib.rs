@@ -212,8 +212,7 @@ pub async fn serve<LS, SM, C, P, IO, E>(
 where
     LS: openraft::storage::RaftLogStorage<holdfast_store::TypeConfig>,
     SM: openraft::storage::RaftStateMachine<holdfast_store::TypeConfig>,
-    C: axum::serve::Listener,
-    C::Addr: std::fmt::Debug,
+    C: axum::serve::Listener<Addr = std::net::SocketAddr>,
     P: tokio_stream::Stream<Item = Result<IO, E>> + Send + 'static,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     E: std::fmt::Display + Send + 'static,
@@ -314,7 +313,9 @@ where
         tokio::spawn(async move { serve.await })
     });
 
-    tracing::info!(id = config.id, client_addr = ?client.local_addr()?, "holdfast node started");
+    let client_addr = client.local_addr()?;
+    tracing::info!(id = config.id, %client_addr, "holdfast node started");
+    warn_if_open(&config, client_addr);
     let mut http_stop = stop_rx.clone();
     let locks = holdfast_proto::v1::LocksServer::new(grpc::LocksService { node: node.clone() });
     let app = http::router(node.clone())
@@ -324,7 +325,10 @@ where
     let http_stopped = async move {
         let _ = http_stop.changed().await;
     };
-    let http = axum::serve(client, app).with_graceful_shutdown(http_stopped);
+    // Every request carries its connection's peer address (`http::PeerAddr`): admin calls without an admin
+    // key are accepted from loopback only.
+    let app = app.into_make_service_with_connect_info::<http::PeerAddr>();
+    let http = axum::serve(http::ClientPort(client), app).with_graceful_shutdown(http_stopped);
     let mut http = tokio::spawn(async move { http.await });
     let reloader = tls.clone().map(|tls| tokio::spawn(reload_tls(tls, node.peers.clone(), stop_rx.clone())));
     health::notify_systemd("READY=1");
@@ -357,6 +361,22 @@ where
     let _ = peer_server.await;
     stopped?;
     Ok(())
+}
+
+/// Logs one warning when the client port is reachable beyond loopback with neither API keys nor an admin
+/// key: then anyone who reaches it may take and release every lock, and admin calls are refused to all
+/// but this host. Says what is open, so an operator who did not mean it knows which flag to set.
+fn warn_if_open(config: &Config, client_addr: std::net::SocketAddr) {
+    if client_addr.ip().to_canonical().is_loopback() || config.auth.enabled || config.admin_key.is_some() {
+        return;
+    }
+    tracing::warn!(
+        %client_addr,
+        "the client port is reachable beyond loopback with neither --auth nor --admin-key: anyone who reaches \
+         it may take, release and read every lock; admin calls (membership, snapshots) are accepted from \
+         loopback only. Set --auth for API keys and --admin-key to manage the cluster from other hosts \
+         (docs/security.md)"
+    );
 }
 
 /// Reloads the TLS files on SIGHUP or when they change, until shutdown; idle peer connections are then

@@ -1,6 +1,7 @@
 //! The one-shot lock operations both front doors (HTTP and gRPC) offer, with their input checks. The fronts
 //! only parse and format; everything else is here, once.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -265,17 +266,46 @@ pub async fn list(
     }
 }
 
-/// Checks an admin call's `Authorization` value (`Bearer KEY`) against the node's admin key, in constant
-/// time. With no admin key configured, admin calls are open (a local node, auth off).
-pub fn check_admin(node: &Node, authorization: Option<&str>) -> Result<(), ApiError> {
+/// Who makes a call, as far as admin checks need to know: the `Authorization` value it sent and the
+/// address its connection came from (`None` when the transport does not say, which counts as remote).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caller<'a> {
+    pub authorization: Option<&'a str>,
+    pub peer: Option<IpAddr>,
+}
+
+impl Caller<'_> {
+    /// Whether the call came over loopback (127.0.0.0/8, `::1`, or IPv4 loopback mapped into IPv6).
+    pub fn is_loopback(&self) -> bool {
+        self.peer.is_some_and(|ip| ip.to_canonical().is_loopback())
+    }
+}
+
+/// Whether `caller` may make an admin call (membership, snapshots, API keys):
+/// - with an admin key: only with `Bearer KEY`, compared in constant time, from everywhere;
+/// - without one, auth off: only from loopback, so that `holdfast cluster add` on the node's own host works
+///   while a node bound to `0.0.0.0` does not hand its membership to whoever reaches the port;
+/// - without one, auth on: never (a tenant's key must not become an admin's).
+///
+/// The table in `docs/security.md` is this function; `tests/admin_access.rs` walks it.
+pub fn check_admin(node: &Node, caller: Caller<'_>) -> Result<(), ApiError> {
     let Some(crate::Secret(key)) = &node.admin_key else {
         if node.auth.config.enabled {
             let detail = "this cluster has --auth but no --admin-key: admin calls are off".into();
             return Err(ApiError::Forbidden { slug: "no-admin-key", detail });
         }
-        return Ok(());
+        if caller.is_loopback() {
+            return Ok(());
+        }
+        let from = caller.peer.map_or_else(|| "an unknown address".to_owned(), |ip| ip.to_string());
+        let detail = format!(
+            "admin calls from {from} need an admin key: start every node with --admin-key KEY \
+             (HOLDFAST_ADMIN_KEY) and send `Authorization: Bearer KEY`; without a key, admin calls are \
+             accepted only from loopback"
+        );
+        return Err(ApiError::Forbidden { slug: "admin-loopback-only", detail });
     };
-    let given = authorization.and_then(|value| value.strip_prefix("Bearer ")).map(str::trim);
+    let given = caller.authorization.and_then(|value| value.strip_prefix("Bearer ")).map(str::trim);
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), key.as_bytes()) => Ok(()),
         Some(_) => Err(ApiError::Unauthenticated { detail: "wrong admin key".into() }),
@@ -312,13 +342,13 @@ const ADDR_LEN_MAX: usize = 255;
 
 /// `POST /v1/signup`: makes an API key (its own tenant) for anyone when signup is open, else for the
 /// admin. Answers the key, which exists nowhere else (the cluster keeps its hash), and the tenant id.
-pub async fn signup(node: &Arc<Node>, authorization: Option<&str>) -> Result<(String, u64), ApiError> {
+pub async fn signup(node: &Arc<Node>, caller: Caller<'_>) -> Result<(String, u64), ApiError> {
     if !node.auth.config.enabled {
         let detail = "this cluster runs without --auth: requests need no key".into();
         return Err(ApiError::Forbidden { slug: "auth-off", detail });
     }
     if !node.auth.config.open_signup {
-        check_admin(node, authorization).map_err(|_| ApiError::Forbidden {
+        check_admin(node, caller).map_err(|_| ApiError::Forbidden {
             slug: "signup-off",
             detail: "signup is off (--open-signup): the admin makes keys".into(),
         })?;
@@ -355,5 +385,22 @@ pub async fn revoke_key(node: &Arc<Node>, tenant: u64) -> Result<(), ApiError> {
         }
         Outcome::Rejected(reject) => Err(reject.into()),
         other => Err(ApiError::unexpected(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_127_0_0_0_8_and_ipv6_loopback_and_an_unknown_peer_is_remote() {
+        let from = |ip: &str| Caller { authorization: None, peer: Some(ip.parse().unwrap()) };
+        for ip in ["127.0.0.1", "127.12.0.9", "::1", "::ffff:127.0.0.1"] {
+            assert!(from(ip).is_loopback(), "{ip}");
+        }
+        for ip in ["10.0.0.1", "172.17.0.1", "0.0.0.0", "::", "::ffff:10.0.0.1", "fe80::1"] {
+            assert!(!from(ip).is_loopback(), "{ip}");
+        }
+        assert!(!Caller::default().is_loopback(), "no peer address: remote");
     }
 }
