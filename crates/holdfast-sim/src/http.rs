@@ -13,6 +13,11 @@ use serde_json::Value;
 /// (5 s) and some.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(6);
 
+/// The admin key every simulated node runs with. Its clients reach the nodes from hosts of their own (not
+/// loopback), where admin calls need the key; every call sends it (lock calls ignore it, auth being off),
+/// so the workload's and the scenarios' membership changes are made as an operator's would be.
+pub const ADMIN_KEY: &str = "holdfast-sim-admin-key";
+
 /// Sends `method path` to `addr` and answers the status and the JSON body (`Null` if none).
 pub async fn call(addr: &str, method: Method, path: &str) -> anyhow::Result<(StatusCode, Value)> {
     let (status, body) = bounded(addr, method, path).await?;
@@ -36,7 +41,12 @@ async fn unbounded(addr: &str, method: Method, path: &str) -> anyhow::Result<(St
     let stream = turmoil::net::TcpStream::connect(addr).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let connection = tokio::spawn(connection);
-    let request = Request::builder().method(method).uri(path).header("host", addr).body(Empty::<Bytes>::new())?;
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr)
+        .header("authorization", format!("Bearer {ADMIN_KEY}"))
+        .body(Empty::<Bytes>::new())?;
     let response = sender.send_request(request).await;
     let result = async {
         let response = response?;

@@ -380,7 +380,7 @@ pub fn run(plan: &Plan) -> Report {
                 snapshot_every_entries,
                 queue_hold: holdfast_server::proposer::QUEUE_HOLD,
                 join,
-                admin_key: None,
+                admin_key: Some(holdfast_server::Secret(crate::http::ADMIN_KEY.into())),
                 tls: None,
                 auth: Default::default(),
                 cache_bytes: 0,

@@ -344,6 +344,10 @@ pub async fn admin_client(ctx: Ctx, spare: u64, victim: u64, changes_by: At) -> 
                 Ok((StatusCode::OK, _)) => break,
                 // Removed already (an earlier attempt went through after all).
                 Ok((StatusCode::CONFLICT, body)) if body["type"] == "urn:holdfast:not-a-member" => break,
+                // A refusal is the run's own mistake (the admin key): retrying would quietly make no change.
+                Ok((status @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN), body)) => {
+                    return Err(format!("{method} {path} refused: {status} {body}").into());
+                }
                 answer => tracing::debug!(?answer, %path, "membership change not made yet"),
             }
             if now() >= ctx.stop_at {
