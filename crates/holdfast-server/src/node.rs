@@ -558,35 +558,60 @@ impl std::fmt::Debug for WallClock {
     }
 }
 
-/// Deliberately broken behaviours, each the opposite of a rule the design depends on. Every one is off
-/// unless the simulation turns it on, to show that its checkers catch a cluster that breaks that rule (a
-/// checker that never failed proves nothing). No flag of the binary sets them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Bugs {
+/// Declares [`Bugs`]: a field per switch when the `faults` feature is on, and a method of the same name
+/// that reads it then and is `false` otherwise, so that a build without the feature (every build of the
+/// `holdfast` binary) has neither the switches nor the branches on them.
+macro_rules! bugs {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Deliberately broken behaviours, each the opposite of a rule the design depends on. Every one is
+        /// off unless the simulation turns it on, to show that its checkers catch a cluster that breaks that
+        /// rule (a checker that never failed proves nothing). They exist only with the `faults` feature,
+        /// which only `holdfast-sim` turns on; no flag of the binary sets them.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Bugs {
+            $($(#[$doc])* #[cfg(feature = "faults")] pub $name: bool,)*
+        }
+
+        impl Bugs {
+            $(
+                $(#[$doc])*
+                #[inline(always)]
+                pub fn $name(&self) -> bool {
+                    #[cfg(feature = "faults")]
+                    return self.$name;
+                    #[cfg(not(feature = "faults"))]
+                    return false;
+                }
+            )*
+        }
+    };
+}
+
+bugs! {
     /// A new leader keeps the deadlines it kept as a follower, instead of giving every session and hold a
     /// full lease from its promotion.
-    pub no_promotion_grace: bool,
+    no_promotion_grace,
     /// Heartbeats are acknowledged without a quorum round confirming that this node still leads.
-    pub unconfirmed_heartbeats: bool,
+    unconfirmed_heartbeats,
     /// Clients are told the leader's term as a grant's fence, instead of the grant's log index.
-    pub term_as_fence: bool,
+    term_as_fence,
     /// A try-lock of a held lock is answered busy from this node's state without confirming leadership.
-    pub unconfirmed_busy: bool,
+    unconfirmed_busy,
     /// A read (`get`, `list`) is answered from the leader's state without confirming its leadership.
-    pub unconfirmed_reads: bool,
+    unconfirmed_reads,
     /// A follower answers a read from its own state at once, without asking the leader how far to apply
     /// first.
-    pub unconfirmed_follower_reads: bool,
+    unconfirmed_follower_reads,
     /// Leases never run out: the keeper never proposes an expiry.
-    pub never_expire: bool,
+    never_expire,
     /// Not a bug: this node acts as one of a build from before batches, which closes the connection on a
     /// follower's batch of heartbeats or writes (it cannot decode one). What a follower of a newer build
     /// meets during a rolling upgrade, and must cope with.
-    pub no_heartbeat_batches: bool,
+    no_heartbeat_batches,
     /// A follower whose watch won a pre-vote campaigns even if it granted another candidate its vote
     /// during the pre-vote. What happens anyway when the grant comes after the watch's last look but
     /// before openraft's core takes the campaign (see [`Node::answered_vote`]); here it happens every time.
-    pub campaign_despite_a_vote_granted: bool,
+    campaign_despite_a_vote_granted,
 }
 
 /// Batches leadership confirmations: one quorum round answers every heartbeat and read that arrived
@@ -912,7 +937,7 @@ impl Node {
 
     /// The fence a client is told for a grant under `fence`.
     pub fn told_fence(&self, fence: u64) -> u64 {
-        if self.bugs.term_as_fence {
+        if self.bugs.term_as_fence() {
             return self.raft.metrics().borrow().current_term;
         }
         fence
@@ -1077,7 +1102,7 @@ impl Node {
                 other => Err(NodeError::Unavailable(format!("the leader answered a read with {other:?}"))),
             };
         }
-        if !self.bugs.unconfirmed_follower_reads {
+        if !self.bugs.unconfirmed_follower_reads() {
             let index = self.read_index().await?;
             self.wait_applied(index).await?;
         }
@@ -1495,7 +1520,7 @@ impl Node {
         };
         // Acknowledged only once a quorum round begun after the heartbeats arrived confirms this node still
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
-        if extended.iter().any(Option::is_some) && !self.bugs.unconfirmed_heartbeats {
+        if extended.iter().any(Option::is_some) && !self.bugs.unconfirmed_heartbeats() {
             // Not confirmed until this node applied its floor, either: a heartbeat is answered from its state.
             if !matches!(self.confirmed_since(received, false).await, Ok(None)) {
                 return Err(NodeError::NotLeader { leader: None });
@@ -1629,7 +1654,7 @@ impl Node {
             }
             // Two followers whose watches try within a round trip of each other both win their pre-votes; the
             // one that granted the other's vote meanwhile would only depose the leader it just voted for.
-            if self.contact().quiet_since(Instant::now()) >= now && !self.bugs.campaign_despite_a_vote_granted {
+            if self.contact().quiet_since(Instant::now()) >= now && !self.bugs.campaign_despite_a_vote_granted() {
                 tracing::debug!("not campaigning: a leader was heard from, or a vote granted, during the pre-vote");
                 continue;
             }
@@ -1760,7 +1785,7 @@ impl Node {
         if self.state.read().expect("lock state poisoned").holder(name).is_none() {
             return Ok(None);
         }
-        if !self.bugs.unconfirmed_busy {
+        if !self.bugs.unconfirmed_busy() {
             self.confirm_leader().await?;
         }
         let state = self.state.read().expect("lock state poisoned");
@@ -1810,7 +1835,7 @@ impl Node {
     /// Confirms leadership with a quorum, waits until this node applied everything committed before,
     /// then answers from its state.
     async fn answer(&self, query: Query) -> Result<QueryReply, NodeError> {
-        if !self.bugs.unconfirmed_reads {
+        if !self.bugs.unconfirmed_reads() {
             self.confirm_leader().await?;
         } else if !self.is_leader() {
             return Err(NodeError::NotLeader { leader: self.leader() });

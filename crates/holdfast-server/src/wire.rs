@@ -192,7 +192,7 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
             }
             Some(Call::Forward) => {
                 let forwarded: ForwardRequest = decode(body)?;
-                if node.bugs.no_heartbeat_batches && forwarded.is_batch() {
+                if node.bugs.no_heartbeat_batches() && forwarded.is_batch() {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "undecodable: a batch"));
                 }
                 let reply: Result<ForwardReply, NodeError> = node.serve_forwarded(forwarded).await;
