@@ -2,6 +2,8 @@
 //!
 //! Bodies are RFC 9457 `application/problem+json` with a stable `type` of the form `urn:holdfast:<slug>`.
 
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use holdfast_core::{HolderView, Reject};
@@ -70,6 +72,23 @@ impl ApiError {
 
     pub fn unexpected(what: impl std::fmt::Debug) -> Self {
         ApiError::Internal { detail: format!("unexpected answer from the state machine: {what:?}") }
+    }
+
+    /// A path parameter axum could not extract: bad input (`slug`) when the client sent it (`what`, not
+    /// UTF-8 once percent-decoded), a bug when the route's parameters do not fit its handler.
+    pub fn path(slug: &'static str, what: &str, rejection: PathRejection) -> Self {
+        if !rejection.status().is_client_error() {
+            return ApiError::Internal { detail: rejection.body_text() };
+        }
+        let detail = match &rejection {
+            PathRejection::FailedToDeserializePathParams(e)
+                if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+            {
+                format!("{what} is not UTF-8 once percent-decoded")
+            }
+            _ => format!("{what}: {}", rejection.body_text()),
+        };
+        ApiError::invalid(slug, detail)
     }
 }
 

@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::connect_info::{ConnectInfo, Connected};
-use axum::extract::{FromRequestParts, Path, Query as QueryParams, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -21,8 +22,6 @@ use crate::auth;
 use crate::error::ApiError;
 use crate::node::{wall_ms, Node};
 use crate::ops::{self, PAGE_DEFAULT, PAGE_MAX, TTL_MS_DEFAULT};
-
-type Params = QueryParams<HashMap<String, String>>;
 
 /// The HTTP routes of a node.
 pub fn router(node: Arc<Node>) -> Router {
@@ -46,7 +45,7 @@ pub fn router(node: Arc<Node>) -> Router {
 async fn acquire(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
     let scope = auth::authenticate(&node, authorization(&headers))?;
@@ -62,7 +61,7 @@ async fn acquire(
 async fn release(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
     let scope = auth::authenticate(&node, authorization(&headers))?;
@@ -74,7 +73,7 @@ async fn release(
 async fn renew(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
     let scope = auth::authenticate(&node, authorization(&headers))?;
@@ -89,7 +88,7 @@ async fn renew(
 async fn get_lock(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Path(name): Path<String>,
+    Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
     let scope = auth::authenticate(&node, authorization(&headers))?;
@@ -198,7 +197,7 @@ async fn list_keys(State(node): State<Arc<Node>>, admin: AdminCall, params: Para
 async fn revoke_key(
     State(node): State<Arc<Node>>,
     admin: AdminCall,
-    Path(tenant): Path<String>,
+    Segment(tenant, _): Segment<Tenant>,
     params: Params,
 ) -> Result<Response, ApiError> {
     ops::check_admin(&node, admin.caller())?;
@@ -223,7 +222,7 @@ async fn add_member(State(node): State<Arc<Node>>, admin: AdminCall, params: Par
 async fn remove_member(
     State(node): State<Arc<Node>>,
     admin: AdminCall,
-    Path(id): Path<String>,
+    Segment(id, _): Segment<MemberId>,
     params: Params,
 ) -> Result<Response, ApiError> {
     ops::check_admin(&node, admin.caller())?;
@@ -242,16 +241,120 @@ async fn snapshot(State(node): State<Arc<Node>>, admin: AdminCall, params: Param
 
 // --- parameters ---
 
+/// A route's one path parameter, as text: a lock name, a tenant or a member id (`K` says which). One that
+/// is not UTF-8 once percent-decoded (`%ff`) is refused as bad input of its kind, a problem like every
+/// other answer; axum's own rejection would be plain text.
+struct Segment<K>(String, PhantomData<K>);
+
+/// What a path parameter is, for the problem that refuses it.
+trait SegmentKind {
+    /// The problem type's slug.
+    const SLUG: &'static str;
+    /// The parameter, for people.
+    const WHAT: &'static str;
+}
+
+/// `/v1/locks/{name}…`
+struct LockName;
+/// `/v1/keys/{tenant}`
+struct Tenant;
+/// `/v1/cluster/members/{id}`
+struct MemberId;
+
+impl SegmentKind for LockName {
+    const SLUG: &'static str = "invalid-name";
+    const WHAT: &'static str = "the lock name";
+}
+
+impl SegmentKind for Tenant {
+    const SLUG: &'static str = "invalid-tenant";
+    const WHAT: &'static str = "the tenant";
+}
+
+impl SegmentKind for MemberId {
+    const SLUG: &'static str = "invalid-member";
+    const WHAT: &'static str = "the member id";
+}
+
+impl<S: Send + Sync, K: SegmentKind + Send> FromRequestParts<S> for Segment<K> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(text)) => Ok(Segment(text, PhantomData)),
+            Err(rejection) => Err(ApiError::path(K::SLUG, K::WHAT, rejection)),
+        }
+    }
+}
+
+/// The query string's parameters, decoded as HTML forms encode them (`+` is a space, `%XX` a byte; a `%`
+/// not followed by two hex digits stands for itself). A query that is not UTF-8 once decoded, or that gives
+/// a parameter twice, is refused (when the handler first reads it, so that an admin call without its key
+/// is refused for that first): a value must not be silently replaced (`%ff` by U+FFFD), nor one of two
+/// values silently chosen.
+struct Params(Result<HashMap<String, String>, ApiError>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Params(parse_query(parts.uri.query().unwrap_or(""))))
+    }
+}
+
+fn parse_query(query: &str) -> Result<HashMap<String, String>, ApiError> {
+    let mut params = HashMap::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (key, value) = (form_decode(key)?, form_decode(value)?);
+        if params.contains_key(&key) {
+            return Err(ApiError::invalid("invalid-query", format!("parameter {key:?} is given more than once")));
+        }
+        params.insert(key, value);
+    }
+    Ok(params)
+}
+
+fn form_decode(text: &str) -> Result<String, ApiError> {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match bytes.get(i..i + 3) {
+            Some([b'%', high, low]) => hex(*high).zip(hex(*low)),
+            _ => None,
+        };
+        match (bytes[i], escaped) {
+            (_, Some((high, low))) => {
+                decoded.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (b'+', None) => {
+                decoded.push(b' ');
+                i += 1;
+            }
+            (b, None) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded)
+        .map_err(|_| ApiError::invalid("invalid-query", format!("{text:?} is not UTF-8 once percent-decoded")))
+}
+
 /// Query parameters, with unknown ones refused so that a typo (`tll=`) is not silently ignored.
 struct Parsed<'a>(&'a HashMap<String, String>);
 
 impl<'a> Parsed<'a> {
     fn new(params: &'a Params, known: &[&str]) -> Result<Self, ApiError> {
-        if let Some(unknown) = params.0.keys().find(|k| !known.contains(&k.as_str())) {
+        let params = params.0.as_ref().map_err(Clone::clone)?;
+        if let Some(unknown) = params.keys().find(|k| !known.contains(&k.as_str())) {
             let detail = format!("unknown parameter {unknown:?}; this endpoint takes {known:?}");
             return Err(ApiError::invalid("invalid-query", detail));
         }
-        Ok(Parsed(&params.0))
+        Ok(Parsed(params))
     }
 
     fn get(&self, key: &str) -> Option<&'a str> {
