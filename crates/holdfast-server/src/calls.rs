@@ -73,7 +73,8 @@ impl CallStream {
             other => other,
         };
         if self.outstanding.contains_key(&id) {
-            return Err(Status::invalid_argument(format!("call id {id} is already outstanding on this stream")));
+            let detail = format!("call id {id} is already outstanding on this stream");
+            return Err(ApiError::invalid("invalid-call", detail).into());
         }
         self.started += 1;
         let seq = self.started;
@@ -114,8 +115,15 @@ impl Stream for CallStream {
                         return Poll::Ready(Some(Err(status)));
                     }
                 }
-                // The client's side failed: nobody is left to read the answers.
-                Poll::Ready(Some(Err(_))) => this.abandon(),
+                // A Call that does not decode: the stream ends with bad input, so that the client knows the
+                // calls outstanding have unknown outcomes (ending it cleanly would say nothing of them).
+                Poll::Ready(Some(Err(status))) => {
+                    this.abandon();
+                    if let Some(invalid) = crate::grpc::malformed(&status) {
+                        return Poll::Ready(Some(Err(invalid)));
+                    }
+                    // Otherwise the client's side failed: nobody is left to read the answers.
+                }
                 Poll::Ready(None) => this.inbound_done = true,
                 Poll::Pending => break,
             }

@@ -317,7 +317,8 @@ where
     tracing::info!(id = config.id, %client_addr, "holdfast node started");
     warn_if_open(&config, client_addr);
     let mut http_stop = stop_rx.clone();
-    let locks = holdfast_proto::v1::LocksServer::new(grpc::LocksService { node: node.clone() });
+    // Malformed request messages answered INVALID_ARGUMENT `invalid-message`, not tonic's INTERNAL.
+    let locks = grpc::service(node.clone());
     let app = http::router(node.clone())
         .route_service("/holdfast.v1.Locks/{*method}", locks)
         .route_service("/grpc.health.v1.Health/{*method}", health_service)

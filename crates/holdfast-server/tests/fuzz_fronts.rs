@@ -1091,18 +1091,6 @@ fn check_failure(ending: &Ending<'_>, what: &str) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Whether tonic answered a unary call by itself, before any holdfast code ran: INTERNAL or OUT_OF_RANGE
-/// without a `holdfast-problem`, as it does for a body that is not one well-formed message.
-/// `holdfast_server::grpc::service` answers those as INVALID_ARGUMENT `invalid-message`, but the client
-/// port serves it only once lib.rs does (`let locks = grpc::service(node.clone());`, a file this change
-/// could not touch). Until then such answers are tolerated for malformed bodies only, which must still
-/// change nothing; then this function goes, and `grpc_port_answers_an_undecodable_message_invalid_argument`
-/// is no longer ignored.
-fn answered_by_tonic_until_wired(ending: &Ending<'_>) -> bool {
-    matches!(ending.code, tonic::Code::Internal | tonic::Code::OutOfRange)
-        && !ending.metadata.contains_key("holdfast-problem")
-}
-
 // --- gRPC: messages, mutated and framed ---
 
 /// How the encoded message is spoiled before it is framed.
@@ -1218,11 +1206,6 @@ fn frame(message: &[u8]) -> Vec<u8> {
 }
 
 impl Framing {
-    /// Whether the body is a sequence of well-formed frames (whatever the messages in them).
-    fn is_proper(&self) -> bool {
-        matches!(self, Framing::Proper | Framing::Twice)
-    }
-
     fn apply(&self, message: &[u8]) -> Vec<u8> {
         let mut bytes = frame(message);
         match self {
@@ -1376,21 +1359,6 @@ impl Unary {
         matches!(self, Unary::AddMember(_) | Unary::RemoveMember(_))
     }
 
-    /// Whether `message` decodes as this call's request.
-    fn decodes(&self, message: &[u8]) -> bool {
-        match self {
-            Unary::Acquire(_) => AcquireRequest::decode(message).is_ok(),
-            Unary::Renew(..) => RenewRequest::decode(message).is_ok(),
-            Unary::Release(..) => ReleaseRequest::decode(message).is_ok(),
-            Unary::Get(_) => GetRequest::decode(message).is_ok(),
-            Unary::List(_) => ListRequest::decode(message).is_ok(),
-            Unary::ClusterStatus => ClusterStatusRequest::decode(message).is_ok(),
-            Unary::AddMember(_) => AddMemberRequest::decode(message).is_ok(),
-            Unary::RemoveMember(_) => RemoveMemberRequest::decode(message).is_ok(),
-            Unary::Snapshot => SnapshotRequest::decode(message).is_ok(),
-        }
-    }
-
     fn encode(&self, known: &Known) -> Vec<u8> {
         match self {
             Unary::Acquire(r) => r.encode_to_vec(),
@@ -1479,10 +1447,7 @@ fn run_unary_case(f: &Fuzzed, channel: &Channel, case: &UnaryCase) -> Result<(),
             .map_err(|e| TestCaseError::fail(format!("{method} succeeded with an answer that does not decode: {e}")))?;
         f.known().holds.extend(token);
     } else {
-        let well_formed = case.framing.is_proper() && case.call.decodes(&message);
-        if well_formed || !answered_by_tonic_until_wired(&ending) {
-            check_failure(&ending, method)?;
-        }
+        check_failure(&ending, method)?;
         prop_assert!(messages.is_empty(), "{} failed after {} messages", method, messages.len());
         prop_assert_eq!(&before, &after, "a refused {} ({:?}) changed the lock table", method, ending.code);
     }
@@ -1724,7 +1689,7 @@ fn run_calls_case(f: &Fuzzed, channel: &Channel, case: &CallsCase) -> Result<(),
             None => prop_assert!(false, "a call result without a kind"),
         }
     }
-    if ending.code != tonic::Code::Ok && !duplicate_call_id_until_fixed(&ending) {
+    if ending.code != tonic::Code::Ok {
         check_failure(&ending, "Calls")?;
     }
     // A cancelled call that was already proposed keeps its outcome, unanswered.
@@ -1744,18 +1709,6 @@ fn run_calls_case(f: &Fuzzed, channel: &Channel, case: &CallsCase) -> Result<(),
         prop_assert_eq!(&before, &after, "Calls that all failed changed the lock table");
     }
     f.check_alive()
-}
-
-/// Whether a `Calls` stream ended for a call id already outstanding, with the status `calls.rs` makes for it
-/// itself: INVALID_ARGUMENT without a `holdfast-problem` (this fuzzing found it; the fix is in `calls.rs`,
-/// a file this change could not touch: `ApiError::invalid("invalid-call", …).into()` instead of
-/// `Status::invalid_argument(…)`). Tolerated until then; then this function goes, and
-/// `grpc_calls_duplicate_id_ends_the_stream_with_a_problem` is no longer ignored.
-fn duplicate_call_id_until_fixed(ending: &Ending<'_>) -> bool {
-    let message = ending.metadata.get("grpc-message").and_then(|v| v.to_str().ok()).unwrap_or("");
-    ending.code == tonic::Code::InvalidArgument
-        && !ending.metadata.contains_key("holdfast-problem")
-        && message.contains("already%20outstanding")
 }
 
 #[test]
@@ -1894,7 +1847,6 @@ fn grpc_service_answers_a_malformed_unary_request_invalid_message() {
 
 /// The same through the client port.
 #[test]
-#[ignore = "the client port serves grpc::service once lib.rs does: `let locks = grpc::service(node.clone());`"]
 fn grpc_port_answers_a_malformed_unary_request_invalid_message() {
     let f = Fuzzed::start("malformed-port");
     let channel = f.channel();
@@ -1957,7 +1909,6 @@ fn calls_behind_a_waiting_call(f: &Fuzzed, more: Vec<u8>) -> GrpcAnswer {
 /// A call whose id is outstanding ends the `Calls` stream with INVALID_ARGUMENT, as documented, but the
 /// status `calls.rs` makes for it has no `holdfast-problem`.
 #[test]
-#[ignore = "needs calls.rs to answer a duplicate id with ApiError::invalid(\"invalid-call\", …) (a file this change could not touch)"]
 fn grpc_calls_duplicate_id_ends_the_stream_with_a_problem() {
     let f = Fuzzed::start("calls-duplicate");
     let again = Call { id: 1, kind: Some(CallKind::Get(GetRequest { name: "held".into() })) };
@@ -1970,7 +1921,6 @@ fn grpc_calls_duplicate_id_ends_the_stream_with_a_problem() {
 /// A call that does not decode ends the `Calls` stream with OK, the calls outstanding dropped unanswered:
 /// the client cannot tell their outcomes are unknown, which locks.proto says an error status tells it.
 #[test]
-#[ignore = "needs calls.rs to end the stream with an error status when a call does not decode (a file this change could not touch)"]
 fn grpc_calls_call_that_does_not_decode_ends_the_stream_with_an_error() {
     let f = Fuzzed::start("calls-undecodable");
     // A Get (field 5) whose name is the byte 0xff.
