@@ -24,6 +24,9 @@
 //!   bytes to state and back, and the order of a snapshot build and install. A store adds only where
 //!   its records are kept and when they are flushed.
 //! - `runtime`: [`Runtime`], openraft's tokio runtime with a random source a simulation can seed.
+//! - [`codec`]: bincode decoding with bounds on how deep a value nests and how much memory its elements
+//!   take, for the log's records and (in holdfast-server) the peer protocol's frames, which carry the
+//!   same entries.
 //!
 //! # Layout (format 4)
 //!
@@ -103,6 +106,7 @@
 //! [`seed_thread_rng`] on threads that call it (a simulation's), so a seed replays the same
 //! elections; other threads draw from `rand::thread_rng()`.
 
+pub mod codec;
 mod covered;
 mod durable;
 mod error;
@@ -284,7 +288,7 @@ fn convert_format_1(db: &sled::Db, meta: &sled::Tree, wal_dir: &Path) -> Result<
     let tree = db.open_tree(keys::LOG_TREE_FORMAT_1)?;
     let mut batch = Vec::new();
     for value in tree.iter().values() {
-        batch.push(bincode::deserialize::<openraft::Entry<TypeConfig>>(&value?)?);
+        batch.push(codec::decode::<openraft::Entry<TypeConfig>>(&value?)?);
         if batch.len() == 1024 {
             wal.append(std::mem::take(&mut batch))?;
         }

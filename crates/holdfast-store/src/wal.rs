@@ -180,7 +180,7 @@ fn encode(entry: &Entry<TypeConfig>, buf: &mut Vec<u8>) -> Result<(), StoreError
 /// intact (its checksum matches) but does not decode is an error, not a tail to cut: it was written whole,
 /// by a build that knows an entry this one does not (a newer `Command`), and cutting it would drop
 /// entries that may be committed.
-fn decode(bytes: &[u8], seq: u64, at: u64) -> Result<Option<(Entry<TypeConfig>, usize)>, StoreError> {
+pub(crate) fn decode(bytes: &[u8], seq: u64, at: u64) -> Result<Option<(Entry<TypeConfig>, usize)>, StoreError> {
     let Some(header) = bytes.get(..HEADER) else { return Ok(None) };
     let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
@@ -188,7 +188,7 @@ fn decode(bytes: &[u8], seq: u64, at: u64) -> Result<Option<(Entry<TypeConfig>, 
     if len == 0 || crc32fast::hash(payload) != crc {
         return Ok(None);
     }
-    let entry = bincode::deserialize(payload).map_err(|e| {
+    let entry = crate::codec::decode(payload).map_err(|e| {
         corrupt(format!("segment {seq}, byte {at}: an intact record does not decode ({e}): written by a newer build?"))
     })?;
     Ok(Some((entry, HEADER + len)))
