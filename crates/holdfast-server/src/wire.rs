@@ -6,12 +6,20 @@
 //! is one byte naming the [`Call`], then the bincode encoding of openraft's request (or of a forwarded
 //! client request); an answer is the bincode encoding of the call's `Result`, openraft's errors included.
 //! Frames are at most [`MESSAGE_BYTES_MAX`] long. On a cluster with TLS, all of it runs inside mutual TLS.
+//!
+//! What a node decodes from a peer's bytes is decoded here: [`read_frame`], [`decode_request`] (both:
+//! [`read_request`], the peer port's side) and [`decode_answer`] (the caller's side; `Peers::call` in
+//! [`crate::network`] still calls `bincode::deserialize` itself, without the bound on nesting). None of
+//! them trusts a length it reads: a frame's buffer grows with the bytes that arrive (at most
+//! [`FRAME_GROWTH_BYTES`] ahead of them), and a body decodes from the frame's bytes, so a length inside it
+//! claims no more than the frame holds (serde reserves at most 1 MiB for a sequence before its elements
+//! arrive); nor how deep a value nests ([`holdfast_store::codec`]). `tests/fuzz_peer.rs` holds them to that.
 
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_store::{NodeId, TypeConfig};
+use holdfast_store::{codec, NodeId, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -33,6 +41,10 @@ const BUFFER_KEPT_BYTES: usize = 1 << 20;
 /// (one syscall, where reading the length and then the body took two). Larger frames read the rest straight
 /// into their own buffer.
 pub const READ_BUFFER_BYTES: usize = 8 * 1024;
+/// How far a frame's buffer may grow ahead of the bytes of it that arrived: its length is only a claim
+/// until they do. Frames up to this size (all but snapshot chunks and the largest batches) are read into a
+/// buffer of their size at once.
+pub const FRAME_GROWTH_BYTES: usize = 64 * 1024;
 
 /// What a request asks of the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,9 +113,59 @@ pub async fn read_frame(io: &mut (impl AsyncRead + Unpin + ?Sized), buf: &mut Ve
     if len > max {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a {len}-byte frame; at most {max} are taken")));
     }
-    buf.resize(len, 0);
-    io.read_exact(buf).await?;
+    // Grown as the bytes arrive, doubling, rather than sized by the length at once: a connection that sends
+    // the length of a whole `MESSAGE_BYTES_MAX` frame and then nothing held 64 MiB of zeros until it closed
+    // (found by tests/fuzz_peer.rs), and a few hundred such connections would take a node's memory.
+    buf.clear();
+    while buf.len() < len {
+        let start = buf.len();
+        buf.resize(len.min(start + start.max(FRAME_GROWTH_BYTES)), 0);
+        io.read_exact(&mut buf[start..]).await?;
+    }
     Ok(true)
+}
+
+/// A request as the peer port received it: its call, decoded.
+#[derive(Debug)]
+pub enum Received {
+    /// [`Call::Append`].
+    Append(AppendEntriesRequest<TypeConfig>),
+    /// [`Call::Vote`].
+    Vote(VoteRequest<NodeId>),
+    /// [`Call::Snapshot`].
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// [`Call::Forward`].
+    Forward(ForwardRequest),
+    /// [`Call::PreVote`].
+    PreVote(PreVote),
+}
+
+/// Decodes a request frame's body, as [`read_frame`] read it: the call's byte, then its bincode. An error
+/// for an empty frame, an unknown call or a body that does not decode.
+pub fn decode_request(request: &[u8]) -> io::Result<Received> {
+    let Some((&call, body)) = request.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "an empty request"));
+    };
+    Ok(match Call::from_byte(call) {
+        Some(Call::Append) => Received::Append(decode(body)?),
+        Some(Call::Vote) => Received::Vote(decode(body)?),
+        Some(Call::Snapshot) => Received::Snapshot(decode(body)?),
+        Some(Call::Forward) => Received::Forward(decode(body)?),
+        Some(Call::PreVote) => Received::PreVote(decode(body)?),
+        None => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown call {call}"))),
+    })
+}
+
+/// Reads the next request on a peer connection (after its [`hello`]) into `buf` and decodes it: what the
+/// peer port does with every frame it receives. `Ok(None)`: the connection ended cleanly between requests.
+pub async fn read_request(
+    io: &mut (impl AsyncRead + Unpin + ?Sized),
+    buf: &mut Vec<u8>,
+) -> io::Result<Option<Received>> {
+    match read_frame(io, buf, MESSAGE_BYTES_MAX).await? {
+        true => decode_request(buf).map(Some),
+        false => Ok(None),
+    }
 }
 
 /// Serves peer connections from `incoming` until `stop` changes; then closes them all.
@@ -141,7 +203,7 @@ where
 }
 
 /// Checks that a new connection speaks this protocol.
-async fn hello(io: &mut (impl AsyncRead + Unpin)) -> io::Result<()> {
+pub async fn hello(io: &mut (impl AsyncRead + Unpin)) -> io::Result<()> {
     let mut hello = [0u8; HELLO.len()];
     tokio::time::timeout(HELLO_TIMEOUT, io.read_exact(&mut hello))
         .await
@@ -162,20 +224,15 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
     hello(&mut io).await?;
     let mut request = Vec::new();
     let mut answer = Vec::new();
-    while read_frame(&mut io, &mut request, MESSAGE_BYTES_MAX).await? {
-        let Some((&call, body)) = request.split_first() else {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "an empty request"));
-        };
+    while let Some(received) = read_request(&mut io, &mut request).await? {
         answer.clear();
         answer.extend_from_slice(&[0; 4]);
-        match Call::from_byte(call) {
-            Some(Call::Append) => {
-                let rpc: AppendEntriesRequest<TypeConfig> = decode(body)?;
+        match received {
+            Received::Append(rpc) => {
                 let _call = node.leader_call();
                 encode_into(&mut answer, &node.raft.append_entries(rpc).await);
             }
-            Some(Call::Vote) => {
-                let rpc: VoteRequest<NodeId> = decode(body)?;
+            Received::Vote(rpc) => {
                 let (candidate, last) = (rpc.vote, rpc.last_log_id);
                 let voted = node.raft.vote(rpc).await;
                 if let Ok(voted) = &voted {
@@ -183,15 +240,13 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
                 }
                 encode_into(&mut answer, &voted);
             }
-            Some(Call::Snapshot) => {
-                let rpc: InstallSnapshotRequest<TypeConfig> = decode(body)?;
+            Received::Snapshot(rpc) => {
                 // A leader streaming a snapshot sends no AppendEntries meanwhile: its chunks are word from it,
                 // and so is the wait for the last chunk's answer, which comes once the snapshot is installed.
                 let _call = node.leader_call();
                 encode_into(&mut answer, &node.raft.install_snapshot(rpc).await);
             }
-            Some(Call::Forward) => {
-                let forwarded: ForwardRequest = decode(body)?;
+            Received::Forward(forwarded) => {
                 if node.bugs.no_heartbeat_batches() && forwarded.is_batch() {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "undecodable: a batch"));
                 }
@@ -202,11 +257,7 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
                 }
                 encode_into(&mut answer, &reply);
             }
-            Some(Call::PreVote) => {
-                let asked: PreVote = decode(body)?;
-                encode_into(&mut answer, &node.answer_pre_vote(&asked));
-            }
-            None => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown call {call}"))),
+            Received::PreVote(asked) => encode_into(&mut answer, &node.answer_pre_vote(&asked)),
         }
         write_frame(&mut io, &mut answer).await?;
         for buf in [&mut request, &mut answer] {
@@ -218,8 +269,22 @@ async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> i
     Ok(())
 }
 
+/// Decodes a request's body. Not `bincode::deserialize`: that recursed without bound into a frame of
+/// nested `Command::Batch`es, and 120 KB of them overflowed the stack (see holdfast-store's `codec`).
+/// Its elements may take at most half of [`MESSAGE_BYTES_MAX`], so that no allocation decoding it is larger
+/// than a frame may be: a request's largest are a snapshot chunk's bytes
+/// ([`SNAPSHOT_CHUNK_BYTES`](crate::network::SNAPSHOT_CHUNK_BYTES)).
 fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
-    bincode::deserialize(body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable: {e}")))
+    let elements_bytes_max = codec::element_bytes_max(body.len()).min(MESSAGE_BYTES_MAX / 2);
+    codec::decode_within(body, elements_bytes_max)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable: {e}")))
+}
+
+/// Decodes an answer frame's body, as read by [`read_frame`], within [`codec::decode`]'s bounds on nesting
+/// (an answer's openraft error nests an `AnyError` per source) and on memory per byte; not within half a
+/// frame, as a request is: a list of 1,000 locks with full queues takes some 50 MB.
+pub fn decode_answer<T: DeserializeOwned>(answer: &[u8]) -> bincode::Result<T> {
+    codec::decode(answer)
 }
 
 fn encode_into(buf: &mut Vec<u8>, value: &impl Serialize) {
@@ -261,6 +326,16 @@ mod tests {
         let refused = read_frame(&mut b, &mut buf, 1000).await.unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
         assert!(buf.is_empty(), "nothing was allocated for it");
+    }
+
+    #[tokio::test]
+    async fn a_frame_larger_than_a_growth_step_reads_back_whole() {
+        let body: Vec<u8> = (0..3 * FRAME_GROWTH_BYTES + 5).map(|i| i as u8).collect();
+        let mut sent = (body.len() as u32).to_le_bytes().to_vec();
+        sent.extend_from_slice(&body);
+        let mut buf = vec![9; 10];
+        assert!(read_frame(&mut sent.as_slice(), &mut buf, MESSAGE_BYTES_MAX).await.unwrap());
+        assert!(buf == body, "the frame's bytes, and only them");
     }
 
     #[tokio::test]
