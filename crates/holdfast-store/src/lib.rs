@@ -195,6 +195,27 @@ impl ApplyObserver for NoObserver {
 /// tree) is converted when opened, one of format 2 or 3 marked 4; any other is refused.
 const FORMAT: u32 = 4;
 
+/// The decoders of what the store reads back from its files, as the store calls them, for its fuzz tests
+/// (`tests/fuzz_records.rs`): not part of the store's API.
+#[doc(hidden)]
+pub mod decoders {
+    use holdfast_core::LockState;
+    use openraft::Entry;
+
+    use crate::{StoreError, TypeConfig};
+
+    /// The log record at the start of `bytes` (see the `wal` module): its entry and its length, `None` if
+    /// it is not whole and intact (a torn write), an error if it is intact but does not decode.
+    pub fn log_record(bytes: &[u8]) -> Result<Option<(Entry<TypeConfig>, usize)>, StoreError> {
+        crate::wal::decode(bytes, 0, 0)
+    }
+
+    /// The lock state in a snapshot's bytes, as an install of the leader's snapshot reads them.
+    pub fn snapshot(bytes: &[u8]) -> Result<LockState, StoreError> {
+        crate::snapshot::decode(bytes, bytes.len() as u64).map(|(state, _)| state)
+    }
+}
+
 /// Tree names and the keys of the fixed records in them.
 mod keys {
     /// Format 1 kept the Raft log here; format 2 keeps it in files (see `wal`).
