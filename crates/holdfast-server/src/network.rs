@@ -167,7 +167,7 @@ impl Peers {
                 Ok(Err(e)) => return Err(self.failed(id, CallError::Broken(e))),
                 Ok(Ok(())) => {
                     self.put(id, addr, conn);
-                    return bincode::deserialize(&answer).map_err(CallError::Undecodable);
+                    return crate::wire::decode_answer(&answer).map_err(CallError::Undecodable);
                 }
             }
         }

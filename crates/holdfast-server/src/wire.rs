@@ -8,12 +8,12 @@
 //! Frames are at most [`MESSAGE_BYTES_MAX`] long. On a cluster with TLS, all of it runs inside mutual TLS.
 //!
 //! What a node decodes from a peer's bytes is decoded here: [`read_frame`], [`decode_request`] (both:
-//! [`read_request`], the peer port's side) and [`decode_answer`] (the caller's side; `Peers::call` in
-//! [`crate::network`] still calls `bincode::deserialize` itself, without the bound on nesting). None of
-//! them trusts a length it reads: a frame's buffer grows with the bytes that arrive (at most
-//! [`FRAME_GROWTH_BYTES`] ahead of them), and a body decodes from the frame's bytes, so a length inside it
-//! claims no more than the frame holds (serde reserves at most 1 MiB for a sequence before its elements
-//! arrive); nor how deep a value nests ([`holdfast_store::codec`]). `tests/fuzz_peer.rs` holds them to that.
+//! [`read_request`], the peer port's side) and [`decode_answer`] (the caller's side, `Peers::call` in
+//! [`crate::network`]). None of them trusts a length it reads: a frame's buffer grows with the bytes that
+//! arrive (at most [`FRAME_GROWTH_BYTES`] ahead of them), and a body decodes from the frame's bytes with
+//! [`holdfast_store::codec`]'s bounds, so a length inside it claims no more than the frame holds and no
+//! room is reserved for a sequence before its elements arrive; nor does it trust how deep a value nests.
+//! `tests/fuzz_peer.rs` holds them to that.
 
 use std::io;
 use std::sync::Arc;
