@@ -15,8 +15,6 @@
 //! is shrunk and its case saved in `fuzz_peer.proptest-regressions`; an input that found a bug is kept below
 //! as a test of its own, named for what it shows.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::pin::Pin;
@@ -47,65 +45,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, BufReader, ReadBuf};
 
+#[path = "../../holdfast-store/tests/fuzzing/mod.rs"]
+mod fuzzing;
+use fuzzing::{cases, largest_allocation, ELEMENT_BYTES_PER_BYTE_MOST};
+
 /// Cases per target unless `HOLDFAST_FUZZ_CASES` says otherwise.
 const CASES_DEFAULT: u32 = 2048;
-
-fn cases() -> u32 {
-    match std::env::var("HOLDFAST_FUZZ_CASES") {
-        Ok(n) => n.parse().expect("HOLDFAST_FUZZ_CASES is a number of cases"),
-        Err(_) => CASES_DEFAULT,
-    }
-}
-
-// --- the counting allocator ---
-
-/// The system allocator, noting the largest single allocation each thread asks for.
-struct Counting;
-
-thread_local! {
-    /// Const-initialized and without a destructor, so the allocator may touch it at any time.
-    static LARGEST_BYTES: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(bytes: usize) {
-    let _ = LARGEST_BYTES.try_with(|largest| largest.set(largest.get().max(bytes)));
-}
-
-// SAFETY: every call goes straight to `System`; noting a size touches only a thread-local `Cell`.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// What `f` returns, and the largest single allocation it asked for on this thread.
-fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    LARGEST_BYTES.with(|largest| largest.set(0));
-    let value = f();
-    (value, LARGEST_BYTES.with(Cell::get))
-}
-
-/// The most memory any element of holdfast's takes per byte of its encoding: an `Outcome::Withdrawn` in a
-/// batch's outcomes, 4 bytes on the wire and 128 in memory.
-const ELEMENT_BYTES_PER_BYTE_MOST: usize = 32;
 
 /// The most one allocation may take while `len` bytes are read and decoded: a frame's buffer grows at most
 /// [`FRAME_GROWTH_BYTES`] ahead of its bytes, or to twice them; a value's elements take at most what the
@@ -648,7 +593,7 @@ fn encoded(received: &Received) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(CASES_DEFAULT), ..ProptestConfig::default() })]
 
     /// A connection's bytes, mutated, read in any sizes: the peer port reads requests until it closes the
     /// connection or the bytes end, without a panic, a hang or an allocation past the bound.

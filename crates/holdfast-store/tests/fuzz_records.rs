@@ -13,7 +13,6 @@
 //! failure is shrunk and its case saved in `fuzz_records.proptest-regressions`; an input that found a bug
 //! is kept below as a test of its own, named for what it shows.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -27,67 +26,14 @@ use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLo
 use proptest::prelude::*;
 use proptest::sample::Index;
 
+#[path = "fuzzing/mod.rs"]
+mod fuzzing;
+use fuzzing::{cases, largest_allocation, ELEMENT_BYTES_PER_BYTE_MOST};
+
 /// Cases for the decoder targets (a fraction of a millisecond each) and for the store targets (a store
 /// opened each: some milliseconds), unless `HOLDFAST_FUZZ_CASES` says otherwise.
 const DECODER_CASES_DEFAULT: u32 = 2048;
 const STORE_CASES_DEFAULT: u32 = 256;
-
-fn cases(default: u32) -> u32 {
-    match std::env::var("HOLDFAST_FUZZ_CASES") {
-        Ok(n) => n.parse().expect("HOLDFAST_FUZZ_CASES is a number of cases"),
-        Err(_) => default,
-    }
-}
-
-// --- the counting allocator ---
-
-/// The system allocator, noting the largest single allocation each thread asks for.
-struct Counting;
-
-thread_local! {
-    /// Const-initialized and without a destructor, so the allocator may touch it at any time.
-    static LARGEST_BYTES: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(bytes: usize) {
-    let _ = LARGEST_BYTES.try_with(|largest| largest.set(largest.get().max(bytes)));
-}
-
-// SAFETY: every call goes straight to `System`; noting a size touches only a thread-local `Cell`.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// What `f` returns, and the largest single allocation it asked for on this thread.
-fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    LARGEST_BYTES.with(|largest| largest.set(0));
-    let value = f();
-    (value, LARGEST_BYTES.with(Cell::get))
-}
-
-/// The most memory any element of holdfast's takes per byte of its encoding: an `Outcome::Withdrawn` in a
-/// batch's outcomes, 4 bytes on the wire and 128 in memory.
-const ELEMENT_BYTES_PER_BYTE_MOST: usize = 32;
 
 /// The most one allocation may take decoding a log record `len` bytes long: its entry's elements take at
 /// most what the codec lets them ([`element_bytes_max`]) and [`ELEMENT_BYTES_PER_BYTE_MOST`] per byte, and
