@@ -40,14 +40,13 @@ use openraft::{
     StorageError, StorageIOError, StoredMembership, Vote,
 };
 use proptest::prelude::*;
-use proptest::sample::Index;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, BufReader, ReadBuf};
 
 #[path = "../../holdfast-store/tests/fuzzing/mod.rs"]
 mod fuzzing;
-use fuzzing::{cases, largest_allocation, ELEMENT_BYTES_PER_BYTE_MOST};
+use fuzzing::{cases, largest_allocation, mutate, mutation, ELEMENT_BYTES_PER_BYTE_MOST};
 
 /// Cases per target unless `HOLDFAST_FUZZ_CASES` says otherwise.
 const CASES_DEFAULT: u32 = 2048;
@@ -353,46 +352,6 @@ fn answer_seeds() -> &'static [(AnswerTo, Vec<u8>)] {
 
 // --- mutations ---
 
-/// One change to a run of bytes; positions are fractions of its length at the time.
-#[derive(Debug, Clone)]
-enum Mutation {
-    FlipBit {
-        at: Index,
-        bit: u8,
-    },
-    SetByte {
-        at: Index,
-        byte: u8,
-    },
-    /// A frame's length, a count or an enum's tag replaced.
-    SetU32 {
-        at: Index,
-        value: u32,
-    },
-    /// A bincode length (of a string, bytes, a sequence or a map) replaced.
-    SetU64 {
-        at: Index,
-        value: u64,
-    },
-    Truncate {
-        at: Index,
-    },
-    Insert {
-        at: Index,
-        bytes: Vec<u8>,
-    },
-    Remove {
-        at: Index,
-        len: usize,
-    },
-    /// A run of the bytes copied over another place, as a torn or misplaced write would.
-    Splice {
-        from: Index,
-        to: Index,
-        len: usize,
-    },
-}
-
 fn telling_u32() -> impl Strategy<Value = u32> {
     prop_oneof![
         Just(0),
@@ -420,73 +379,10 @@ fn telling_u64() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        3 => (any::<Index>(), 0..8u8).prop_map(|(at, bit)| Mutation::FlipBit { at, bit }),
-        2 => (any::<Index>(), any::<u8>()).prop_map(|(at, byte)| Mutation::SetByte { at, byte }),
-        2 => (any::<Index>(), telling_u32()).prop_map(|(at, value)| Mutation::SetU32 { at, value }),
-        2 => (any::<Index>(), telling_u64()).prop_map(|(at, value)| Mutation::SetU64 { at, value }),
-        1 => any::<Index>().prop_map(|at| Mutation::Truncate { at }),
-        1 => (any::<Index>(), prop::collection::vec(any::<u8>(), 1..32)).prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
-        1 => (any::<Index>(), 1..64usize).prop_map(|(at, len)| Mutation::Remove { at, len }),
-        1 => (any::<Index>(), any::<Index>(), 1..64usize).prop_map(|(from, to, len)| Mutation::Splice { from, to, len }),
-    ]
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for mutation in mutations {
-        // An index into the bytes as they are now (past the end for inserts and cuts).
-        let at = |index: &Index, end: usize| if end == 0 { 0 } else { index.index(end) };
-        match mutation {
-            Mutation::FlipBit { at: i, bit } if !bytes.is_empty() => {
-                let i = at(i, bytes.len());
-                bytes[i] ^= 1 << bit;
-            }
-            Mutation::SetByte { at: i, byte } if !bytes.is_empty() => {
-                let i = at(i, bytes.len());
-                bytes[i] = *byte;
-            }
-            Mutation::SetU32 { at: i, value } => {
-                let i = at(i, bytes.len() + 1);
-                overwrite(&mut bytes, i, &value.to_le_bytes());
-            }
-            Mutation::SetU64 { at: i, value } => {
-                let i = at(i, bytes.len() + 1);
-                overwrite(&mut bytes, i, &value.to_le_bytes());
-            }
-            Mutation::Truncate { at: i } => bytes.truncate(at(i, bytes.len() + 1)),
-            Mutation::Insert { at: i, bytes: new } => {
-                let i = at(i, bytes.len() + 1);
-                bytes.splice(i..i, new.iter().copied());
-            }
-            Mutation::Remove { at: i, len } if !bytes.is_empty() => {
-                let i = at(i, bytes.len());
-                bytes.drain(i..(i + len).min(bytes.len()));
-            }
-            Mutation::Splice { from, to, len } if !bytes.is_empty() => {
-                let from = at(from, bytes.len());
-                let run = bytes[from..(from + len).min(bytes.len())].to_vec();
-                let to = at(to, bytes.len());
-                overwrite(&mut bytes, to, &run);
-            }
-            _ => {}
-        }
-    }
-    bytes
-}
-
-/// Writes `new` over `bytes` from `at`, extending them if it runs past their end.
-fn overwrite(bytes: &mut Vec<u8>, at: usize, new: &[u8]) {
-    if bytes.len() < at + new.len() {
-        bytes.resize(at + new.len(), 0);
-    }
-    bytes[at..at + new.len()].copy_from_slice(new);
-}
-
 /// A seed of `seeds` mutated, or now and then bytes made up from nothing.
 fn mutated(seeds: &'static [Vec<u8>]) -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
-        8 => (0..seeds.len(), prop::collection::vec(mutation(), 1..6))
+        8 => (0..seeds.len(), prop::collection::vec(mutation(telling_u32(), telling_u64()), 1..6))
             .prop_map(move |(seed, mutations)| mutate(seeds[seed].clone(), &mutations)),
         1 => prop::collection::vec(any::<u8>(), 0..256),
     ]
@@ -496,7 +392,7 @@ fn mutated(seeds: &'static [Vec<u8>]) -> impl Strategy<Value = Vec<u8>> {
 fn request_stream() -> impl Strategy<Value = Vec<u8>> {
     let seeds = request_seeds();
     prop_oneof![
-        8 => (prop::collection::vec(0..seeds.len(), 1..4), prop::collection::vec(mutation(), 0..6)).prop_map(
+        8 => (prop::collection::vec(0..seeds.len(), 1..4), prop::collection::vec(mutation(telling_u32(), telling_u64()), 0..6)).prop_map(
             move |(picked, mutations)| {
                 let mut stream = HELLO.to_vec();
                 for seed in picked {
@@ -623,7 +519,7 @@ proptest! {
     #[test]
     fn a_mutated_answer_decodes_to_an_answer_or_an_error(
         seed in 0..answer_seeds().len(),
-        mutations in prop::collection::vec(mutation(), 1..6),
+        mutations in prop::collection::vec(mutation(telling_u32(), telling_u64()), 1..6),
     ) {
         let answer = mutate(answer_seeds()[seed].1.clone(), &mutations);
         for to in [AnswerTo::Append, AnswerTo::Vote, AnswerTo::Snapshot, AnswerTo::Forward, AnswerTo::PreVote] {

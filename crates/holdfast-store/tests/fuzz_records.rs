@@ -28,7 +28,7 @@ use proptest::sample::Index;
 
 #[path = "fuzzing/mod.rs"]
 mod fuzzing;
-use fuzzing::{cases, largest_allocation, ELEMENT_BYTES_PER_BYTE_MOST};
+use fuzzing::{cases, largest_allocation, mutate, mutation, Mutation, ELEMENT_BYTES_PER_BYTE_MOST};
 
 /// Cases for the decoder targets (a fraction of a millisecond each) and for the store targets (a store
 /// opened each: some milliseconds), unless `HOLDFAST_FUZZ_CASES` says otherwise.
@@ -283,46 +283,6 @@ fn reopened(dir: &Path) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
 
 // --- mutations ---
 
-/// One change to a run of bytes; positions are fractions of its length at the time.
-#[derive(Debug, Clone)]
-enum Mutation {
-    FlipBit {
-        at: Index,
-        bit: u8,
-    },
-    SetByte {
-        at: Index,
-        byte: u8,
-    },
-    /// A record's length or CRC, an enum's tag or a count replaced.
-    SetU32 {
-        at: Index,
-        value: u32,
-    },
-    /// A bincode length (of a string, a sequence or a map) or an index replaced.
-    SetU64 {
-        at: Index,
-        value: u64,
-    },
-    Truncate {
-        at: Index,
-    },
-    Insert {
-        at: Index,
-        bytes: Vec<u8>,
-    },
-    Remove {
-        at: Index,
-        len: usize,
-    },
-    /// A run of the bytes copied over another place, as a torn or misplaced write would.
-    Splice {
-        from: Index,
-        to: Index,
-        len: usize,
-    },
-}
-
 fn telling_u32() -> impl Strategy<Value = u32> {
     prop_oneof![Just(0), Just(1), Just(u32::MAX), Just(1 << 20), Just(1 << 31), 0..256u32, any::<u32>()]
 }
@@ -340,71 +300,8 @@ fn telling_u64() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        3 => (any::<Index>(), 0..8u8).prop_map(|(at, bit)| Mutation::FlipBit { at, bit }),
-        2 => (any::<Index>(), any::<u8>()).prop_map(|(at, byte)| Mutation::SetByte { at, byte }),
-        2 => (any::<Index>(), telling_u32()).prop_map(|(at, value)| Mutation::SetU32 { at, value }),
-        2 => (any::<Index>(), telling_u64()).prop_map(|(at, value)| Mutation::SetU64 { at, value }),
-        1 => any::<Index>().prop_map(|at| Mutation::Truncate { at }),
-        1 => (any::<Index>(), prop::collection::vec(any::<u8>(), 1..32)).prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
-        1 => (any::<Index>(), 1..64usize).prop_map(|(at, len)| Mutation::Remove { at, len }),
-        1 => (any::<Index>(), any::<Index>(), 1..64usize).prop_map(|(from, to, len)| Mutation::Splice { from, to, len }),
-    ]
-}
-
 fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    prop::collection::vec(mutation(), 1..6)
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for mutation in mutations {
-        // An index into the bytes as they are now (past the end for inserts and cuts).
-        let at = |index: &Index, end: usize| if end == 0 { 0 } else { index.index(end) };
-        match mutation {
-            Mutation::FlipBit { at: i, bit } if !bytes.is_empty() => {
-                let i = at(i, bytes.len());
-                bytes[i] ^= 1 << bit;
-            }
-            Mutation::SetByte { at: i, byte } if !bytes.is_empty() => {
-                let i = at(i, bytes.len());
-                bytes[i] = *byte;
-            }
-            Mutation::SetU32 { at: i, value } => {
-                let i = at(i, bytes.len() + 1);
-                overwrite(&mut bytes, i, &value.to_le_bytes());
-            }
-            Mutation::SetU64 { at: i, value } => {
-                let i = at(i, bytes.len() + 1);
-                overwrite(&mut bytes, i, &value.to_le_bytes());
-            }
-            Mutation::Truncate { at: i } => bytes.truncate(at(i, bytes.len() + 1)),
-            Mutation::Insert { at: i, bytes: new } => {
-                let i = at(i, bytes.len() + 1);
-                bytes.splice(i..i, new.iter().copied());
-            }
-            Mutation::Remove { at: i, len } if !bytes.is_empty() => {
-                let i = at(i, bytes.len());
-                bytes.drain(i..(i + len).min(bytes.len()));
-            }
-            Mutation::Splice { from, to, len } if !bytes.is_empty() => {
-                let from = at(from, bytes.len());
-                let run = bytes[from..(from + len).min(bytes.len())].to_vec();
-                let to = at(to, bytes.len());
-                overwrite(&mut bytes, to, &run);
-            }
-            _ => {}
-        }
-    }
-    bytes
-}
-
-/// Writes `new` over `bytes` from `at`, extending them if it runs past their end.
-fn overwrite(bytes: &mut Vec<u8>, at: usize, new: &[u8]) {
-    if bytes.len() < at + new.len() {
-        bytes.resize(at + new.len(), 0);
-    }
-    bytes[at..at + new.len()].copy_from_slice(new);
+    prop::collection::vec(mutation(telling_u32(), telling_u64()), 1..6)
 }
 
 /// `record` with its payload mutated and its CRC made to match again: a record the log takes for intact,

@@ -1,9 +1,13 @@
-//! What the byte-level fuzz targets share: their case count and a counting global allocator. Included by
+//! What the byte-level fuzz targets share: their case count, a counting global allocator, and the mutations
+//! they make to valid encodings. Included by
 //! `fuzz_records.rs` here and by holdfast-server's `fuzz_peer.rs` (`#[path]`), each a test binary of its
 //! own: including this module installs the allocator in that binary.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+
+use proptest::prelude::*;
+use proptest::sample::Index;
 
 /// The cases a target runs: `default`, unless `HOLDFAST_FUZZ_CASES` says otherwise.
 pub fn cases(default: u32) -> u32 {
@@ -59,4 +63,114 @@ pub fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
     LARGEST_BYTES.with(|largest| largest.set(0));
     let value = f();
     (value, LARGEST_BYTES.with(Cell::get))
+}
+
+// --- mutations ---
+
+/// One change to a run of bytes; positions are fractions of its length at the time.
+#[derive(Debug, Clone)]
+pub enum Mutation {
+    FlipBit {
+        at: Index,
+        bit: u8,
+    },
+    SetByte {
+        at: Index,
+        byte: u8,
+    },
+    /// A length, a count, a CRC or an enum's tag replaced.
+    SetU32 {
+        at: Index,
+        value: u32,
+    },
+    /// A bincode length (of a string, bytes, a sequence or a map) or an index replaced.
+    SetU64 {
+        at: Index,
+        value: u64,
+    },
+    Truncate {
+        at: Index,
+    },
+    Insert {
+        at: Index,
+        bytes: Vec<u8>,
+    },
+    Remove {
+        at: Index,
+        len: usize,
+    },
+    /// A run of the bytes copied over another place, as a torn or misplaced write would.
+    Splice {
+        from: Index,
+        to: Index,
+        len: usize,
+    },
+}
+
+/// One mutation, whose replaced integers are drawn from the target's telling values.
+pub fn mutation(
+    telling_u32: impl Strategy<Value = u32> + 'static,
+    telling_u64: impl Strategy<Value = u64> + 'static,
+) -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        3 => (any::<Index>(), 0..8u8).prop_map(|(at, bit)| Mutation::FlipBit { at, bit }),
+        2 => (any::<Index>(), any::<u8>()).prop_map(|(at, byte)| Mutation::SetByte { at, byte }),
+        2 => (any::<Index>(), telling_u32).prop_map(|(at, value)| Mutation::SetU32 { at, value }),
+        2 => (any::<Index>(), telling_u64).prop_map(|(at, value)| Mutation::SetU64 { at, value }),
+        1 => any::<Index>().prop_map(|at| Mutation::Truncate { at }),
+        1 => (any::<Index>(), prop::collection::vec(any::<u8>(), 1..32)).prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+        1 => (any::<Index>(), 1..64usize).prop_map(|(at, len)| Mutation::Remove { at, len }),
+        1 => (any::<Index>(), any::<Index>(), 1..64usize).prop_map(|(from, to, len)| Mutation::Splice { from, to, len }),
+    ]
+}
+
+/// `bytes` with `mutations` made in order.
+pub fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+    for mutation in mutations {
+        // An index into the bytes as they are now (past the end for inserts and cuts).
+        let at = |index: &Index, end: usize| if end == 0 { 0 } else { index.index(end) };
+        match mutation {
+            Mutation::FlipBit { at: i, bit } if !bytes.is_empty() => {
+                let i = at(i, bytes.len());
+                bytes[i] ^= 1 << bit;
+            }
+            Mutation::SetByte { at: i, byte } if !bytes.is_empty() => {
+                let i = at(i, bytes.len());
+                bytes[i] = *byte;
+            }
+            Mutation::SetU32 { at: i, value } => {
+                let i = at(i, bytes.len() + 1);
+                overwrite(&mut bytes, i, &value.to_le_bytes());
+            }
+            Mutation::SetU64 { at: i, value } => {
+                let i = at(i, bytes.len() + 1);
+                overwrite(&mut bytes, i, &value.to_le_bytes());
+            }
+            Mutation::Truncate { at: i } => bytes.truncate(at(i, bytes.len() + 1)),
+            Mutation::Insert { at: i, bytes: new } => {
+                let i = at(i, bytes.len() + 1);
+                bytes.splice(i..i, new.iter().copied());
+            }
+            Mutation::Remove { at: i, len } if !bytes.is_empty() => {
+                let i = at(i, bytes.len());
+                bytes.drain(i..(i + len).min(bytes.len()));
+            }
+            Mutation::Splice { from, to, len } if !bytes.is_empty() => {
+                let from = at(from, bytes.len());
+                let run = bytes[from..(from + len).min(bytes.len())].to_vec();
+                let to = at(to, bytes.len());
+                overwrite(&mut bytes, to, &run);
+            }
+            _ => {}
+        }
+    }
+    bytes
+}
+
+/// Writes `new` over `bytes` from `at`, extending them if it runs past their end.
+fn overwrite(bytes: &mut Vec<u8>, at: usize, new: &[u8]) {
+    if bytes.len() < at + new.len() {
+        bytes.resize(at + new.len(), 0);
+    }
+    bytes[at..at + new.len()].copy_from_slice(new);
 }
