@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use holdfast_core::{Acquire, Command, Expire, LockState, SecretDigest, SessionSecret, Token};
+use holdfast_core::{Command, LockState, SecretDigest, SessionSecret, Token};
 use holdfast_server::network::MESSAGE_BYTES_MAX;
 use holdfast_server::node::{
     ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, Query, QueryReply, Request, Written,
@@ -46,7 +46,7 @@ use tokio::io::{AsyncRead, BufReader, ReadBuf};
 
 #[path = "../../holdfast-store/tests/fuzzing/mod.rs"]
 mod fuzzing;
-use fuzzing::{cases, largest_allocation, mutate, mutation, ELEMENT_BYTES_PER_BYTE_MOST};
+use fuzzing::{acquire, cases, every_command, largest_allocation, mutate, mutation, ELEMENT_BYTES_PER_BYTE_MOST};
 
 /// Cases per target unless `HOLDFAST_FUZZ_CASES` says otherwise.
 const CASES_DEFAULT: u32 = 2048;
@@ -70,63 +70,6 @@ fn membership() -> Membership<NodeId, BasicNode> {
     let nodes: BTreeMap<NodeId, BasicNode> =
         (1..=4).map(|id| (id, BasicNode { addr: format!("10.0.0.{id}:7001") })).collect();
     Membership::new(vec![BTreeSet::from([1, 2, 3]), BTreeSet::from([2, 3, 4])], nodes)
-}
-
-fn acquire(name: &str, session: Option<u64>) -> Command {
-    Command::Acquire(Acquire {
-        name: name.into(),
-        owner: "worker-7".into(),
-        token: Token(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
-        ttl_ms: 5_000,
-        wait_ms: 60_000,
-        session,
-    })
-}
-
-/// One command of every kind, batches of each kind among them.
-fn every_command() -> Vec<Command> {
-    let token = Token(u128::MAX - 5);
-    let cmds = vec![
-        acquire("a", None),
-        acquire("b", Some(9)),
-        Command::Release { name: "a".into(), token },
-        Command::Renew { name: "a".into(), token, ttl_ms: 10_000 },
-        Command::Cancel { name: "b".into(), token },
-        Command::OpenSessionWithoutSecret { id: 9, owner: "old-build".into(), lease_ms: 2_000 },
-        Command::CloseSession { id: 9 },
-        Command::Expire(Expire {
-            locks: vec![("a".into(), 3), ("c".into(), 4)],
-            waiters: vec![("b".into(), token)],
-            sessions: vec![9, 10],
-        }),
-        Command::CreateKey { tenant: 3, hash: [0xab; 32] },
-        Command::RevokeKey { tenant: 3 },
-        Command::Batch(vec![acquire("x", None), Command::Release { name: "y".into(), token }]),
-        Command::RenewKeepingTtl { name: "a".into(), token },
-        Command::Group(vec![Command::Release { name: "x".into(), token }, acquire("x", None), acquire("x", None)]),
-        Command::OpenSession { id: 11, owner: "s".into(), lease_ms: 3_000, secret: SessionSecret(token).digest() },
-    ];
-    let mut kinds = BTreeSet::new();
-    for cmd in &cmds {
-        // A new kind of command fails to compile here until it is given a seed above (and a name here).
-        kinds.insert(match cmd {
-            Command::Acquire(_) => "acquire",
-            Command::Release { .. } => "release",
-            Command::Renew { .. } => "renew",
-            Command::Cancel { .. } => "cancel",
-            Command::OpenSessionWithoutSecret { .. } => "open-session-without-secret",
-            Command::CloseSession { .. } => "close-session",
-            Command::Expire(_) => "expire",
-            Command::CreateKey { .. } => "create-key",
-            Command::RevokeKey { .. } => "revoke-key",
-            Command::Batch(_) => "batch",
-            Command::RenewKeepingTtl { .. } => "renew-keeping-ttl",
-            Command::Group(_) => "group",
-            Command::OpenSession { .. } => "open-session",
-        });
-    }
-    assert_eq!(kinds.len(), 13, "a seed of every kind of command");
-    cmds
 }
 
 fn entries() -> Vec<Entry<TypeConfig>> {

@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use holdfast_core::{Acquire, Command, Expire, LockState, SecretDigest, SessionSecret, Token};
+use holdfast_core::{Command, LockState, SecretDigest};
 use holdfast_store::codec::element_bytes_max;
 use holdfast_store::{decoders, open, LogStore, NoObserver, NodeId, StateMachineStore, StoreError, TypeConfig};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
@@ -28,7 +28,9 @@ use proptest::sample::Index;
 
 #[path = "fuzzing/mod.rs"]
 mod fuzzing;
-use fuzzing::{cases, largest_allocation, mutate, mutation, Mutation, ELEMENT_BYTES_PER_BYTE_MOST};
+use fuzzing::{
+    acquire, cases, every_command, largest_allocation, mutate, mutation, Mutation, ELEMENT_BYTES_PER_BYTE_MOST,
+};
 
 /// Cases for the decoder targets (a fraction of a millisecond each) and for the store targets (a store
 /// opened each: some milliseconds), unless `HOLDFAST_FUZZ_CASES` says otherwise.
@@ -54,63 +56,6 @@ fn snapshot_bound_bytes(len: usize) -> usize {
 
 fn log_id(term: u64, index: u64) -> LogId<NodeId> {
     LogId::new(CommittedLeaderId::new(term, 1), index)
-}
-
-fn acquire(name: &str, session: Option<u64>) -> Command {
-    Command::Acquire(Acquire {
-        name: name.into(),
-        owner: "worker-7".into(),
-        token: Token(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
-        ttl_ms: 5_000,
-        wait_ms: 60_000,
-        session,
-    })
-}
-
-/// One command of every kind, batches of each kind among them.
-fn every_command() -> Vec<Command> {
-    let token = Token(u128::MAX - 5);
-    let cmds = vec![
-        Command::OpenSession { id: 9, owner: "s".into(), lease_ms: 3_000, secret: SessionSecret(token).digest() },
-        acquire("a", None),
-        acquire("b", Some(9)),
-        Command::Release { name: "a".into(), token },
-        Command::Renew { name: "a".into(), token, ttl_ms: 10_000 },
-        Command::Cancel { name: "b".into(), token },
-        Command::OpenSessionWithoutSecret { id: 10, owner: "old-build".into(), lease_ms: 2_000 },
-        Command::CloseSession { id: 10 },
-        Command::Expire(Expire {
-            locks: vec![("a".into(), 3), ("c".into(), 4)],
-            waiters: vec![("b".into(), token)],
-            sessions: vec![10, 11],
-        }),
-        Command::CreateKey { tenant: 3, hash: [0xab; 32] },
-        Command::RevokeKey { tenant: 3 },
-        Command::Batch(vec![acquire("x", None), Command::Release { name: "y".into(), token }]),
-        Command::RenewKeepingTtl { name: "a".into(), token },
-        Command::Group(vec![Command::Release { name: "x".into(), token }, acquire("x", None), acquire("x", None)]),
-    ];
-    let mut kinds = BTreeSet::new();
-    for cmd in &cmds {
-        // A new kind of command fails to compile here until it is given a seed above (and a name here).
-        kinds.insert(match cmd {
-            Command::Acquire(_) => "acquire",
-            Command::Release { .. } => "release",
-            Command::Renew { .. } => "renew",
-            Command::Cancel { .. } => "cancel",
-            Command::OpenSessionWithoutSecret { .. } => "open-session-without-secret",
-            Command::CloseSession { .. } => "close-session",
-            Command::Expire(_) => "expire",
-            Command::CreateKey { .. } => "create-key",
-            Command::RevokeKey { .. } => "revoke-key",
-            Command::Batch(_) => "batch",
-            Command::RenewKeepingTtl { .. } => "renew-keeping-ttl",
-            Command::Group(_) => "group",
-            Command::OpenSession { .. } => "open-session",
-        });
-    }
-    assert_eq!(kinds.len(), 13, "a seed of every kind of command");
-    cmds
 }
 
 /// Entries of every kind from index `first` on, in `term`: blank, membership, then every command.

@@ -1,11 +1,13 @@
 //! What the byte-level fuzz targets share: their case count, a counting global allocator, and the mutations
-//! they make to valid encodings. Included by
+//! they make to valid encodings, and a seed command of every kind. Included by
 //! `fuzz_records.rs` here and by holdfast-server's `fuzz_peer.rs` (`#[path]`), each a test binary of its
 //! own: including this module installs the allocator in that binary.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::collections::BTreeSet;
 
+use holdfast_core::{Acquire, Command, Expire, SessionSecret, Token};
 use proptest::prelude::*;
 use proptest::sample::Index;
 
@@ -173,4 +175,64 @@ fn overwrite(bytes: &mut Vec<u8>, at: usize, new: &[u8]) {
         bytes.resize(at + new.len(), 0);
     }
     bytes[at..at + new.len()].copy_from_slice(new);
+}
+
+// --- seeds ---
+
+/// An acquire of `name` by the seeds' one owner and token.
+pub fn acquire(name: &str, session: Option<u64>) -> Command {
+    Command::Acquire(Acquire {
+        name: name.into(),
+        owner: "worker-7".into(),
+        token: Token(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
+        ttl_ms: 5_000,
+        wait_ms: 60_000,
+        session,
+    })
+}
+
+/// One command of every kind, batches of each kind among them.
+pub fn every_command() -> Vec<Command> {
+    let token = Token(u128::MAX - 5);
+    let cmds = vec![
+        Command::OpenSession { id: 9, owner: "s".into(), lease_ms: 3_000, secret: SessionSecret(token).digest() },
+        acquire("a", None),
+        acquire("b", Some(9)),
+        Command::Release { name: "a".into(), token },
+        Command::Renew { name: "a".into(), token, ttl_ms: 10_000 },
+        Command::Cancel { name: "b".into(), token },
+        Command::OpenSessionWithoutSecret { id: 10, owner: "old-build".into(), lease_ms: 2_000 },
+        Command::CloseSession { id: 10 },
+        Command::Expire(Expire {
+            locks: vec![("a".into(), 3), ("c".into(), 4)],
+            waiters: vec![("b".into(), token)],
+            sessions: vec![10, 11],
+        }),
+        Command::CreateKey { tenant: 3, hash: [0xab; 32] },
+        Command::RevokeKey { tenant: 3 },
+        Command::Batch(vec![acquire("x", None), Command::Release { name: "y".into(), token }]),
+        Command::RenewKeepingTtl { name: "a".into(), token },
+        Command::Group(vec![Command::Release { name: "x".into(), token }, acquire("x", None), acquire("x", None)]),
+    ];
+    let mut kinds = BTreeSet::new();
+    for cmd in &cmds {
+        // A new kind of command fails to compile here until it is given a seed above (and a name here).
+        kinds.insert(match cmd {
+            Command::Acquire(_) => "acquire",
+            Command::Release { .. } => "release",
+            Command::Renew { .. } => "renew",
+            Command::Cancel { .. } => "cancel",
+            Command::OpenSessionWithoutSecret { .. } => "open-session-without-secret",
+            Command::CloseSession { .. } => "close-session",
+            Command::Expire(_) => "expire",
+            Command::CreateKey { .. } => "create-key",
+            Command::RevokeKey { .. } => "revoke-key",
+            Command::Batch(_) => "batch",
+            Command::RenewKeepingTtl { .. } => "renew-keeping-ttl",
+            Command::Group(_) => "group",
+            Command::OpenSession { .. } => "open-session",
+        });
+    }
+    assert_eq!(kinds.len(), 13, "a seed of every kind of command");
+    cmds
 }
