@@ -25,7 +25,8 @@
 //! A failure is shrunk and its case saved in `fuzz_fronts.proptest-regressions`; an input that found a bug
 //! is kept below as a test of its own, named for what it shows.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Once};
@@ -160,22 +161,9 @@ impl Fuzzed {
             let peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = client.local_addr().unwrap().to_string();
             let config = Config {
-                id: 1,
-                members: BTreeMap::from([(1, peer.local_addr().unwrap().to_string())]),
-                data_dir: data_dir.clone(),
                 limits: FrontLimits { ttl_ms_min: TTL_MS_MIN, ttl_ms_max: TTL_MS_MAX, wait_ms_max: WAIT_MS_MAX },
-                heartbeat_ms: 50,
-                election_timeout_ms: 200,
-                snapshot_every_entries: 1000,
-                queue_hold: holdfast_server::proposer::QUEUE_HOLD,
-                join: false,
                 admin_key: Some(Secret(ADMIN_KEY.into())),
-                tls: None,
-                auth: Default::default(),
-                cache_bytes: holdfast_store::CACHE_BYTES_DEFAULT,
-                clock: holdfast_server::WallClock::system(),
-                rng_seed: None,
-                bugs: holdfast_server::Bugs::default(),
+                ..common::one_node(peer.local_addr().unwrap().to_string(), data_dir.clone())
             };
             // As `holdfast_server::run` opens it, but through `serve`, which hands back the node: the cases
             // compare its lock state before and after each refused request.

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod common;
+
 use holdfast_proto::v1::{
     EventKind, Heartbeat, LocksClient, Open, RequestKind, Resume, SessionAcquire, SessionEvent, SessionRelease,
     SessionRequest,
 };
-use holdfast_server::node::FrontLimits;
-use holdfast_server::Config;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -31,24 +31,7 @@ impl Node {
         let client = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = client.local_addr().unwrap().to_string();
-        let config = Config {
-            id: 1,
-            members: BTreeMap::from([(1, peer.local_addr().unwrap().to_string())]),
-            data_dir: dir.path().to_owned(),
-            limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 60_000, wait_ms_max: 60_000 },
-            heartbeat_ms: 50,
-            election_timeout_ms: 200,
-            snapshot_every_entries: 1000,
-            queue_hold: holdfast_server::proposer::QUEUE_HOLD,
-            join: false,
-            admin_key: None,
-            tls: None,
-            auth: Default::default(),
-            cache_bytes: holdfast_store::CACHE_BYTES_DEFAULT,
-            clock: holdfast_server::WallClock::system(),
-            rng_seed: None,
-            bugs: holdfast_server::Bugs::default(),
-        };
+        let config = common::one_node(peer.local_addr().unwrap().to_string(), dir.path().to_owned());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(holdfast_server::run(
             config,

@@ -1,0 +1,30 @@
+//! What the in-process node tests share: the configuration of a single node on 127.0.0.1.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use holdfast_server::node::FrontLimits;
+use holdfast_server::Config;
+
+/// A single node (id 1) whose peer port is `peer_addr`, with its data in `data_dir`: quick timeouts, no
+/// TLS, no auth, no admin key, the system clock. Tests change what they need with `..one_node(..)`.
+pub fn one_node(peer_addr: String, data_dir: PathBuf) -> Config {
+    Config {
+        id: 1,
+        members: BTreeMap::from([(1, peer_addr)]),
+        data_dir,
+        limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 60_000, wait_ms_max: 60_000 },
+        heartbeat_ms: 50,
+        election_timeout_ms: 200,
+        snapshot_every_entries: 1000,
+        queue_hold: holdfast_server::proposer::QUEUE_HOLD,
+        join: false,
+        admin_key: None,
+        tls: None,
+        auth: Default::default(),
+        cache_bytes: holdfast_store::CACHE_BYTES_DEFAULT,
+        clock: holdfast_server::WallClock::system(),
+        rng_seed: None,
+        bugs: holdfast_server::Bugs::default(),
+    }
+}
