@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{wait_for, Cluster, Grant, READY_BOUND};
+use holdfast_server::peer::codec::Call;
 use holdfast_server::tls::Tls;
-use holdfast_server::wire::Call;
 use openraft::error::RaftError;
 use openraft::raft::{VoteRequest, VoteResponse};
 use openraft::Vote;
@@ -110,7 +110,8 @@ async fn mutual_tls_cluster_serves_clients_with_certificates_and_refuses_the_res
     let dial = |cert: &str, key: &str| {
         let (cert, key) = (write(dir.path(), "dial.pem", cert), write(dir.path(), "dial.key", key));
         let files = holdfast_server::tls::TlsFiles { cert, key, ca: ca_path.clone(), client_auth: false };
-        let peers = holdfast_server::network::Peers::new(Some(std::sync::Arc::new(Tls::load(files).unwrap())), None);
+        let peers =
+            holdfast_server::peer::client::Peers::new(Some(std::sync::Arc::new(Tls::load(files).unwrap())), None);
         let vote: VoteRequest<u64> = VoteRequest::new(Vote::new(0, 99), None);
         async move {
             let answer: Result<Result<VoteResponse<u64>, RaftError<u64>>, _> = peers

@@ -1,45 +1,52 @@
-//! A holdfast node: openraft wired to the disk store and the peer network, the leader's lease
-//! keeper, and the client port's two fronts, HTTP/JSON and gRPC, served side by side.
+//! A holdfast node: openraft wired to the disk store and the peer network, the leader's lease keeper, and
+//! the client port's two fronts, HTTP/JSON and gRPC, served side by side.
 //!
-//! Layout:
-//! - [`node`]: proposing on the leader, forwarding from followers, linearizable reads, grant watches,
-//!   heartbeats (batched leadership confirmation), waiter pings and election timing.
-//! - [`keeper`]: deadlines of TTL holds, sessions and one-shot waiters; the leader's batched expiry;
-//!   watchers of grants and session streams (the apply observer).
-//! - [`network`]: openraft's RPCs and forwarded requests to peers; [`wire`]: their wire format, and the
-//!   peer port's server.
-//! - [`ops`]: the one-shot operations and input checks both fronts share.
-//! - [`http`]: the HTTP/JSON API; [`grpc`]: the gRPC API with lock sessions; [`error`]: how errors
-//!   become HTTP answers and gRPC statuses (one place each).
-//! - [`metrics`]: the Prometheus registry; [`health`]: liveness, readiness, `grpc.health.v1`, the
-//!   optional plain health port, request metrics and systemd's readiness notification.
+//! The folders are the path of a request, top to bottom, and each may use only the ones below it:
 //!
-//! [`run`] takes its listeners and a shutdown future, so the same node runs on real sockets and in tests.
-//! This crate must not depend on the client library or the binary.
+//! ```text
+//! front/     ① socket: HTTP and gRPC, health, problems       (axum, tonic)
+//! api/       ② operations, checks, API keys, admin calls      (no transport)
+//! route/     ③ to the leader: served here, or forwarded in batches
+//! leader/    ④ propose, batch, confirm, keep leases, expire, membership
+//! apply/     ⑤ what every applied entry tells: watchers, deadlines → the answer
+//! election/  ⑥ who leads; the election watch and pre-vote (a pure core and its driver)
+//! peer/      ⑦ what nodes say to each other: protocol, codec, client, openraft network, server
+//! ```
+//!
+//! Below them, leaves that import no module of this crate: [`metrics`], [`tls`], [`clock`], [`random`],
+//! [`state`], [`faults`]. Above them only the wiring: [`node`] builds the parts and answers the peer port,
+//! and this file starts a node ([`run`], [`serve`]). `docs/ARCHITECTURE.md` follows one request through
+//! the folders. This crate must not depend on the client library or the binary.
 // A write's future holds the lone writes a forwarded batch may fall back to, nested inside the HTTP
 // and gRPC fronts' futures: deeper than the compiler's default limit for computing their layout.
 #![recursion_limit = "256"]
 
-pub mod auth;
-pub mod calls;
-pub mod error;
-mod gather;
-pub mod grpc;
-pub mod health;
-pub mod http;
-pub mod keeper;
+pub mod api;
+pub mod apply;
+pub mod clock;
+pub mod election;
+pub mod faults;
+pub mod front;
+pub mod leader;
 pub mod metrics;
-pub mod network;
 pub mod node;
-pub mod ops;
-pub mod proposer;
+pub mod peer;
+pub mod random;
+pub mod route;
+pub mod state;
 pub mod tls;
-pub mod wire;
 
+pub use api::auth::AuthConfig;
+pub use api::auth::Secret;
+pub use api::FrontLimits;
+pub use clock::WallClock;
+pub use faults::Bugs;
 pub use holdfast_core::limits;
-pub use node::{Bugs, WallClock};
+pub use leader::proposer::QUEUE_HOLD;
+pub use node::Node;
+pub use peer::protocol::REQUEST_TIMEOUT;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,13 +54,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use holdfast_store::NodeId;
-use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
-use serde_json::{json, Value};
+use openraft::{BasicNode, Raft, SnapshotPolicy};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 
-use crate::keeper::Events;
-use crate::network::{Network, Peers, SNAPSHOT_CHUNK_BYTES};
-use crate::node::{FrontLimits, Node};
+use crate::apply::events::Events;
+use crate::peer::client::Peers;
+use crate::peer::codec::SNAPSHOT_CHUNK_BYTES;
+use crate::peer::raft::Network;
 
 /// How long in-flight HTTP requests (long polls) may run on after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -76,7 +84,7 @@ pub struct Config {
     /// A snapshot is taken after this many entries since the last one.
     pub snapshot_every_entries: u64,
     /// How long the leader may hold back an acquire that will queue, for its lock's release to share its
-    /// entry ([`proposer::QUEUE_HOLD`] by default; zero: never).
+    /// entry ([`QUEUE_HOLD`] by default; zero: never).
     pub queue_hold: Duration,
     /// Start without initializing the cluster, to be added by a member (`holdfast cluster add`): for a
     /// node that joins a running cluster, or replaces one whose disk was lost (under a new id).
@@ -86,7 +94,7 @@ pub struct Config {
     /// TLS on the client port and mutual TLS between peers; `None`: plain TCP.
     pub tls: Option<tls::TlsFiles>,
     /// API keys and tenants.
-    pub auth: auth::AuthConfig,
+    pub auth: AuthConfig,
     /// The storage's page cache, in bytes.
     pub cache_bytes: u64,
     /// Where the leader's time stamps come from: the system clock, but in simulations.
@@ -101,20 +109,10 @@ pub struct Config {
 pub struct Listeners {
     /// Clients: HTTP/JSON and gRPC side by side.
     pub client: TcpListener,
-    /// Peers: Raft and forwarded requests (the peer protocol, [`wire`]).
+    /// Peers: Raft and forwarded requests (the peer protocol, [`peer`]).
     pub peer: TcpListener,
     /// Optional plain port for `/livez`, `/readyz` and `/metrics` only.
     pub health: Option<TcpListener>,
-}
-
-/// A secret (a key) that never shows in debug output or logs.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(pub String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
 }
 
 /// Runs a node on its listeners until `shutdown` resolves: storage on sled in `config.data_dir`, and TLS
@@ -226,16 +224,51 @@ where
     );
     let metrics = metrics::Metrics::new();
     metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
-    let events = Arc::new(Events::new(Arc::new(metrics)));
+    let metrics = Arc::new(metrics);
+    let events = Arc::new(Events::new(metrics.clone()));
     let Storage { log: log_store, machine: sm_store, state, committed_index, durable } = storage(events.clone())?;
+    let peers = Arc::new(Peers::new(tls.clone(), dialer));
+    let network =
+        Network { peers: peers.clone(), durable: Some(durable.clone()), urgent: Some(events.urgent_commits()) };
+    let raft =
+        Raft::new(config.id, raft_config(&config)?, network, log_store, sm_store).await.context("starting raft")?;
+    initialize(&config, &raft).await?;
+    let parts = node::Parts {
+        raft: raft.clone(),
+        state,
+        events,
+        peers,
+        metrics,
+        committed_index,
+        durable,
+        limits: config.limits.clone(),
+        auth: config.auth.clone(),
+        admin_key: config.admin_key.clone(),
+        clock: config.clock.clone(),
+        rng_seed: config.rng_seed,
+        queue_hold: config.queue_hold,
+        bugs: config.bugs,
+    };
+    let node = Arc::new(Node::new(config.id, parts));
+    if let Some(started) = started {
+        let _ = started.send(node.clone());
+    }
+    let running = Running::start(&node, peer, health, tls);
+    let client_addr = client.local_addr()?;
+    tracing::info!(id = config.id, %client_addr, "holdfast node started");
+    warn_if_open(&config, client_addr);
+    running.serve_clients(&node, client, shutdown).await
+}
 
+/// openraft's configuration for `config`.
+fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
     let raft_config = openraft::Config {
         cluster_name: "holdfast".into(),
         heartbeat_interval: config.heartbeat_ms,
         election_timeout_min: config.election_timeout_ms,
         // openraft 0.9 also makes this the leader's lease: a follower stands for election only after the
-        // lease plus its own timeout. 1.2x keeps failover near lease + timeout = 2.2-2.4x the flag (was
-        // 1.5x: 2.5-3x), while 20 % of spread still keeps two followers' campaigns apart.
+        // lease plus its own timeout. 1.2x keeps failover near lease + timeout = 2.2-2.4x the flag (1.5x
+        // made it 2.5-3x), while 20 % of spread still keeps two followers' campaigns apart.
         election_timeout_max: config.election_timeout_ms + config.election_timeout_ms / 5,
         install_snapshot_timeout: 10_000,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
@@ -244,18 +277,17 @@ where
         max_in_snapshot_log_to_keep: config.snapshot_every_entries.min(1_000),
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         max_payload_entries: 512,
-        // Elections are the election watch's, with a pre-vote (`Node::run_election_watch`).
+        // Elections are the election watch's, with a pre-vote (`election::Elections::run`).
         enable_elect: false,
         ..Default::default()
     };
-    let raft_config = Arc::new(raft_config.validate().context("raft configuration")?);
-    let peers = Arc::new(Peers::new(tls.clone(), dialer));
-    let network =
-        Network { peers: peers.clone(), durable: Some(durable.clone()), urgent: Some(events.urgent_commits()) };
-    let raft = Raft::new(config.id, raft_config, network, log_store, sm_store).await.context("starting raft")?;
+    Ok(Arc::new(raft_config.validate().context("raft configuration")?))
+}
 
-    // Every node may initialize with the full member list: the first entry is then the same everywhere,
-    // so no node is special (what a Kubernetes StatefulSet needs). A node with data just rejoins.
+/// Initializes a new cluster with the full member list. Every node may: the first entry is then the same
+/// everywhere, so no node is special (what a Kubernetes StatefulSet needs). A node with data just rejoins;
+/// one started with `join` waits to be added.
+async fn initialize(config: &Config, raft: &Raft<holdfast_store::TypeConfig>) -> anyhow::Result<()> {
     if config.join {
         tracing::info!("joining: waiting to be added by the cluster's leader (holdfast cluster add)");
     } else if !raft.is_initialized().await? {
@@ -265,103 +297,101 @@ where
             tracing::info!(%e, "not initializing: the cluster already is");
         }
     }
-
-    let limits = config.limits.clone();
-    let node = Arc::new(
-        Node::new(
-            config.id,
-            raft.clone(),
-            state,
-            events,
-            peers,
-            limits,
-            node::LogProgress { committed_index, durable },
-        )
-        .with_admin_key(config.admin_key.clone())
-        .with_auth(auth::Auth::new(config.auth.clone()))
-        .with_clock(config.clock.clone(), config.rng_seed)
-        .with_queue_hold(config.queue_hold)
-        .with_bugs(config.bugs),
-    );
-    if let Some(started) = started {
-        let _ = started.send(node.clone());
-    }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-
-    // The peer port stops last, after Raft: while client requests drain, this node keeps answering its
-    // peers, so a stopping follower does not start an election and a stopping leader keeps its followers.
-    let (peer_stop_tx, peer_stop) = tokio::sync::watch::channel(false);
-    let peer_server = tokio::spawn(wire::serve(node.clone(), peer, peer_stop));
-    let keeper = tokio::spawn(keeper::run(node.clone(), stop_rx.clone()));
-    let confirmer_node = node.clone();
-    let confirmer_stop = stop_rx.clone();
-    let confirmer = tokio::spawn(async move { confirmer_node.run_confirmer(confirmer_stop).await });
-    let proposer = tokio::spawn(proposer::run(node.clone()));
-    let pings_node = node.clone();
-    let pings_stop = stop_rx.clone();
-    let pings = tokio::spawn(async move { pings_node.run_waiter_pings(pings_stop).await });
-    let elections_node = node.clone();
-    let elections_stop = stop_rx.clone();
-    let elections = tokio::spawn(async move { elections_node.run_election_watch(elections_stop).await });
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let watcher = tokio::spawn(health::watch_raft(node.clone(), health_reporter, stop_rx.clone()));
-    let health_server = health.map(|listener| {
-        let mut stop = stop_rx.clone();
-        let serve = axum::serve(listener, health::router(node.clone())).with_graceful_shutdown(async move {
-            let _ = stop.changed().await;
-        });
-        tokio::spawn(async move { serve.await })
-    });
-
-    let client_addr = client.local_addr()?;
-    tracing::info!(id = config.id, %client_addr, "holdfast node started");
-    warn_if_open(&config, client_addr);
-    let mut http_stop = stop_rx.clone();
-    // Malformed request messages answered INVALID_ARGUMENT `invalid-message`, not tonic's INTERNAL.
-    let locks = grpc::service(node.clone());
-    let app = http::router(node.clone())
-        .route_service("/holdfast.v1.Locks/{*method}", locks)
-        .route_service("/grpc.health.v1.Health/{*method}", health_service)
-        .layer(axum::middleware::from_fn_with_state(node.metrics.clone(), health::track));
-    let http_stopped = async move {
-        let _ = http_stop.changed().await;
-    };
-    // Every request carries its connection's peer address (`http::PeerAddr`): admin calls without an admin
-    // key are accepted from loopback only.
-    let app = app.into_make_service_with_connect_info::<http::PeerAddr>();
-    let http = axum::serve(http::ClientPort(client), app).with_graceful_shutdown(http_stopped);
-    let mut http = tokio::spawn(async move { http.await });
-    let reloader = tls.clone().map(|tls| tokio::spawn(reload_tls(tls, node.peers.clone(), stop_rx.clone())));
-    health::notify_systemd("READY=1");
-
-    tokio::select! {
-        _ = shutdown => {}
-        result = &mut http => { result?.context("HTTP server")?; }
-    }
-    tracing::info!("shutting down");
-    health::notify_systemd("STOPPING=1");
-    let _ = stop_tx.send(true);
-    if tokio::time::timeout(DRAIN, &mut http).await.is_err() {
-        http.abort();
-    }
-    // Client requests drained: nothing more to propose.
-    proposer.abort();
-    let _ = keeper.await;
-    let _ = confirmer.await;
-    let _ = pings.await;
-    let _ = elections.await;
-    let _ = watcher.await;
-    if let Some(reloader) = reloader {
-        let _ = reloader.await;
-    }
-    if let Some(health_server) = health_server {
-        let _ = health_server.await;
-    }
-    let stopped = raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"));
-    let _ = peer_stop_tx.send(true);
-    let _ = peer_server.await;
-    stopped?;
     Ok(())
+}
+
+/// A node's tasks while it runs, and how they are stopped.
+struct Running {
+    stop: tokio::sync::watch::Sender<bool>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    peer_stop: tokio::sync::watch::Sender<bool>,
+    peer_server: JoinHandle<()>,
+    proposer: JoinHandle<()>,
+    /// Every task that ends on its own once `stop` is sent.
+    tasks: Vec<JoinHandle<()>>,
+    /// The client port's service.
+    app: axum::Router,
+    tls: Option<Arc<tls::Tls>>,
+}
+
+impl Running {
+    /// Starts `node`'s tasks: the peer port on `peer`, the background tasks, the health watch and port.
+    fn start<P, IO, E>(node: &Arc<Node>, peer: P, health: Option<TcpListener>, tls: Option<Arc<tls::Tls>>) -> Self
+    where
+        P: tokio_stream::Stream<Item = Result<IO, E>> + Send + 'static,
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        // The peer port stops last, after Raft: while client requests drain, this node keeps answering its
+        // peers, so a stopping follower does not start an election and a stopping leader keeps its
+        // followers.
+        let (peer_stop, peer_stopped) = tokio::sync::watch::channel(false);
+        let peer_server = tokio::spawn(peer::server::serve(node.clone(), peer, peer_stopped));
+        let (proposer, mut tasks) = node.spawn_tasks(&stopped);
+        let (app, health_reporter) = front::app(node.api.clone());
+        tasks.push(tokio::spawn(front::health::watch_raft(node.api.clone(), health_reporter, stopped.clone())));
+        if let Some(listener) = health {
+            let mut stop = stopped.clone();
+            let serve =
+                axum::serve(listener, front::health::router(node.api.clone())).with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                });
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = serve.await {
+                    tracing::warn!(%e, "health port");
+                }
+            }));
+        }
+        Running { stop, stopped, peer_stop, peer_server, proposer, tasks, app, tls }
+    }
+
+    /// Serves clients on `client` until `shutdown` resolves (or the client port fails), then stops every
+    /// task, Raft, and last the peer port.
+    async fn serve_clients<C>(
+        self,
+        node: &Arc<Node>,
+        client: C,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()>
+    where
+        C: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    {
+        let Running { stop, stopped, peer_stop, peer_server, proposer, mut tasks, app, tls } = self;
+        let mut http_stop = stopped.clone();
+        let http_stopped = async move {
+            let _ = http_stop.changed().await;
+        };
+        // Every request carries its connection's peer address (`PeerAddr`): admin calls without an admin
+        // key are accepted from loopback only.
+        let app = app.into_make_service_with_connect_info::<front::http::port::PeerAddr>();
+        let http = axum::serve(front::http::port::ClientPort(client), app).with_graceful_shutdown(http_stopped);
+        let mut http = tokio::spawn(async move { http.await });
+        if let Some(tls) = tls {
+            tasks.push(tokio::spawn(reload_tls(tls, node.peers().clone(), stopped.clone())));
+        }
+        front::health::notify_systemd("READY=1");
+        tokio::select! {
+            _ = shutdown => {}
+            result = &mut http => { result?.context("HTTP server")?; }
+        }
+        tracing::info!("shutting down");
+        front::health::notify_systemd("STOPPING=1");
+        let _ = stop.send(true);
+        if tokio::time::timeout(DRAIN, &mut http).await.is_err() {
+            http.abort();
+        }
+        // Client requests drained: nothing more to propose.
+        proposer.abort();
+        for task in tasks {
+            let _ = task.await;
+        }
+        let stopped = node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"));
+        let _ = peer_stop.send(true);
+        let _ = peer_server.await;
+        stopped?;
+        Ok(())
+    }
 }
 
 /// Logs one warning when the client port is reachable beyond loopback with neither API keys nor an admin
@@ -413,53 +443,3 @@ fn nodelay(
     use tokio_stream::StreamExt;
     incoming.map(|conn| conn.and_then(|tcp| tcp.set_nodelay(true).map(|()| tcp)))
 }
-
-/// `GET /v1/cluster`: this node, the leader, term, members, and how far the log is.
-pub fn cluster_status(node: &Node) -> Value {
-    let leader = node.leader();
-    let metrics = node.raft.metrics();
-    let m = metrics.borrow();
-    let membership = m.membership_config.membership();
-    let members: BTreeMap<String, String> =
-        membership.nodes().map(|(id, n)| (id.to_string(), n.addr.clone())).collect();
-    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
-    json!({
-        "id": node.id,
-        "state": format!("{:?}", m.state),
-        "leader": leader,
-        "term": m.current_term,
-        "members": members,
-        "voters": voters,
-        "learners": learners,
-        "last_log_index": m.last_log_index,
-        "committed_index": node.committed_index.load(std::sync::atomic::Ordering::Relaxed),
-        "applied_index": m.last_applied.map(|l| l.index),
-        "snapshot_index": m.snapshot.map(|l| l.index),
-        "millis_since_quorum_ack": m.millis_since_quorum_ack,
-    })
-}
-
-/// `GET /readyz`: a leader is known ([`Node::leader`]: on a follower, one heard from lately), and this node
-/// applied its log.
-pub fn readiness(node: &Node) -> Result<(), String> {
-    let leader = node.leader();
-    let metrics = node.raft.metrics();
-    let m = metrics.borrow();
-    m.running_state.as_ref().map_err(|e| format!("raft stopped: {e}"))?;
-    let Some(leader) = leader else {
-        return Err("no leader known".into());
-    };
-    if leader == node.id && m.state != ServerState::Leader {
-        return Err("leader election in progress".into());
-    }
-    let applied = m.last_applied.map_or(0, |l| l.index);
-    let committed = node.committed_index.load(std::sync::atomic::Ordering::Relaxed);
-    if applied + READY_LAG_ENTRIES < committed {
-        return Err(format!("catching up: applied {applied} of {committed} committed"));
-    }
-    Ok(())
-}
-
-/// A node this many entries behind its own log is still catching up.
-const READY_LAG_ENTRIES: u64 = 100;

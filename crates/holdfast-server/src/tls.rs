@@ -32,7 +32,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const RELOAD_CHECK: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting to be served.
 const ACCEPT_BACKLOG: usize = 256;
-/// The TLS application protocol (ALPN) of the peer port: [`crate::wire`]'s (whose version is in its hello).
+/// The TLS application protocol (ALPN) of the peer port: the peer codec's (whose version is in its hello).
 const PEER_ALPN: &[u8] = b"holdfast-peer/1";
 
 /// Where a node's TLS material lives.

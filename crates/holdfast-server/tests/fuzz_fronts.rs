@@ -39,8 +39,8 @@ use holdfast_proto::v1::{
     ReleaseRequest, ReleaseResponse, RemoveMemberRequest, RenewRequest, RequestKind, ResultKind, Resume,
     SessionAcquire, SessionEvent, SessionRelease, SessionRequest, SnapshotRequest, SnapshotResponse,
 };
-use holdfast_server::node::{FrontLimits, Node};
 use holdfast_server::{Config, Secret};
+use holdfast_server::{FrontLimits, Node};
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use proptest::test_runner::{Config as RunnerConfig, FileFailurePersistence, TestCaseError, TestRunner};
@@ -200,7 +200,7 @@ impl Fuzzed {
             let mut metrics = node.raft.metrics();
             // Readiness follows Raft's metrics alone on a single node: wait for them to change until it holds.
             tokio::time::timeout(BOUND, async {
-                while holdfast_server::readiness(&node).is_err() {
+                while node.api.readiness().is_err() {
                     metrics.changed().await.expect("raft runs");
                 }
             })
@@ -1804,13 +1804,13 @@ fn malformed_bodies() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// tonic refuses a unary request whose body is not one well-formed message before holdfast sees it, with
-/// INTERNAL (or OUT_OF_RANGE) and no problem type. [`holdfast_server::grpc::service`] answers it as bad
+/// INTERNAL (or OUT_OF_RANGE) and no problem type. [`holdfast_server::front::grpc::service`] answers it as bad
 /// input: INVALID_ARGUMENT `invalid-message`, and nothing changes.
 #[test]
 fn grpc_service_answers_a_malformed_unary_request_invalid_message() {
     let f = Fuzzed::start("malformed-unary");
     let before = f.table();
-    let mut service = holdfast_server::grpc::service(f.node.clone());
+    let mut service = holdfast_server::front::grpc::service(f.node.api.clone());
     for (what, body) in malformed_bodies() {
         let request = http::Request::builder()
             .method("POST")

@@ -1,6 +1,6 @@
 //! Fuzz targets for what a node decodes from its peers' bytes (issue 33): the peer port's stream (the
-//! hello, frames, request bodies: `wire::hello`, `wire::read_request`, `wire::decode_request`) and the
-//! answers a caller decodes (`wire::decode_answer`).
+//! hello, frames, request bodies: `codec::hello`, `codec::read_request`, `codec::decode_request`) and the
+//! answers a caller decodes (`codec::decode_answer`).
 //!
 //! Each target starts from valid frames of every call (AppendEntries holding each kind of log entry and
 //! each `Command`, votes, a snapshot chunk, every forwarded request, a pre-vote; and every kind of answer),
@@ -23,11 +23,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use holdfast_core::{Command, LockState, SecretDigest, SessionSecret, Token};
-use holdfast_server::network::MESSAGE_BYTES_MAX;
-use holdfast_server::node::{
+use holdfast_server::peer::codec::{
+    self, Call, Received, FRAME_GROWTH_BYTES, HELLO, MESSAGE_BYTES_MAX, READ_BUFFER_BYTES,
+};
+use holdfast_server::peer::protocol::{
     ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, Query, QueryReply, Request, Written,
 };
-use holdfast_server::wire::{self, Call, Received, FRAME_GROWTH_BYTES, HELLO, READ_BUFFER_BYTES};
 use holdfast_store::codec::element_bytes_max;
 use holdfast_store::{NodeId, Response, TypeConfig};
 use openraft::error::{Fatal, InstallSnapshotError, RaftError, SnapshotMismatch};
@@ -103,7 +104,7 @@ fn lock_state() -> LockState {
 fn request_bodies() -> Vec<Vec<u8>> {
     let vote = Vote::new_committed(2, 1);
     let mut frames = vec![
-        wire::request(
+        codec::request(
             Call::Append,
             &AppendEntriesRequest::<TypeConfig> {
                 vote,
@@ -113,12 +114,12 @@ fn request_bodies() -> Vec<Vec<u8>> {
             },
         ),
         // A heartbeat: no entries.
-        wire::request(
+        codec::request(
             Call::Append,
             &AppendEntriesRequest::<TypeConfig> { vote, prev_log_id: None, entries: Vec::new(), leader_commit: None },
         ),
-        wire::request(Call::Vote, &VoteRequest::<NodeId>::new(Vote::new(3, 2), Some(log_id(2, 30)))),
-        wire::request(
+        codec::request(Call::Vote, &VoteRequest::<NodeId>::new(Vote::new(3, 2), Some(log_id(2, 30)))),
+        codec::request(
             Call::Snapshot,
             &InstallSnapshotRequest::<TypeConfig> {
                 vote,
@@ -132,7 +133,7 @@ fn request_bodies() -> Vec<Vec<u8>> {
                 done: true,
             },
         ),
-        wire::request(Call::PreVote, &PreVote { candidate: 2, term: 3, last_log_id: Some(log_id(2, 30)) }),
+        codec::request(Call::PreVote, &PreVote { candidate: 2, term: 3, last_log_id: Some(log_id(2, 30)) }),
     ];
     let token = Token(77);
     let writes = vec![
@@ -160,7 +161,7 @@ fn request_bodies() -> Vec<Vec<u8>> {
         ForwardRequest::Heartbeats(vec![7, 8, 9]),
         ForwardRequest::Writes(writes),
     ]);
-    frames.extend(forwarded.iter().map(|request| wire::request(Call::Forward, request)));
+    frames.extend(forwarded.iter().map(|request| codec::request(Call::Forward, request)));
     // The body: what follows the 4 bytes `write_frame` fills with its length.
     frames.into_iter().map(|frame| frame[4..].to_vec()).collect()
 }
@@ -196,7 +197,7 @@ type ForwardAnswer = Result<ForwardReply, NodeError>;
 /// Decodes `answer` as the answer to `to` and encodes it again: `None` if it does not decode.
 fn decode_answer(to: AnswerTo, answer: &[u8]) -> Option<Vec<u8>> {
     fn again<T: DeserializeOwned + Serialize>(answer: &[u8]) -> Option<Vec<u8>> {
-        wire::decode_answer::<T>(answer).ok().map(|value| bincode::serialize(&value).unwrap())
+        codec::decode_answer::<T>(answer).ok().map(|value| bincode::serialize(&value).unwrap())
     }
     match to {
         AnswerTo::Append => again::<AppendAnswer>(answer),
@@ -406,9 +407,9 @@ fn serve(runtime: &tokio::runtime::Runtime, stream: Vec<u8>, chunks: Vec<usize>)
     runtime.block_on(async move {
         let mut requests = 0;
         let read = async {
-            wire::hello(&mut io).await?;
+            codec::hello(&mut io).await?;
             let mut buf = Vec::new();
-            while let Some(received) = wire::read_request(&mut io, &mut buf).await? {
+            while let Some(received) = codec::read_request(&mut io, &mut buf).await? {
                 requests += 1;
                 drop(received);
             }
@@ -428,7 +429,7 @@ fn encoded(received: &Received) -> Vec<u8> {
         Received::Forward(forwarded) => (Call::Forward, bincode::serialize(forwarded)),
         Received::PreVote(asked) => (Call::PreVote, bincode::serialize(asked)),
     };
-    [&wire::request(call, &())[4..], &body.unwrap()[..]].concat()
+    [&codec::request(call, &())[4..], &body.unwrap()[..]].concat()
 }
 
 proptest! {
@@ -450,7 +451,7 @@ proptest! {
     /// it decodes to encodes to no more bytes than it had (a decoder never makes up what was not there).
     #[test]
     fn a_mutated_request_body_decodes_to_a_request_or_an_error(body in mutated(request_seeds())) {
-        let (decoded, largest) = largest_allocation(|| wire::decode_request(&body));
+        let (decoded, largest) = largest_allocation(|| codec::decode_request(&body));
         prop_assert!(largest <= allocation_bound_bytes(body.len()), "{largest} bytes allocated decoding {}", body.len());
         if let Ok(received) = decoded {
             let again = encoded(&received);
@@ -484,7 +485,7 @@ fn every_seed_request_reads_back_as_it_was_sent() {
     let mut stream = HELLO.to_vec();
     for body in request_seeds() {
         stream.extend(framed(body));
-        let (received, largest) = largest_allocation(|| wire::decode_request(body).unwrap());
+        let (received, largest) = largest_allocation(|| codec::decode_request(body).unwrap());
         assert_eq!(encoded(&received), *body);
         assert!(largest <= allocation_bound_bytes(body.len()), "{largest} bytes for {received:?}");
     }
@@ -540,8 +541,8 @@ fn an_append_of_nested_batches_is_refused_not_a_stack_overflow() {
     body.push(0); // leader_commit: None
                   // The same head and tail around a plain command decode: the bytes are right but for the nesting.
     let plain = [&APPEND_ONE_ENTRY_HEAD[..], &batch_of_one, &close_session, &[0]].concat();
-    assert!(matches!(wire::decode_request(&plain), Ok(Received::Append(rpc)) if rpc.entries.len() == 1));
-    let refused = wire::decode_request(&body).unwrap_err();
+    assert!(matches!(codec::decode_request(&plain), Ok(Received::Append(rpc)) if rpc.entries.len() == 1));
+    let refused = codec::decode_request(&body).unwrap_err();
     assert!(refused.to_string().contains("nested more than"), "{refused}");
 }
 
@@ -568,7 +569,7 @@ fn an_answer_of_nested_error_sources_is_refused_not_a_stack_overflow() {
         nested.extend_from_slice(&level_out);
     }
     nested.extend_from_slice(&plain[at + cause.len()..]);
-    let refused = wire::decode_answer::<AppendAnswer>(&nested).unwrap_err();
+    let refused = codec::decode_answer::<AppendAnswer>(&nested).unwrap_err();
     assert!(refused.to_string().contains("nested more than"), "{refused}");
 }
 
@@ -584,7 +585,7 @@ fn an_answer_whose_elements_take_many_times_its_bytes_is_refused() {
     }
     let plain: ForwardAnswer = bincode::deserialize(&answer).unwrap();
     assert!(matches!(plain, Ok(ForwardReply::Writes(writes)) if writes.len() == 10_000));
-    let (refused, largest) = largest_allocation(|| wire::decode_answer::<ForwardAnswer>(&answer));
+    let (refused, largest) = largest_allocation(|| codec::decode_answer::<ForwardAnswer>(&answer));
     assert!(refused.unwrap_err().to_string().contains("more memory than its length allows"));
     assert!(largest <= allocation_bound_bytes(answer.len()), "{largest} bytes allocated for {}", answer.len());
 }
@@ -595,7 +596,7 @@ fn an_answer_whose_elements_take_many_times_its_bytes_is_refused() {
 #[test]
 fn a_short_request_claiming_a_long_list_reserves_nothing_for_it() {
     let body = [4, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0]; // Call::Forward, StillWaiting, 2^40 tokens, none
-    let (refused, largest) = largest_allocation(|| wire::decode_request(&body));
+    let (refused, largest) = largest_allocation(|| codec::decode_request(&body));
     assert_eq!(refused.unwrap_err().kind(), io::ErrorKind::InvalidData);
     assert!(largest <= allocation_bound_bytes(body.len()), "{largest} bytes allocated for {}", body.len());
     assert!(largest < 4096, "{largest} bytes allocated for {}", body.len());

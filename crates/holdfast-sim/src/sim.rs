@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use holdfast_server::node::{FrontLimits, Node};
 use holdfast_server::{Bugs, Config, Storage, Transport, WallClock};
+use holdfast_server::{FrontLimits, Node};
 use holdfast_store::{open_memory, MemDisk};
 use openraft::ServerState;
 use rand::rngs::StdRng;
@@ -378,7 +378,7 @@ pub fn run(plan: &Plan) -> Report {
                 heartbeat_ms: 100,
                 election_timeout_ms: 250,
                 snapshot_every_entries,
-                queue_hold: holdfast_server::proposer::QUEUE_HOLD,
+                queue_hold: holdfast_server::QUEUE_HOLD,
                 join,
                 admin_key: Some(holdfast_server::Secret(crate::http::ADMIN_KEY.into())),
                 tls: None,

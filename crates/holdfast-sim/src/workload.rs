@@ -429,7 +429,7 @@ pub async fn quiet_probe(ctx: Ctx, clock_slack: Duration, probe: Arc<Mutex<Probe
     // when the node the probe talks to has usually heard of the new leader. One already sent to the old
     // leader waits out the request bound (a write is not sent twice).
     let regrant_from = crashed_at + PROBE_TTL;
-    let regrant_by = regrant_from + Duration::from_secs(3) + clock_slack + holdfast_server::node::REQUEST_TIMEOUT;
+    let regrant_by = regrant_from + Duration::from_secs(3) + clock_slack + holdfast_server::REQUEST_TIMEOUT;
     let mut regranted = false;
     while now() < keep_until || (!regranted && now() < regrant_by) {
         if now() < keep_until && held.is_lost() {

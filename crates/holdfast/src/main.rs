@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use holdfast_server::limits;
-use holdfast_server::node::FrontLimits;
+use holdfast_server::FrontLimits;
 
 #[derive(Parser)]
 #[command(name = "holdfast", version, about = "A replicated lock service: locks with fences, decided by Raft.")]
@@ -579,7 +579,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         rng_seed: None,
         bugs: holdfast_server::Bugs::default(),
         admin_key: admin_key.map(holdfast_server::Secret),
-        auth: holdfast_server::auth::AuthConfig {
+        auth: holdfast_server::AuthConfig {
             enabled: args.auth,
             open_signup: args.open_signup,
             locks_per_key_max: args.key_locks_max.max(1),

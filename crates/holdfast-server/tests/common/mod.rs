@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use holdfast_server::node::FrontLimits;
 use holdfast_server::Config;
+use holdfast_server::FrontLimits;
 
 /// A single node (id 1) whose peer port is `peer_addr`, with its data in `data_dir`: quick timeouts, no
 /// TLS, no auth, no admin key, the system clock. Tests change what they need with `..one_node(..)`.
@@ -17,7 +17,7 @@ pub fn one_node(peer_addr: String, data_dir: PathBuf) -> Config {
         heartbeat_ms: 50,
         election_timeout_ms: 200,
         snapshot_every_entries: 1000,
-        queue_hold: holdfast_server::proposer::QUEUE_HOLD,
+        queue_hold: holdfast_server::QUEUE_HOLD,
         join: false,
         admin_key: None,
         tls: None,

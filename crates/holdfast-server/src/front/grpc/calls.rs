@@ -2,7 +2,7 @@
 //!
 //! A unary call costs the node an HTTP/2 stream of its own: headers to decode and encode, a task, the
 //! router and the middleware, trailers. On a `Calls` stream a call is one message each way. Each call runs
-//! exactly as its unary twin ([`ops`]), concurrently with the stream's other calls, and its answer is sent
+//! exactly as its unary twin ([`super::one_shot`]), concurrently with the stream's other calls, and its answer is sent
 //! when it is done, in any order, under the id the client gave it.
 //!
 //! The stream is driven by whoever polls its answers (hyper, sending the response body): no task of its own
@@ -21,11 +21,12 @@ use holdfast_proto::v1::{Call, CallError, CallKind, CallResult, ResultKind};
 use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
-use crate::auth::Scope;
-use crate::error::{ApiError, GrpcError};
-use crate::grpc::one_shot;
-use crate::metrics::Api;
-use crate::node::Node;
+use super::one_shot;
+use crate::api::auth::Scope;
+use crate::api::error::ApiError;
+use crate::api::Api;
+use crate::front::problem::GrpcError;
+use crate::metrics;
 
 /// Calls of one stream outstanding at once, at most; the stream reads no further call until one is done.
 pub const CALLS_MAX: usize = 1024;
@@ -35,7 +36,7 @@ type Running = Pin<Box<dyn Future<Output = (u64, u64, Option<CallResult>)> + Sen
 
 /// The answers of one `Calls` stream, as a stream: reading it reads the calls and runs them.
 pub struct CallStream {
-    node: Arc<Node>,
+    api: Arc<Api>,
     scope: Arc<Scope>,
     inbound: Streaming<Call>,
     /// The client ended its side (or it failed): no more calls.
@@ -48,9 +49,9 @@ pub struct CallStream {
 
 impl CallStream {
     /// The answers to the calls read from `inbound`, each run under `scope` (the stream's authentication).
-    pub fn new(node: Arc<Node>, scope: Scope, inbound: Streaming<Call>) -> Self {
+    pub fn new(api: Arc<Api>, scope: Scope, inbound: Streaming<Call>) -> Self {
         CallStream {
-            node,
+            api,
             scope: Arc::new(scope),
             inbound,
             inbound_done: false,
@@ -78,15 +79,15 @@ impl CallStream {
         }
         self.started += 1;
         let seq = self.started;
-        let (node, scope) = (self.node.clone(), self.scope.clone());
+        let (api, scope) = (self.api.clone(), self.scope.clone());
         let (answer, cancel) = abortable(async move {
             let began = Instant::now();
-            let (endpoint, answer) = run(&node, &scope, kind).await;
+            let (endpoint, answer) = run(&api, &scope, kind).await;
             let code = match &answer {
                 ResultKind::Error(e) => e.code,
                 _ => 0,
             };
-            node.metrics.request(Api::Grpc, endpoint, code as u16, began.elapsed());
+            api.metrics().request(metrics::Api::Grpc, endpoint, code as u16, began.elapsed());
             CallResult { id, kind: Some(answer) }
         });
         self.outstanding.insert(id, (seq, cancel));
@@ -119,7 +120,7 @@ impl Stream for CallStream {
                 // calls outstanding have unknown outcomes (ending it cleanly would say nothing of them).
                 Poll::Ready(Some(Err(status))) => {
                     this.abandon();
-                    if let Some(invalid) = crate::grpc::malformed(&status) {
+                    if let Some(invalid) = super::request::malformed(&status) {
                         return Poll::Ready(Some(Err(invalid)));
                     }
                     // Otherwise the client's side failed: nobody is left to read the answers.
@@ -148,7 +149,7 @@ impl Stream for CallStream {
 }
 
 /// Runs one call as its unary twin would, returning the metrics endpoint it counts under and its answer.
-async fn run(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> (&'static str, ResultKind) {
+async fn run(api: &Arc<Api>, scope: &Scope, kind: Option<CallKind>) -> (&'static str, ResultKind) {
     let endpoint = match &kind {
         Some(CallKind::Acquire(_)) => "/holdfast.v1.Locks/Calls/Acquire",
         Some(CallKind::Renew(_)) => "/holdfast.v1.Locks/Calls/Renew",
@@ -158,11 +159,11 @@ async fn run(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> (&'stat
     };
     // Each call is admitted as a unary call is: not under a key revoked since the stream opened, and within
     // the key's request budget.
-    let answer = match scope.admit(node) {
+    let answer = match api.admit(scope) {
         // Boxed as a `dyn` future: the layout of the ops' futures nested in the call's is too deep to compute.
         Ok(()) => {
             let answer: Pin<Box<dyn Future<Output = Result<ResultKind, ApiError>> + Send + '_>> =
-                Box::pin(answer(node, scope, kind));
+                Box::pin(answer(api, scope, kind));
             answer.await
         }
         Err(e) => Err(e),
@@ -170,12 +171,12 @@ async fn run(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> (&'stat
     (endpoint, answer.unwrap_or_else(|e| ResultKind::Error(call_error(e))))
 }
 
-async fn answer(node: &Arc<Node>, scope: &Scope, kind: Option<CallKind>) -> Result<ResultKind, ApiError> {
+async fn answer(api: &Arc<Api>, scope: &Scope, kind: Option<CallKind>) -> Result<ResultKind, ApiError> {
     match kind {
-        Some(CallKind::Acquire(r)) => Ok(ResultKind::Hold(one_shot::acquire(node, scope, r).await?)),
-        Some(CallKind::Renew(r)) => Ok(ResultKind::Hold(one_shot::renew(node, scope, r).await?)),
-        Some(CallKind::Release(r)) => Ok(ResultKind::Released(one_shot::release(node, scope, r).await?)),
-        Some(CallKind::Get(r)) => Ok(ResultKind::Lock(one_shot::get(node, scope, r).await?)),
+        Some(CallKind::Acquire(r)) => Ok(ResultKind::Hold(one_shot::acquire(api, scope, r).await?)),
+        Some(CallKind::Renew(r)) => Ok(ResultKind::Hold(one_shot::renew(api, scope, r).await?)),
+        Some(CallKind::Release(r)) => Ok(ResultKind::Released(one_shot::release(api, scope, r).await?)),
+        Some(CallKind::Get(r)) => Ok(ResultKind::Lock(one_shot::get(api, scope, r).await?)),
         Some(CallKind::Cancel(_)) | None => {
             Err(ApiError::invalid("invalid-call", "a call with no kind, or a kind this server does not know".into()))
         }

@@ -1,22 +1,22 @@
-//! The peer protocol's wire format, and the peer port's server.
+//! The peer protocol's wire format.
 //!
 //! A connection opens with the 8 bytes [`HELLO`], which name the protocol and its version; a node refuses
 //! (closes) a connection that does not. Then each call is a request frame and the answer frame back, one
 //! call at a time per connection. A frame is a `u32` little-endian length and that many bytes. A request
 //! is one byte naming the [`Call`], then the bincode encoding of openraft's request (or of a forwarded
-//! client request); an answer is the bincode encoding of the call's `Result`, openraft's errors included.
-//! Frames are at most [`MESSAGE_BYTES_MAX`] long. On a cluster with TLS, all of it runs inside mutual TLS.
+//! client request, [`super::protocol`]); an answer is the bincode encoding of the call's `Result`,
+//! openraft's errors included. Frames are at most [`MESSAGE_BYTES_MAX`] long. On a cluster with TLS, all
+//! of it runs inside mutual TLS.
 //!
 //! What a node decodes from a peer's bytes is decoded here: [`read_frame`], [`decode_request`] (both:
-//! [`read_request`], the peer port's side) and [`decode_answer`] (the caller's side, `Peers::call` in
-//! [`crate::network`]). None of them trusts a length it reads: a frame's buffer grows with the bytes that
-//! arrive (at most [`FRAME_GROWTH_BYTES`] ahead of them), and a body decodes from the frame's bytes with
+//! [`read_request`], the peer port's side) and [`decode_answer`] (the caller's side, [`super::client`]).
+//! None of them trusts a length it reads: a frame's buffer grows with the bytes that arrive (at most
+//! [`FRAME_GROWTH_BYTES`] ahead of them), and a body decodes from the frame's bytes with
 //! [`holdfast_store::codec`]'s bounds, so a length inside it claims no more than the frame holds and no
 //! room is reserved for a sequence before its elements arrive; nor does it trust how deep a value nests.
 //! `tests/fuzz_peer.rs` holds them to that.
 
 use std::io;
-use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast_store::{codec, NodeId, TypeConfig};
@@ -24,10 +24,13 @@ use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio_stream::{Stream, StreamExt};
 
-use crate::network::MESSAGE_BYTES_MAX;
-use crate::node::{ForwardReply, ForwardRequest, Node, NodeError, PreVote};
+use super::protocol::{ForwardRequest, PreVote};
+
+/// Largest peer message: a snapshot chunk ([`SNAPSHOT_CHUNK_BYTES`]) plus its envelope, with room to spare.
+pub const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Size of one snapshot chunk sent to a lagging follower.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The first bytes on every peer connection: the protocol and its version. Version 2: log entries may be
 /// a `Command::Group`, which builds of version 1 cannot decode. Version 3: log entries may be a
@@ -35,8 +38,6 @@ use crate::node::{ForwardReply, ForwardRequest, Node, NodeError, PreVote};
 pub const HELLO: &[u8; 8] = b"HFPEER/3";
 /// How long a new connection may take to say [`HELLO`].
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// A connection's buffers that grew past this (for a snapshot chunk) are let go after the call.
-const BUFFER_KEPT_BYTES: usize = 1 << 20;
 /// Bytes read ahead on a peer connection, both ends: a small frame's length and body come in one read
 /// (one syscall, where reading the length and then the body took two). Larger frames read the rest straight
 /// into their own buffer.
@@ -55,9 +56,9 @@ pub enum Call {
     Vote,
     /// openraft's `install_snapshot` (one chunk).
     Snapshot,
-    /// A client request a follower forwards to the leader ([`Node::serve_forwarded`]).
+    /// A client request a follower forwards to the leader (served by the leader's dispatcher).
     Forward,
-    /// Whether the peer would vote for this node now, asked before it campaigns ([`Node::answer_pre_vote`]).
+    /// Whether the peer would vote for this node now, asked before it campaigns.
     /// A build without it closes the connection on this call, which the asker takes for a refusal.
     PreVote,
 }
@@ -168,40 +169,6 @@ pub async fn read_request(
     }
 }
 
-/// Serves peer connections from `incoming` until `stop` changes; then closes them all.
-pub async fn serve<P, IO, E>(node: Arc<Node>, incoming: P, mut stop: tokio::sync::watch::Receiver<bool>)
-where
-    P: Stream<Item = Result<IO, E>>,
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    E: std::fmt::Display,
-{
-    let mut incoming = std::pin::pin!(incoming);
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = stop.changed() => break,
-            accepted = incoming.next() => match accepted {
-                Some(Ok(io)) => {
-                    let node = node.clone();
-                    conns.spawn(async move {
-                        if let Err(e) = answer_calls(&node, io).await {
-                            tracing::debug!(%e, "peer connection closed");
-                        }
-                    });
-                }
-                Some(Err(e)) => {
-                    // Out of file descriptors and the like: wait a little rather than spin.
-                    tracing::warn!(%e, "accepting a peer connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                None => break,
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    conns.shutdown().await;
-}
-
 /// Checks that a new connection speaks this protocol.
 pub async fn hello(io: &mut (impl AsyncRead + Unpin)) -> io::Result<()> {
     let mut hello = [0u8; HELLO.len()];
@@ -218,62 +185,11 @@ pub async fn hello(io: &mut (impl AsyncRead + Unpin)) -> io::Result<()> {
     Ok(())
 }
 
-/// Answers the calls on one connection, in order, until it closes.
-async fn answer_calls(node: &Node, io: impl AsyncRead + AsyncWrite + Unpin) -> io::Result<()> {
-    let mut io = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, io);
-    hello(&mut io).await?;
-    let mut request = Vec::new();
-    let mut answer = Vec::new();
-    while let Some(received) = read_request(&mut io, &mut request).await? {
-        answer.clear();
-        answer.extend_from_slice(&[0; 4]);
-        match received {
-            Received::Append(rpc) => {
-                let _call = node.leader_call();
-                encode_into(&mut answer, &node.raft.append_entries(rpc).await);
-            }
-            Received::Vote(rpc) => {
-                let (candidate, last) = (rpc.vote, rpc.last_log_id);
-                let voted = node.raft.vote(rpc).await;
-                if let Ok(voted) = &voted {
-                    node.answered_vote(&candidate, last, voted);
-                }
-                encode_into(&mut answer, &voted);
-            }
-            Received::Snapshot(rpc) => {
-                // A leader streaming a snapshot sends no AppendEntries meanwhile: its chunks are word from it,
-                // and so is the wait for the last chunk's answer, which comes once the snapshot is installed.
-                let _call = node.leader_call();
-                encode_into(&mut answer, &node.raft.install_snapshot(rpc).await);
-            }
-            Received::Forward(forwarded) => {
-                if node.bugs.no_heartbeat_batches() && forwarded.is_batch() {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "undecodable: a batch"));
-                }
-                let reply: Result<ForwardReply, NodeError> = node.serve_forwarded(forwarded).await;
-                // The asking follower's reads wait until it applied through the barrier's index.
-                if let Ok(ForwardReply::Barrier(index)) = &reply {
-                    node.events.urgent_commit(*index);
-                }
-                encode_into(&mut answer, &reply);
-            }
-            Received::PreVote(asked) => encode_into(&mut answer, &node.answer_pre_vote(&asked)),
-        }
-        write_frame(&mut io, &mut answer).await?;
-        for buf in [&mut request, &mut answer] {
-            if buf.capacity() > BUFFER_KEPT_BYTES {
-                *buf = Vec::new();
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Decodes a request's body. Not `bincode::deserialize`: that recursed without bound into a frame of
 /// nested `Command::Batch`es, and 120 KB of them overflowed the stack (see holdfast-store's `codec`).
 /// Its elements may take at most half of [`MESSAGE_BYTES_MAX`], so that no allocation decoding it is larger
 /// than a frame may be: a request's largest are a snapshot chunk's bytes
-/// ([`SNAPSHOT_CHUNK_BYTES`](crate::network::SNAPSHOT_CHUNK_BYTES)).
+/// ([`SNAPSHOT_CHUNK_BYTES`]).
 fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
     let elements_bytes_max = codec::element_bytes_max(body.len()).min(MESSAGE_BYTES_MAX / 2);
     codec::decode_within(body, elements_bytes_max)
@@ -287,7 +203,7 @@ pub fn decode_answer<T: DeserializeOwned>(answer: &[u8]) -> bincode::Result<T> {
     codec::decode(answer)
 }
 
-fn encode_into(buf: &mut Vec<u8>, value: &impl Serialize) {
+pub(super) fn encode_into(buf: &mut Vec<u8>, value: &impl Serialize) {
     bincode::serialize_into(buf, value).expect("peer messages always encode");
 }
 

@@ -1,4 +1,4 @@
-//! What operators and orchestrators ask a node: is the process alive (`/livez`, never dependent on quorum,
+//! ① What operators and orchestrators ask a node: is the process alive (`/livez`, never dependent on quorum,
 //! so a restart loop cannot turn a lost quorum into an outage), may it take traffic (`/readyz` and
 //! `grpc.health.v1`, which do depend on a leader), and what is it doing (`/metrics`). Also: counting every
 //! client request, logging Raft role changes, and telling systemd the node is ready.
@@ -17,8 +17,8 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 use tracing::Instrument;
 
+use crate::api::Api as NodeApi;
 use crate::metrics::{self, Api, Metrics};
-use crate::node::Node;
 
 /// How often readiness is re-checked for `grpc.health.v1` between changes of role: it also depends on how
 /// far the log is applied, which does not wake the watcher (so a node that caught up serves within this).
@@ -26,52 +26,27 @@ const HEALTH_RECHECK: Duration = Duration::from_secs(1);
 
 /// `/livez`, `/readyz` and `/metrics`: the client port serves them too, and the optional health port
 /// serves only them (plain HTTP, for probes and scrapers when the client port needs client certificates).
-pub fn router(node: Arc<Node>) -> Router {
-    routes().with_state(node)
+pub fn router(api: Arc<NodeApi>) -> Router {
+    routes().with_state(api)
 }
 
 /// The same routes, for merging into the client port's router.
-pub fn routes() -> Router<Arc<Node>> {
+pub fn routes() -> Router<Arc<NodeApi>> {
     Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_page))
 }
 
-async fn readyz(State(node): State<Arc<Node>>) -> Response {
-    match crate::readiness(&node) {
+async fn readyz(State(api): State<Arc<NodeApi>>) -> Response {
+    match api.readiness() {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
     }
 }
 
-async fn metrics_page(State(node): State<Arc<Node>>) -> Response {
-    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], render(&node)).into_response()
-}
-
-/// Sets the gauges read at scrape time, then encodes every metric.
-pub fn render(node: &Node) -> String {
-    let m = &node.metrics;
-    m.has_leader.set(node.leader().is_some().into());
-    let applied = {
-        let raft = node.raft.metrics();
-        let r = raft.borrow();
-        m.is_leader.set((r.state == ServerState::Leader).into());
-        m.term.set(r.current_term as i64);
-        m.last_log_index.set(r.last_log_index.unwrap_or(0) as i64);
-        r.last_applied.map_or(0, |l| l.index)
-    };
-    let committed = node.committed_index.load(std::sync::atomic::Ordering::Relaxed);
-    m.committed_index.set(committed as i64);
-    m.applied_index.set(applied as i64);
-    m.apply_lag.set(committed.saturating_sub(applied) as i64);
-    {
-        let state = node.state.read().expect("lock state poisoned");
-        m.locks_held.set(state.lock_count() as i64);
-        m.waiters.set(state.waiter_count() as i64);
-        m.sessions.set(state.session_count() as i64);
-    }
-    m.encode()
+async fn metrics_page(State(api): State<Arc<NodeApi>>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], api.metrics_page()).into_response()
 }
 
 /// Middleware on the client port: counts each request and its latency by front, endpoint and code. The
@@ -123,8 +98,8 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: 
 /// not `Raft::metrics`: openraft 0.9 sends those on every turn of its core's loop, several times per write,
 /// and a watcher of them is woken as often, on every node. Readiness also depends on how far the log is
 /// applied, which is re-checked every [`HEALTH_RECHECK`].
-pub async fn watch_raft(node: Arc<Node>, health: HealthReporter, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut raft = node.raft.server_metrics();
+pub async fn watch_raft(api: Arc<NodeApi>, health: HealthReporter, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut raft = api.raft().server_metrics();
     let mut seen: Option<(ServerState, Option<u64>, u64)> = None;
     let mut serving = None;
     let mut raft_running = true;
@@ -137,13 +112,13 @@ pub async fn watch_raft(node: Arc<Node>, health: HealthReporter, mut shutdown: t
             if seen != Some(now) {
                 let leader_before = seen.and_then(|(_, leader, _)| leader);
                 if m.current_leader.is_some() && m.current_leader != leader_before {
-                    node.metrics.leader_changes.inc();
+                    api.metrics().leader_changes.inc();
                 }
                 tracing::info!(state = ?now.0, leader = ?now.1, term = now.2, "raft role");
                 seen = Some(now);
             }
         }
-        let ready = raft_running && crate::readiness(&node).is_ok();
+        let ready = raft_running && api.readiness().is_ok();
         if serving != Some(ready) {
             let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
             health.set_service_status("", status).await;

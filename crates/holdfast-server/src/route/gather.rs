@@ -1,10 +1,11 @@
 //! [`Gather`]: requests that arrive one by one, sent on in batches by a few sender tasks.
 //!
-//! A follower forwards its sessions' heartbeats (`Node::heartbeat`) and its clients' writes
-//! (`Node::write`) to the leader this way: each heartbeat forwarded on its own held one of the follower's
+//! A follower forwards its sessions' heartbeats, its clients' writes and its reads' barriers
+//! ([`super::Router`]) to the leader this way: each heartbeat forwarded on its own held one of the follower's
 //! forwarding slots for a whole quorum round on the leader, which capped a follower at about 8,000
-//! heartbeats a second, and each write took a frame each way (docs/benchmarks.md). Gathered, a round trip
-//! carries everything that arrived while the previous batches were under way.
+//! heartbeats a second, and each write took a frame each way
+//! (docs/perf-notes/2026-12-03-sessions-through-a-follower.md). Gathered, a round trip carries everything that arrived
+//! while the previous batches were under way.
 //!
 //! The queue and the count of senders sit under one lock, so a request is never left queued with no sender
 //! to take it: a push starts a sender unless enough are running, and a sender counts itself out only when

@@ -32,11 +32,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use holdfast_core::{limits, Command, LockState, Outcome, Reject};
-use holdfast_store::Response;
+use holdfast_store::{Response, SharedState};
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::node::{Node, NodeError};
+use super::append::Appender;
+use crate::metrics::Metrics;
+use crate::peer::protocol::NodeError;
 
 /// Batch entries proposed and not yet answered, at most. Two keep the leader's disk busy: one batch
 /// flushes while the one before it waits for its quorum.
@@ -53,22 +55,28 @@ struct Queued {
     since: Instant,
 }
 
-/// The queue of one-lock commands waiting to be proposed ([`Node::propose`] fills it, [`run`] empties it).
+/// The queue of one-lock commands waiting to be proposed (the leader's `propose` fills it, [`run`] empties
+/// it).
 pub struct Proposer {
     tx: mpsc::UnboundedSender<Queued>,
     rx: Mutex<Option<mpsc::UnboundedReceiver<Queued>>>,
     /// How long an acquire that will queue may wait for a command on its lock (see the module's doc).
-    pub(crate) hold: Duration,
+    hold: Duration,
 }
 
 impl Default for Proposer {
     fn default() -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        Proposer { tx, rx: Mutex::new(Some(rx)), hold: QUEUE_HOLD }
+        Proposer::new(QUEUE_HOLD)
     }
 }
 
 impl Proposer {
+    /// A proposer that holds acquires that will queue for up to `hold` (`--queue-hold`).
+    pub fn new(hold: Duration) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Proposer { tx, rx: Mutex::new(Some(rx)), hold }
+    }
+
     /// Queues `cmd` (a one-lock command) and waits for its index and answer.
     pub async fn propose(&self, cmd: Command) -> Result<(u64, Response), NodeError> {
         let (reply, answer) = oneshot::channel();
@@ -82,10 +90,10 @@ impl Proposer {
     }
 }
 
-/// Proposes what queues in `node`'s proposer until the task is aborted (the server does so once its
-/// client requests drained). Runs once per node; a second call returns at once.
-pub async fn run(node: Arc<Node>) {
-    let Some(mut rx) = node.proposer.rx.lock().expect("proposer poisoned").take() else { return };
+/// Proposes what queues in `proposer` through `appender` until the task is aborted (the server does so
+/// once its client requests drained). Runs once per node; a second call returns at once.
+pub async fn run(proposer: &Proposer, appender: Arc<Appender>, state: SharedState, metrics: Arc<Metrics>) {
+    let Some(mut rx) = proposer.rx.lock().expect("proposer poisoned").take() else { return };
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let applied = Arc::new(Notify::new());
     let mut waiting: VecDeque<Queued> = VecDeque::new();
@@ -102,15 +110,15 @@ pub async fn run(node: Arc<Node>) {
             waiting.push_back(queued);
         }
         let (taken, held_back) = {
-            let state = node.state.read().expect("lock state poisoned");
-            take_batch(&mut waiting, &state, Instant::now(), node.proposer.hold)
+            let state = crate::state::read(&state);
+            take_batch(&mut waiting, &state, Instant::now(), proposer.hold)
         };
-        node.metrics.held_back.set(held_back as i64);
+        metrics.held_back.set(held_back as i64);
         match taken {
             Taken::Batch(batch) => {
-                let (node, applied) = (node.clone(), applied.clone());
+                let (appender, applied) = (appender.clone(), applied.clone());
                 tokio::spawn(async move {
-                    propose_batch(&node, batch).await;
+                    propose_batch(&appender, batch).await;
                     drop(permit);
                     applied.notify_one();
                 });
@@ -226,15 +234,15 @@ fn entry_of(cmds: Vec<Command>) -> Command {
 }
 
 /// Proposes `batch` as one entry (a lone command as itself) and answers each command.
-async fn propose_batch(node: &Node, mut batch: Vec<Queued>) {
+async fn propose_batch(appender: &Appender, mut batch: Vec<Queued>) {
     if batch.len() == 1 {
         let queued = batch.pop().expect("one command");
-        let _ = queued.reply.send(node.propose_command(queued.cmd).await);
+        let _ = queued.reply.send(appender.propose_command(queued.cmd).await);
         return;
     }
     let (cmds, replies): (Vec<Command>, Vec<_>) = batch.into_iter().map(|q| (q.cmd, q.reply)).unzip();
     let count = cmds.len();
-    let written = node.propose_commands(entry_of(cmds), count).await;
+    let written = appender.propose_commands(entry_of(cmds), count).await;
     match written {
         Ok((index, Response { at_ms, outcome: Some(Outcome::Batch(outcomes)) })) if outcomes.len() == count => {
             for (reply, outcome) in replies.into_iter().zip(outcomes) {

@@ -1,16 +1,16 @@
-//! The lease keeper and the watchers: what a node learns from every applied entry.
+//! The apply observer ([`Events`]): what a node learns from every applied entry.
 //!
 //! Every node keeps, in memory, a monotonic-clock deadline for each TTL hold (set when it applies the grant
 //! or renewal: `apply instant + ttl`) and for each session (set when it applies the session's opening; on
 //! the leader, extended by every confirmed heartbeat; heartbeats are not written to the log). Only the
-//! leader acts on them: when deadlines pass, it confirms with a quorum that it is still leader and proposes
-//! one `Expire` entry for all of them. A node that becomes leader first gives every hold and session a full
-//! lease from its promotion, because it cannot know when the old leader last extended them. A node that is
-//! not leader never expires anything (etcd #15247).
+//! leader acts on them (`leader::expiry`): when deadlines pass, it confirms with a quorum that it is still
+//! leader and proposes one `Expire` entry for all of them. A node that becomes leader first gives every
+//! hold and session a full lease from its promotion, because it cannot know when the old leader last
+//! extended them. A node that is not leader never expires anything (etcd #15247).
 //!
 //! The same observer tells waiting requests of their grants and session streams of their grants and losses.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,11 +20,10 @@ use holdfast_core::{limits, Applied, Command, Expire, Grant, Lease, LockState, O
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
+use super::deadlines::Deadlines;
+use crate::faults::Bugs;
 use crate::metrics::{self, Metrics};
-use crate::node::{Bugs, Node};
 
-/// How often the leader looks for run-out leases.
-pub const KEEPER_TICK: Duration = Duration::from_millis(50);
 /// A one-shot waiter (a long-polling request) is kept in its queue only while the node serving the request
 /// says, at least this often, that it still waits; otherwise its node crashed and the leader withdraws it.
 pub const WAITER_LEASE: Duration = Duration::from_secs(3);
@@ -73,120 +72,6 @@ struct Inner {
     /// When it did: every deadline set before runs out no earlier than this plus its lease (see
     /// [`Deadlines`]).
     floor: Option<Instant>,
-}
-
-/// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
-/// that the end of an old hold does not clear the deadline of a newer one, and its lease, so that a
-/// promotion can give it a full lease without touching it.
-///
-/// **Promotion is O(1).** A node that becomes leader gives everything a full lease from its promotion
-/// ([`Events::promote`]). Rewriting every deadline then would take time in proportion to the state
-/// (seconds for a million held locks, with the keeper's lock held and the node's worker threads stalled
-/// behind it, long enough for the followers to elect another leader, which would then do the same).
-/// Instead the promotion only records its instant, the floor (kept by the keeper, one for every kind of
-/// deadline, and passed in): a deadline set before it counts as the floor plus its lease
-/// ([`Deadlines::effective`]). A deadline is moved to that later time only when it
-/// comes up, once ([`Deadlines::settle`], at the keeper's look), so each promotion costs each item at most
-/// one move, spread over the leases.
-struct Deadlines<K> {
-    by_key: BTreeMap<K, Deadline>,
-    by_time: BTreeSet<(Instant, K)>,
-}
-
-/// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]) and its lease.
-#[derive(Debug, Clone, Copy)]
-struct Deadline {
-    tag: u64,
-    at: Instant,
-    lease: Duration,
-}
-
-impl<K> Default for Deadlines<K> {
-    fn default() -> Self {
-        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new() }
-    }
-}
-
-impl<K: Clone + Ord> Deadlines<K> {
-    /// Deadlines for `items` (key, tag, lease), each a full lease after `now`. Built whole rather than
-    /// key by key: both orders are sorted once and built in bulk, about twice as fast for a million keys
-    /// that come in order (a state's, from its ordered maps) as inserting them one by one.
-    fn of(items: impl IntoIterator<Item = (K, u64, Duration)>, now: Instant) -> Self {
-        let by_key: BTreeMap<K, Deadline> =
-            items.into_iter().map(|(key, tag, lease)| (key, Deadline { tag, at: now + lease, lease })).collect();
-        let by_time = by_key.iter().map(|(key, deadline)| (deadline.at, key.clone())).collect();
-        Deadlines { by_key, by_time }
-    }
-
-    /// `key` (tagged `tag`) runs out a full `lease` after `now`.
-    fn set(&mut self, key: &K, tag: u64, now: Instant, lease: Duration) {
-        self.place(key, Deadline { tag, at: now + lease, lease });
-    }
-
-    fn place(&mut self, key: &K, deadline: Deadline) {
-        if let Some(old) = self.by_key.insert(key.clone(), deadline) {
-            self.by_time.remove(&(old.at, key.clone()));
-        }
-        self.by_time.insert((deadline.at, key.clone()));
-    }
-
-    /// When `deadline` runs out, counting the last promotion (at `floor`): at the floor plus its lease if
-    /// that is later.
-    fn effective(deadline: &Deadline, floor: Option<Instant>) -> Instant {
-        match floor {
-            Some(floor) => deadline.at.max(floor + deadline.lease),
-            None => deadline.at,
-        }
-    }
-
-    /// Moves `key`'s deadline to `now + lease` if it has not passed by `now` (counting the last promotion,
-    /// at `floor`). False if it passed or `key` has none: once passed, the leader may already be expiring
-    /// it.
-    fn extend(&mut self, key: &K, now: Instant, lease: Duration, floor: Option<Instant>) -> bool {
-        let Some(deadline) = self.by_key.get(key).copied() else { return false };
-        let at = Self::effective(&deadline, floor);
-        if at <= now {
-            return false;
-        }
-        self.place(key, Deadline { tag: deadline.tag, at: at.max(now + lease), lease });
-        true
-    }
-
-    fn end(&mut self, key: &K, tag: u64) {
-        if let Some(deadline) = self.by_key.get(key) {
-            if deadline.tag == tag {
-                self.by_time.remove(&(deadline.at, key.clone()));
-                self.by_key.remove(key);
-            }
-        }
-    }
-
-    /// Moves the deadlines that passed by `now` as set but not counting the last promotion (at `floor`) to
-    /// their effective time, so that every deadline that passed by `now` as set did pass.
-    fn settle(&mut self, now: Instant, floor: Option<Instant>) {
-        if floor.is_none() {
-            return;
-        }
-        let late: Vec<(K, Deadline)> = self
-            .by_time
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .filter_map(|(_, key)| {
-                let deadline = self.by_key[key];
-                let at = Self::effective(&deadline, floor);
-                (at > now).then(|| (key.clone(), Deadline { at, ..deadline }))
-            })
-            .collect();
-        for (key, deadline) in late {
-            self.place(&key, deadline);
-        }
-    }
-
-    /// Keys whose deadline passed by `now`, earliest first, with their tags. Call [`Deadlines::settle`]
-    /// with the same `now` first.
-    fn due(&self, now: Instant) -> impl Iterator<Item = (&K, u64)> + '_ {
-        self.by_time.iter().take_while(move |(at, _)| *at <= now).map(|(_, key)| (key, self.by_key[key].tag))
-    }
 }
 
 /// Every deadline of a state replaced whole (from a snapshot), rebuilt: each TTL hold, one-shot waiter and
@@ -248,7 +133,7 @@ impl Events {
     /// follower, which tells it when it applies the entry), a session opened (a follower answers `Opened`
     /// once it applied it), a barrier answered (a follower's reads wait to apply through it). The leader's
     /// network sends a commit notice it holds back for the next entries to carry
-    /// ([`crate::network::COMMIT_NOTICE_HOLD`]) at once instead, to every follower that was not sent a
+    /// (`peer::raft::COMMIT_NOTICE_HOLD`) at once instead, to every follower that was not sent a
     /// commit through `index` yet.
     pub fn urgent_commit(&self, index: u64) {
         self.urgent_commit.send_if_modified(|urgent| {
@@ -284,7 +169,7 @@ impl Events {
         if handovers > 0 {
             m.handovers.inc_by(handovers as u64);
             // A metric only: the system clock, also under simulation.
-            let took_s = crate::node::wall_ms().saturating_sub(applied.at_ms) as f64 / 1000.0;
+            let took_s = crate::clock::wall_ms().saturating_sub(applied.at_ms) as f64 / 1000.0;
             for _ in 0..handovers {
                 m.handover_latency.observe(took_s);
             }
@@ -381,7 +266,7 @@ impl Events {
 
     /// What has run out by `now` (and, for TTL holds, whose advertised end passed by leader time `wall_ms`),
     /// at most [`limits::EXPIRE_BATCH_MAX`] items.
-    fn due(&self, state: &LockState, now: Instant, wall_ms: u64) -> Expire {
+    pub fn due(&self, state: &LockState, now: Instant, wall_ms: u64) -> Expire {
         let mut inner = self.lock();
         let floor = inner.floor;
         inner.holds.settle(now, floor);
@@ -488,7 +373,7 @@ impl ApplyObserver for Events {
             Outcome::SessionClosed { id } => inner.sessions.end(&id, 0),
             Outcome::Expired { sessions, .. } if sessions > 0 => {
                 let gone: Vec<SessionId> =
-                    inner.sessions.by_key.keys().copied().filter(|id| state.session_lease_ms(*id).is_none()).collect();
+                    inner.sessions.keys().copied().filter(|id| state.session_lease_ms(*id).is_none()).collect();
                 for id in gone {
                     inner.sessions.end(&id, 0);
                 }
@@ -529,45 +414,6 @@ impl ApplyObserver for Events {
             replaced
         };
         drop(replaced);
-    }
-}
-
-/// Runs the lease keeper until `shutdown` resolves. Acts only while this node is leader.
-pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(KEEPER_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        if !node.is_leader() {
-            node.events.demote();
-            continue;
-        }
-        // Promotion: nobody is expired early because of a heartbeat the old leader saw and we did not.
-        if node.promote() {
-            continue;
-        }
-        let mut expire = {
-            let state = node.state.read().expect("lock state poisoned");
-            let wall = node.clock.now_ms().max(state.now_ms());
-            node.events.due(&state, Instant::now(), wall)
-        };
-        if expire.is_empty() || node.bugs.never_expire() {
-            continue;
-        }
-        // Only a confirmed leader decides expiry.
-        if let Err(e) = node.confirm_leader().await {
-            tracing::debug!(%e, "not expiring: leadership not confirmed");
-            continue;
-        }
-        let count = expire.len();
-        expire.sessions.sort_unstable();
-        match node.propose_command(holdfast_core::Command::Expire(expire)).await {
-            Ok((index, response)) => tracing::debug!(index, ?response.outcome, count, "proposed expiry"),
-            Err(e) => tracing::warn!(%e, count, "expiry proposal failed; will retry"),
-        }
     }
 }
 
@@ -761,7 +607,7 @@ mod tests {
         assert!(matches!(waiting.try_recv(), Err(oneshot::error::TryRecvError::Empty)), "still waiting");
         {
             let inner = events.lock();
-            assert_eq!(inner.holds.by_key.keys().collect::<Vec<_>>(), ["a", "b"], "the old hold's deadline is gone");
+            assert_eq!(inner.holds.keys().collect::<Vec<_>>(), ["a", "b"], "the old hold's deadline is gone");
             let fence = state.holder("s").expect("held by the session").fence;
             assert_eq!(inner.session_holds.get(&("s".to_owned(), fence)), Some(&session));
         }
@@ -775,30 +621,5 @@ mod tests {
         assert!(due_waiters(&events, &state).is_empty());
         tokio::time::advance(WAITER_LEASE - lease).await;
         assert_eq!(due_waiters(&events, &state), [Token(8)]);
-    }
-
-    #[test]
-    fn a_deadline_moved_by_a_promotion_moves_once_and_still_ends() {
-        let t0 = Instant::now();
-        let lease = Duration::from_secs(10);
-        let mut deadlines: Deadlines<u32> = Deadlines::default();
-        for key in 0..3 {
-            deadlines.set(&key, 7, t0, lease);
-        }
-        let floor = Some(t0 + Duration::from_secs(5));
-        let now = t0 + Duration::from_secs(12);
-        deadlines.settle(now, floor);
-        assert_eq!(deadlines.due(now).count(), 0);
-        let moved: Vec<Instant> = deadlines.by_time.iter().map(|(at, _)| *at).collect();
-        assert_eq!(moved, vec![t0 + Duration::from_secs(15); 3], "each at the floor plus its lease");
-        deadlines.settle(now, floor);
-        assert_eq!(deadlines.by_time.len(), 3);
-        // Ending a moved deadline, under its tag only, removes it from both orders.
-        deadlines.end(&1, 8);
-        deadlines.end(&2, 7);
-        assert_eq!((deadlines.by_key.len(), deadlines.by_time.len()), (2, 2));
-        let later = t0 + Duration::from_secs(15);
-        deadlines.settle(later, floor);
-        assert_eq!(deadlines.due(later).map(|(key, tag)| (*key, tag)).collect::<Vec<_>>(), [(0, 7), (1, 7)]);
     }
 }

@@ -1,4 +1,4 @@
-//! The gRPC API on the client port (`proto/holdfast/v1/locks.proto`): lock sessions and one-shot calls.
+//! The session stream (`Locks.Session`): a connection that owns its claims.
 //!
 //! A session's stream may run through any node. The node turns the stream's requests into writes through
 //! the leader, forwards heartbeats to the leader (which keeps the lease in memory), and pushes what its own
@@ -7,303 +7,27 @@
 //! any node.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use holdfast_core::{Grant, HolderView, Lease, LockView, Outcome, SessionId, SessionSecret, SessionView, Token};
-use holdfast_proto::v1::{
-    self, AcquireRequest, Acquired, AddMemberRequest, Call, ClusterStatusRequest, ClusterStatusResponse, EventKind,
-    GetRequest, Hold, Holder, ListRequest, ListResponse, Locks, LocksServer, ReleaseRequest, ReleaseResponse,
-    RemoveMemberRequest, RenewRequest, RequestKind, SessionEvent, SessionRequest, SnapshotRequest, SnapshotResponse,
-};
+use holdfast_core::{Outcome, SessionId, SessionSecret, SessionView, Token};
+use holdfast_proto::v1::{self, Acquired, EventKind, RequestKind, SessionEvent, SessionRequest};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
-use tonic::codegen::{http, Service};
-use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status, Streaming};
+use tonic::{Status, Streaming};
 
-use crate::auth;
-use crate::calls::CallStream;
-use crate::error::ApiError;
-use crate::keeper::SessionNote;
-use crate::node::{Node, NodeError, Request};
-use crate::ops::{self, PAGE_DEFAULT, TTL_MS_DEFAULT};
+use super::request::{malformed, or_anonymous};
+use crate::api::auth;
+use crate::api::error::ApiError;
+use crate::api::{locks, Api};
+use crate::apply::events::SessionNote;
+use crate::front::proto::holder;
+use crate::peer::protocol::{NodeError, Request};
 
 /// Events a session stream may have queued for a slow client before the node stops reading its requests.
-const SESSION_OUTBOX: usize = 256;
+pub const SESSION_OUTBOX: usize = 256;
 
-/// The `Locks` service.
-pub struct LocksService {
-    pub node: Arc<Node>,
-}
-
-type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
-
-/// The `Locks` service as the client port serves it: [`LocksServer`] with [`WellFormed`] requests.
-pub fn service(node: Arc<Node>) -> WellFormed<LocksServer<LocksService>> {
-    WellFormed(LocksServer::new(LocksService { node }))
-}
-
-/// A gRPC service whose refusals of malformed request bodies are answered as the API documents bad input.
-///
-/// tonic decodes a unary call's request before any handler runs, and refuses a body that is not one
-/// well-formed message by itself: INTERNAL when the message does not decode as protobuf (invalid UTF-8 in
-/// a string, a cut varint, a bad tag), when its frame is cut short or flagged compressed, or when there is
-/// none; OUT_OF_RANGE when it is larger than tonic takes. Clients read INTERNAL as a bug in holdfast, and
-/// neither carries the problem type every other error has (issue 33's fuzzing found them): such an answer,
-/// a status in the headers without a `holdfast-problem`, becomes INVALID_ARGUMENT `invalid-message`.
-#[derive(Clone)]
-pub struct WellFormed<S>(S);
-
-impl<S, B> Service<http::Request<B>> for WellFormed<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let answer = self.0.call(request);
-        Box::pin(async move { Ok(malformed_as_invalid(answer.await?)) })
-    }
-}
-
-fn malformed_as_invalid(response: http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> {
-    if response.headers().contains_key(crate::error::PROBLEM_METADATA) {
-        return response;
-    }
-    match Status::from_header_map(response.headers()).and_then(|status| malformed(&status)) {
-        Some(invalid) => invalid.into_http(),
-        None => response,
-    }
-}
-
-/// tonic's refusal of a malformed request message (see [`WellFormed`]) as the API answers bad input; `None`
-/// for any other status (the client went away, or cancelled).
-pub(crate) fn malformed(status: &Status) -> Option<Status> {
-    if !matches!(status.code(), tonic::Code::Internal | tonic::Code::OutOfRange) {
-        return None;
-    }
-    let detail = format!("the request is not one well-formed message of this call: {}", status.message());
-    Some(ApiError::invalid("invalid-message", detail).into())
-}
-
-/// The one-shot calls as both the unary methods and a `Calls` stream ([`CallStream`]) run them: checked
-/// and carried out by [`ops`], answered in the API's shapes.
-pub(crate) mod one_shot {
-    use super::*;
-
-    pub(crate) async fn acquire(node: &Arc<Node>, scope: &auth::Scope, r: AcquireRequest) -> Result<Hold, ApiError> {
-        let ttl_ms = ttl_or_default(node, r.ttl_ms);
-        let grant = ops::acquire(node, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
-        Ok(hold(&grant))
-    }
-
-    pub(crate) async fn renew(node: &Arc<Node>, scope: &auth::Scope, r: RenewRequest) -> Result<Hold, ApiError> {
-        let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
-        let grant = ops::renew(node, scope, r.name, ops::parse_token(&r.token)?, ttl_ms).await?;
-        Ok(hold(&grant))
-    }
-
-    pub(crate) async fn release(
-        node: &Arc<Node>,
-        scope: &auth::Scope,
-        r: ReleaseRequest,
-    ) -> Result<ReleaseResponse, ApiError> {
-        let (name, fence) = ops::release(node, scope, r.name, ops::parse_token(&r.token)?).await?;
-        Ok(ReleaseResponse { name, fence })
-    }
-
-    pub(crate) async fn get(node: &Arc<Node>, scope: &auth::Scope, r: GetRequest) -> Result<v1::Lock, ApiError> {
-        Ok(lock(&ops::get(node, scope, r.name).await?))
-    }
-}
-
-/// An acquire's TTL: as given, or for `0` the default, within the server's bounds.
-fn ttl_or_default(node: &Node, ttl_ms: u64) -> u64 {
-    let limits = &node.limits;
-    if ttl_ms == 0 {
-        TTL_MS_DEFAULT.clamp(limits.ttl_ms_min, limits.ttl_ms_max)
-    } else {
-        ttl_ms
-    }
-}
-
-fn or_anonymous(owner: String) -> String {
-    if owner.is_empty() {
-        "anonymous".into()
-    } else {
-        owner
-    }
-}
-
-#[tonic::async_trait]
-impl Locks for LocksService {
-    type SessionStream = EventStream;
-    type CallsStream = CallStream;
-
-    async fn session(
-        &self,
-        request: GrpcRequest<Streaming<SessionRequest>>,
-    ) -> Result<GrpcResponse<Self::SessionStream>, Status> {
-        let scope = auth::authenticate(&self.node, authorization(&request))?;
-        let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
-        let node = self.node.clone();
-        let inbound = request.into_inner();
-        tokio::spawn(async move {
-            if let Err(status) = serve_session(node, scope, inbound, &tx).await {
-                let _ = tx.send(Err(status)).await;
-            }
-        });
-        Ok(GrpcResponse::new(Box::pin(ReceiverStream::new(rx))))
-    }
-
-    async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {
-        let scope = auth::authenticate(&self.node, authorization(&request))?;
-        Ok(GrpcResponse::new(one_shot::acquire(&self.node, &scope, request.into_inner()).await?))
-    }
-
-    async fn renew(&self, request: GrpcRequest<RenewRequest>) -> Result<GrpcResponse<Hold>, Status> {
-        let scope = auth::authenticate(&self.node, authorization(&request))?;
-        Ok(GrpcResponse::new(one_shot::renew(&self.node, &scope, request.into_inner()).await?))
-    }
-
-    async fn release(&self, request: GrpcRequest<ReleaseRequest>) -> Result<GrpcResponse<ReleaseResponse>, Status> {
-        let scope = auth::authenticate(&self.node, authorization(&request))?;
-        Ok(GrpcResponse::new(one_shot::release(&self.node, &scope, request.into_inner()).await?))
-    }
-
-    async fn calls(&self, request: GrpcRequest<Streaming<Call>>) -> Result<GrpcResponse<CallStream>, Status> {
-        let scope = auth::authenticate(&self.node, authorization(&request))?;
-        Ok(GrpcResponse::new(CallStream::new(self.node.clone(), scope, request.into_inner())))
-    }
-
-    async fn get(&self, request: GrpcRequest<GetRequest>) -> Result<GrpcResponse<v1::Lock>, Status> {
-        let scope = auth::authenticate(&self.node, authorization(&request))?;
-        Ok(GrpcResponse::new(one_shot::get(&self.node, &scope, request.into_inner()).await?))
-    }
-
-    async fn list(&self, request: GrpcRequest<ListRequest>) -> Result<GrpcResponse<ListResponse>, Status> {
-        let scope = auth::authenticate(&self.node, authorization(&request))?;
-        let r = request.into_inner();
-        let limit = if r.limit == 0 { PAGE_DEFAULT } else { r.limit as usize };
-        let after = (!r.after.is_empty()).then_some(r.after);
-        let (views, next) = ops::list(&self.node, &scope, r.prefix, after, limit).await?;
-        Ok(GrpcResponse::new(ListResponse { locks: views.iter().map(lock).collect(), next: next.unwrap_or_default() }))
-    }
-
-    async fn cluster_status(
-        &self,
-        _request: GrpcRequest<ClusterStatusRequest>,
-    ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
-        Ok(GrpcResponse::new(self.status()))
-    }
-
-    async fn add_member(
-        &self,
-        request: GrpcRequest<AddMemberRequest>,
-    ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
-        ops::check_admin(&self.node, caller(&request))?;
-        let r = request.into_inner();
-        ops::add_member(&self.node, r.id, &r.addr).await?;
-        Ok(GrpcResponse::new(self.status()))
-    }
-
-    async fn remove_member(
-        &self,
-        request: GrpcRequest<RemoveMemberRequest>,
-    ) -> Result<GrpcResponse<ClusterStatusResponse>, Status> {
-        ops::check_admin(&self.node, caller(&request))?;
-        ops::remove_member(&self.node, request.into_inner().id).await?;
-        Ok(GrpcResponse::new(self.status()))
-    }
-
-    async fn snapshot(&self, request: GrpcRequest<SnapshotRequest>) -> Result<GrpcResponse<SnapshotResponse>, Status> {
-        ops::check_admin(&self.node, caller(&request))?;
-        let (snapshot_index, snapshot_bytes) = self.node.snapshot().await.map_err(ApiError::from)?;
-        Ok(GrpcResponse::new(SnapshotResponse { id: self.node.id, snapshot_index, snapshot_bytes }))
-    }
-}
-
-fn authorization<T>(request: &GrpcRequest<T>) -> Option<&str> {
-    request.metadata().get("authorization").and_then(|v| v.to_str().ok())
-}
-
-/// Who makes an admin call: its `authorization` metadata and the address its connection came from.
-fn caller<T>(request: &GrpcRequest<T>) -> ops::Caller<'_> {
-    ops::Caller { authorization: authorization(request), peer: crate::http::peer_ip(request.extensions()) }
-}
-
-impl LocksService {
-    /// This node's view of the cluster.
-    fn status(&self) -> ClusterStatusResponse {
-        let leader = self.node.leader();
-        let metrics = self.node.raft.metrics();
-        let m = metrics.borrow();
-        let members = m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
-        ClusterStatusResponse {
-            id: self.node.id,
-            leader: leader.unwrap_or(0),
-            term: m.current_term,
-            state: format!("{:?}", m.state),
-            members,
-            last_log_index: m.last_log_index.unwrap_or(0),
-            applied_index: m.last_applied.map_or(0, |l| l.index),
-            voters: m.membership_config.membership().voter_ids().collect(),
-        }
-    }
-}
-
-// --- shapes ---
-
-pub(crate) fn hold(grant: &Grant) -> Hold {
-    let (expires_at_ms, ttl_ms) = match grant.lease {
-        Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms),
-        Lease::Session(_) => (0, 0),
-    };
-    Hold {
-        name: grant.name.clone(),
-        owner: grant.owner.clone(),
-        token: grant.token.to_string(),
-        fence: grant.fence,
-        granted_at_ms: grant.granted_at_ms,
-        expires_at_ms,
-        ttl_ms,
-    }
-}
-
-pub(crate) fn holder(h: &HolderView) -> Holder {
-    let (expires_at_ms, ttl_ms, session_id) = match h.lease {
-        Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms, 0),
-        Lease::Session(id) => (0, 0, id),
-    };
-    Holder { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, expires_at_ms, ttl_ms, session_id }
-}
-
-pub(crate) fn lock(view: &LockView) -> v1::Lock {
-    v1::Lock {
-        name: view.name.clone(),
-        holder: Some(holder(&view.holder)),
-        waiters: view
-            .waiters
-            .iter()
-            .map(|w| v1::Waiter {
-                owner: w.owner.clone(),
-                queued_at_ms: w.queued_at_ms,
-                session_id: w.session.unwrap_or(0),
-            })
-            .collect(),
-    }
-}
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
 fn event(kind: EventKind) -> Result<SessionEvent, Status> {
     Ok(SessionEvent { kind: Some(kind) })
@@ -317,7 +41,7 @@ fn session_error(name: &str, e: &ApiError) -> Result<SessionEvent, Status> {
     let status = Status::from(e.clone());
     let problem = status
         .metadata()
-        .get(crate::error::PROBLEM_METADATA)
+        .get(crate::front::problem::PROBLEM_METADATA)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("urn:holdfast:internal")
         .to_owned();
@@ -327,8 +51,6 @@ fn session_error(name: &str, e: &ApiError) -> Result<SessionEvent, Status> {
         detail: status.message().into(),
     }))
 }
-
-// --- sessions ---
 
 /// A claim of this stream's session: its token, and its fence once granted.
 struct Claim {
@@ -347,7 +69,7 @@ enum Beat {
 }
 
 struct SessionStream {
-    node: Arc<Node>,
+    api: Arc<Api>,
     /// The tenant's namespace: names in `claims` are stored names; events show the client's names.
     scope: auth::Scope,
     id: SessionId,
@@ -355,8 +77,8 @@ struct SessionStream {
     tx: Outbox,
 }
 
-async fn serve_session(
-    node: Arc<Node>,
+pub async fn serve_session(
+    api: Arc<Api>,
     scope: auth::Scope,
     mut inbound: Streaming<SessionRequest>,
     tx: &Outbox,
@@ -365,22 +87,19 @@ async fn serve_session(
     let (stream, mut notes, opened, resumed) = match first {
         Some(RequestKind::Open(open)) => {
             let owner = or_anonymous(open.owner);
-            ops::check_owner(&owner)?;
-            ops::check_ttl(&node, open.lease_ms)?;
+            locks::check_owner(&owner)?;
+            locks::check_ttl(&api, open.lease_ms)?;
             let owner = scope.inner(&owner);
             let written =
-                node.write(Request::OpenSession { owner, lease_ms: open.lease_ms }).await.map_err(ApiError::from)?;
+                api.write(Request::OpenSession { owner, lease_ms: open.lease_ms }).await.map_err(ApiError::from)?;
             let (id, secret) = match (written.outcome(), written.secret) {
                 (Outcome::SessionOpened { id }, Some(secret)) => (*id, secret),
                 (Outcome::Rejected(reject), _) => return Err(ApiError::from(reject.clone()).into()),
                 (other, _) => return Err(ApiError::unexpected(other).into()),
             };
-            node.wait_applied(written.index).await.map_err(ApiError::from)?;
-            let notes = {
-                let _state = node.state.read().expect("lock state poisoned");
-                node.events.attach(id)
-            };
-            let stream = SessionStream { node: node.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
+            api.wait_applied(written.index).await.map_err(ApiError::from)?;
+            let notes = { api.attach(id) };
+            let stream = SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
             let opened = v1::Opened { session_id: id, lease_ms: open.lease_ms, secret: secret.to_string() };
             (stream, notes, opened, None)
         }
@@ -390,7 +109,7 @@ async fn serve_session(
             // Another tenant's session does not exist for this one, and a session is taken over only with
             // its secret (its id is in every read of its locks): both checked before attaching, so that a
             // stranger's stream never displaces the holder's, and a refused one changes nothing.
-            let found = node
+            let found = api
                 .session_view(id, |view| {
                     if !scope.owns(&view.owner) {
                         return Err(ApiError::SessionGone { id });
@@ -405,7 +124,7 @@ async fn serve_session(
                             format!("the secret is not session {id}'s: Resume needs the one its Opened carried");
                         return Err(ApiError::Forbidden { slug: "wrong-session-secret", detail });
                     }
-                    Ok(node.events.attach(id))
+                    Ok(api.attach_viewed(id))
                 })
                 .await
                 .map_err(ApiError::from)?;
@@ -413,7 +132,7 @@ async fn serve_session(
                 return Err(ApiError::SessionGone { id }.into());
             };
             let notes = attached?;
-            let mut stream = SessionStream { node: node.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
+            let mut stream = SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
             stream.adopt(&view);
             let opened = v1::Opened { session_id: id, lease_ms: view.lease_ms, secret: String::new() };
             (stream, notes, opened, Some(view))
@@ -428,7 +147,7 @@ async fn serve_session(
     tracing::debug!(session = id, resumed = resumed.is_some(), "session stream attached");
     let result = stream.run(&mut inbound, &mut notes, opened, resumed).await;
     drop(notes);
-    node.events.detach(id);
+    api.detach(id);
     result
 }
 
@@ -458,7 +177,7 @@ impl SessionStream {
     async fn send(&self, event: Result<SessionEvent, Status>) -> Result<(), Status> {
         let event = event.map(|mut e| {
             if let Some(EventKind::Acquired(acquired)) = &mut e.kind {
-                acquired.fence = self.node.told_fence(acquired.fence);
+                acquired.fence = self.api.told_fence(acquired.fence);
             }
             outer_event(&self.scope, e)
         });
@@ -521,21 +240,21 @@ impl SessionStream {
 
     /// Handles one request. True when the stream is done (the session closed).
     async fn handle(&mut self, kind: RequestKind, beats: &mpsc::UnboundedSender<Beat>) -> Result<bool, Status> {
-        if !self.scope.valid(&self.node) {
+        if !self.api.scope_valid(&self.scope) {
             // The key was revoked: the session ends now, handing its locks over, rather than at its lease.
-            let _ = self.node.write(Request::CloseSession { id: self.id }).await;
+            let _ = self.api.write(Request::CloseSession { id: self.id }).await;
             return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() }.into());
         }
         match kind {
             RequestKind::Heartbeat(beat) => {
-                let (node, id, beats, seq, tx) = (self.node.clone(), self.id, beats.clone(), beat.seq, self.tx.clone());
+                let (api, id, beats, seq, tx) = (self.api.clone(), self.id, beats.clone(), beat.seq, self.tx.clone());
                 // Heartbeats run beside the stream's other requests and are acknowledged straight from their
                 // own task, so a slow write on the stream never delays an acknowledgement.
                 let received = tokio::time::Instant::now();
                 tokio::spawn(async move {
-                    match node.heartbeat(id).await {
+                    match api.heartbeat(id).await {
                         Ok(Some((held, waiting))) => {
-                            node.metrics.heartbeat_duration.observe(received.elapsed().as_secs_f64());
+                            api.metrics().heartbeat_duration.observe(received.elapsed().as_secs_f64());
                             let _ =
                                 tx.send(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }))).await;
                         }
@@ -548,16 +267,16 @@ impl SessionStream {
                     }
                 });
             }
-            RequestKind::Acquire(acquire) => match ops::check_name(&acquire.name) {
+            RequestKind::Acquire(acquire) => match locks::check_name(&acquire.name) {
                 Err(e) => self.send(session_error(&acquire.name, &e)).await?,
                 Ok(()) => self.acquire(self.scope.inner(&acquire.name), acquire.wait).await?,
             },
-            RequestKind::Release(release) => match ops::check_name(&release.name) {
+            RequestKind::Release(release) => match locks::check_name(&release.name) {
                 Err(e) => self.send(session_error(&release.name, &e)).await?,
                 Ok(()) => self.release(self.scope.inner(&release.name)).await?,
             },
             RequestKind::Close(_) => {
-                let written = self.node.write(Request::CloseSession { id: self.id }).await.map_err(ApiError::from)?;
+                let written = self.api.write(Request::CloseSession { id: self.id }).await.map_err(ApiError::from)?;
                 tracing::debug!(session = self.id, outcome = ?written.outcome(), "session closed");
                 return Ok(true);
             }
@@ -570,7 +289,7 @@ impl SessionStream {
     }
 
     async fn acquire(&mut self, name: String, wait: bool) -> Result<(), Status> {
-        if let Err(e) = ops::check_name(&name) {
+        if let Err(e) = locks::check_name(&name) {
             return self.send(session_error(&name, &e)).await;
         }
         if let Some(claim) = self.claims.get(&name) {
@@ -583,7 +302,7 @@ impl SessionStream {
                 }
             };
         }
-        let written = match self.node.write(Request::SessionAcquire { id: self.id, name: name.clone(), wait }).await {
+        let written = match self.api.write(Request::SessionAcquire { id: self.id, name: name.clone(), wait }).await {
             Ok(written) => written,
             // The outcome is unknown: learn from the leader what the session has now.
             Err(e) => return self.resync(&name, e).await,
@@ -611,7 +330,7 @@ impl SessionStream {
     /// After a write whose outcome is unknown, re-reads the session's claims from the leader and reports
     /// where `name` stands.
     async fn resync(&mut self, name: &str, cause: NodeError) -> Result<(), Status> {
-        match self.node.session_view(self.id, |_| ()).await {
+        match self.api.session_view(self.id, |_| ()).await {
             Ok(Some((view, ()))) => {
                 self.adopt(&view);
                 match self.claims.get(name) {
@@ -633,7 +352,7 @@ impl SessionStream {
             return self.send(session_error(&name, &ApiError::NotHolder { name: name.clone() })).await;
         };
         // Cancel both releases a hold (handing it to the next waiter in the same entry) and leaves a queue.
-        match self.node.write(Request::Cancel { name: name.clone(), token: claim.token }).await {
+        match self.api.write(Request::Cancel { name: name.clone(), token: claim.token }).await {
             Ok(_) => self.send(event(EventKind::Released(v1::Released { name }))).await,
             Err(e) => {
                 self.claims.insert(name.clone(), claim);

@@ -15,13 +15,25 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::time::Instant;
 
-use holdfast_core::{limits, Grant, HolderView, LockState, LockView};
+use holdfast_core::{limits, Grant, HolderView, LockView};
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
-use crate::node::Node;
+use holdfast_store::SharedState;
+
+use super::error::ApiError;
+use crate::leader::tenants::TenantLimits;
 
 /// Settings of `--auth`.
+/// A secret (a key) that never shows in debug output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct AuthConfig {
     /// Requests need an API key (`Authorization: Bearer KEY`); off, everything is one open namespace.
@@ -61,30 +73,14 @@ impl Auth {
         Auth { config, buckets: Mutex::default() }
     }
 
-    /// Refuses a new lock `name` (stored form) when its tenant already has as many as it may; a lock that
-    /// exists already (to wait for) is no new lock. The leader checks before proposing, against its own
-    /// state: requests in flight together may pass it together, so the bound is the limit plus those.
-    pub fn check_new_lock(&self, state: &LockState, name: &str) -> Result<(), (&'static str, String)> {
-        let (Some(tenant), _) = limits::split_tenant(name) else { return Ok(()) };
-        let max = self.config.locks_per_key_max;
-        if state.holder(name).is_some() || state.count_locks_with_prefix(&limits::tenant_prefix(tenant), max) < max {
-            return Ok(());
-        }
-        Err(("too-many-locks", format!("this API key has {max} locks, its limit")))
+    /// Each key's limits on locks and sessions, which the leader enforces; `None` without `--auth`.
+    pub fn tenant_limits(&self) -> Option<TenantLimits> {
+        self.config.enabled.then_some(TenantLimits {
+            locks_per_key_max: self.config.locks_per_key_max,
+            sessions_per_key_max: self.config.sessions_per_key_max,
+        })
     }
 
-    /// Refuses a new session of `owner` (stored form) when its tenant has as many open as it may (the same
-    /// bound as [`Auth::check_new_lock`]).
-    pub fn check_new_session(&self, state: &LockState, owner: &str) -> Result<(), (&'static str, String)> {
-        let (Some(tenant), _) = limits::split_tenant(owner) else { return Ok(()) };
-        let max = self.config.sessions_per_key_max;
-        if state.count_sessions_with_owner_prefix(&limits::tenant_prefix(tenant), max) < max {
-            return Ok(());
-        }
-        Err(("too-many-sessions", format!("this API key has {max} sessions open, its limit")))
-    }
-
-    /// Takes one request from `tenant`'s budget.
     fn spend(&self, tenant: u64) -> Result<(), ApiError> {
         let rate = f64::from(self.config.requests_per_s_per_key.max(1));
         let now = Instant::now();
@@ -147,22 +143,22 @@ impl Scope {
     }
 
     /// Whether this scope's key still exists (it was not revoked since the request was authenticated).
-    pub fn valid(&self, node: &Node) -> bool {
+    pub fn valid(&self, state: &SharedState) -> bool {
         match self.tenant {
             None => true,
-            Some(tenant) => node.state.read().expect("lock state poisoned").has_key(tenant),
+            Some(tenant) => crate::state::read(state).has_key(tenant),
         }
     }
 
     /// Admits one more request under this scope, as [`authenticate`] admits one: the key must not have been
     /// revoked since, and the request is taken from the key's budget. For each call on a stream that was
     /// authenticated once, when it opened.
-    pub fn admit(&self, node: &Node) -> Result<(), ApiError> {
+    pub fn admit(&self, auth: &Auth, state: &SharedState) -> Result<(), ApiError> {
         let Some(tenant) = self.tenant else { return Ok(()) };
-        if !self.valid(node) {
+        if !self.valid(state) {
             return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() });
         }
-        node.auth.spend(tenant)
+        auth.spend(tenant)
     }
 
     /// Whether a stored owner (of a session) belongs to this namespace.
@@ -209,18 +205,18 @@ impl Scope {
 
 /// The scope of a request with `authorization` (the `Authorization` header or metadata): with auth off,
 /// the open namespace; with auth on, the tenant of a valid key, within its request budget.
-pub fn authenticate(node: &Node, authorization: Option<&str>) -> Result<Scope, ApiError> {
-    if !node.auth.config.enabled {
+pub fn authenticate(auth: &Auth, state: &SharedState, authorization: Option<&str>) -> Result<Scope, ApiError> {
+    if !auth.config.enabled {
         return Ok(Scope::open());
     }
     let Some(key) = bearer(authorization) else {
         return Err(ApiError::Unauthenticated { detail: "this cluster needs `Authorization: Bearer API_KEY`".into() });
     };
-    let tenant = node.state.read().expect("lock state poisoned").key_tenant(&hash_key(key));
+    let tenant = crate::state::read(state).key_tenant(&hash_key(key));
     let Some(tenant) = tenant else {
         return Err(ApiError::Unauthenticated { detail: "unknown or revoked API key".into() });
     };
-    node.auth.spend(tenant)?;
+    auth.spend(tenant)?;
     Ok(Scope::of(tenant))
 }
 

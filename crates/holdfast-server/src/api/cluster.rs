@@ -1,0 +1,104 @@
+//! The cluster as this node sees it (`GET /v1/cluster`, `ClusterStatus`), whether it is ready for
+//! traffic (`/readyz`, `grpc.health.v1`), and the metrics page (`/metrics`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+
+use holdfast_store::NodeId;
+use openraft::ServerState;
+
+use super::Api;
+
+/// A node this many entries behind its own log is still catching up.
+const READY_LAG_ENTRIES: u64 = 100;
+
+/// This node, the leader, the term, the members, and how far the log is.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    pub id: NodeId,
+    /// This node's Raft role (`Leader`, `Follower`, …).
+    pub state: String,
+    /// The leader as this node knows it.
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    /// Every member's peer address.
+    pub members: BTreeMap<NodeId, String>,
+    pub voters: BTreeSet<NodeId>,
+    pub learners: BTreeSet<NodeId>,
+    pub last_log_index: Option<u64>,
+    pub committed_index: u64,
+    pub applied_index: Option<u64>,
+    pub snapshot_index: Option<u64>,
+    /// On the leader: how long since a quorum last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
+}
+
+impl Api {
+    /// The cluster as this node sees it.
+    pub fn cluster(&self) -> ClusterView {
+        let leader = self.elections.leader();
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        ClusterView {
+            id: self.id(),
+            state: format!("{:?}", m.state),
+            leader,
+            term: m.current_term,
+            members: membership.nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
+            voters: membership.voter_ids().collect(),
+            learners: membership.learner_ids().collect(),
+            last_log_index: m.last_log_index,
+            committed_index: self.committed_index.load(Ordering::Relaxed),
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
+        }
+    }
+
+    /// Whether this node may take traffic: a leader is known (on a follower, one heard from lately), and
+    /// this node applied its log.
+    pub fn readiness(&self) -> Result<(), String> {
+        let leader = self.elections.leader();
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.running_state.as_ref().map_err(|e| format!("raft stopped: {e}"))?;
+        let Some(leader) = leader else {
+            return Err("no leader known".into());
+        };
+        if leader == self.id() && m.state != ServerState::Leader {
+            return Err("leader election in progress".into());
+        }
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        let committed = self.committed_index.load(Ordering::Relaxed);
+        if applied + READY_LAG_ENTRIES < committed {
+            return Err(format!("catching up: applied {applied} of {committed} committed"));
+        }
+        Ok(())
+    }
+
+    /// Sets the gauges read at scrape time, then encodes every metric.
+    pub fn metrics_page(&self) -> String {
+        let m = &self.metrics;
+        m.has_leader.set(self.elections.leader().is_some().into());
+        let applied = {
+            let raft = self.raft.metrics();
+            let r = raft.borrow();
+            m.is_leader.set((r.state == ServerState::Leader).into());
+            m.term.set(r.current_term as i64);
+            m.last_log_index.set(r.last_log_index.unwrap_or(0) as i64);
+            r.last_applied.map_or(0, |l| l.index)
+        };
+        let committed = self.committed_index.load(Ordering::Relaxed);
+        m.committed_index.set(committed as i64);
+        m.applied_index.set(applied as i64);
+        m.apply_lag.set(committed.saturating_sub(applied) as i64);
+        {
+            let state = crate::state::read(&self.state);
+            m.locks_held.set(state.lock_count() as i64);
+            m.waiters.set(state.waiter_count() as i64);
+            m.sessions.set(state.session_count() as i64);
+        }
+        m.encode()
+    }
+}

@@ -1,0 +1,185 @@
+//! ② The API: the operations both fronts offer, with their input checks, API keys and tenants, admin
+//! calls and the cluster's view, all free of any transport (no axum, no tonic). The fronts only parse and
+//! format; everything else is here, once.
+//!
+//! - [`locks`]: acquire, release, renew, get, list, with their checks and the long poll.
+//! - [`auth`]: API keys, tenants' namespaces ([`auth::Scope`]) and request budgets.
+//! - [`admin`]: who may make admin calls, membership, keys, snapshots.
+//! - [`cluster`]: the cluster as this node sees it, readiness, and the metrics page.
+//! - [`error`]: [`error::ApiError`], what a client is told went wrong.
+//!
+//! Imports `route`, `leader`, `apply`, `election`, `peer` and the leaves; nothing above.
+
+pub mod admin;
+pub mod auth;
+pub mod cluster;
+pub mod error;
+pub mod locks;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use holdfast_core::{SessionId, SessionView};
+use holdfast_store::{NodeId, SharedState, TypeConfig};
+use openraft::Raft;
+use tokio::sync::mpsc;
+
+use self::auth::{Auth, Scope, Secret};
+use self::error::ApiError;
+use crate::apply::events::{Events, SessionNote};
+use crate::election::Elections;
+use crate::faults::Bugs;
+use crate::leader::Leader;
+use crate::metrics::Metrics;
+use crate::peer::protocol::{HeartbeatReply, NodeError, Request, Written};
+use crate::route::Router;
+
+/// Bounds the front doors apply before proposing anything.
+#[derive(Debug, Clone)]
+pub struct FrontLimits {
+    pub ttl_ms_min: u64,
+    pub ttl_ms_max: u64,
+    pub wait_ms_max: u64,
+}
+
+/// What the fronts hold: a node as its clients see it.
+pub struct Api {
+    raft: Raft<TypeConfig>,
+    state: SharedState,
+    events: Arc<Events>,
+    elections: Arc<Elections>,
+    leader: Arc<Leader>,
+    route: Arc<Router>,
+    metrics: Arc<Metrics>,
+    /// The last committed log index this node knows of.
+    committed_index: Arc<AtomicU64>,
+    limits: FrontLimits,
+    /// API keys, tenants and their budgets.
+    auth: Auth,
+    /// The key admin calls must present; `None`: from loopback only (or never, under `--auth`).
+    admin_key: Option<Secret>,
+    bugs: Bugs,
+}
+
+/// What an [`Api`] is made of.
+pub struct Parts {
+    pub raft: Raft<TypeConfig>,
+    pub state: SharedState,
+    pub events: Arc<Events>,
+    pub elections: Arc<Elections>,
+    pub leader: Arc<Leader>,
+    pub route: Arc<Router>,
+    pub metrics: Arc<Metrics>,
+    pub committed_index: Arc<AtomicU64>,
+    pub limits: FrontLimits,
+    pub auth: Auth,
+    pub admin_key: Option<Secret>,
+    pub bugs: Bugs,
+}
+
+impl Api {
+    pub fn new(parts: Parts) -> Self {
+        let Parts {
+            raft,
+            state,
+            events,
+            elections,
+            leader,
+            route,
+            metrics,
+            committed_index,
+            limits,
+            auth,
+            admin_key,
+            bugs,
+        } = parts;
+        Api { raft, state, events, elections, leader, route, metrics, committed_index, limits, auth, admin_key, bugs }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.elections.id()
+    }
+
+    /// The bounds on what clients may ask for.
+    pub fn limits(&self) -> &FrontLimits {
+        &self.limits
+    }
+
+    /// The node's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The fence a client is told for a grant under `fence`.
+    pub fn told_fence(&self, fence: u64) -> u64 {
+        if self.bugs.term_as_fence() {
+            return self.raft.metrics().borrow().current_term;
+        }
+        fence
+    }
+
+    /// Applies `request` through the leader ([`Router::write`]).
+    pub async fn write(&self, request: Request) -> Result<Written, NodeError> {
+        self.route.write(request).await
+    }
+
+    /// Keeps session `id` alive through the leader ([`Router::heartbeat`]).
+    pub async fn heartbeat(&self, id: SessionId) -> Result<HeartbeatReply, NodeError> {
+        self.route.heartbeat(id).await
+    }
+
+    /// Waits until this node applied the log up to `index`.
+    pub async fn wait_applied(&self, index: u64) -> Result<(), NodeError> {
+        self.route.wait_applied(index).await
+    }
+
+    /// Session `id` as of now, with `attach` run on it before any later entry applies
+    /// ([`Router::session_view`]).
+    pub async fn session_view<T>(
+        &self,
+        id: SessionId,
+        attach: impl FnOnce(&SessionView) -> T,
+    ) -> Result<Option<(SessionView, T)>, NodeError> {
+        self.route.session_view(id, attach).await
+    }
+
+    /// Attaches a stream to session `id` (replacing any earlier one: the session moved), with no entry
+    /// applied meanwhile: what it hears starts where this node's state is.
+    pub fn attach(&self, id: SessionId) -> mpsc::UnboundedReceiver<SessionNote> {
+        let _state = crate::state::read(&self.state);
+        self.events.attach(id)
+    }
+
+    /// Attaches a stream to session `id` from inside [`Api::session_view`]'s `attach`, which holds the
+    /// state's lock already.
+    pub fn attach_viewed(&self, id: SessionId) -> mpsc::UnboundedReceiver<SessionNote> {
+        self.events.attach(id)
+    }
+
+    /// Detaches the stream of session `id`, if it is still the one attached.
+    pub fn detach(&self, id: SessionId) {
+        self.events.detach(id)
+    }
+
+    /// This node's Raft, for the fronts' health service to watch.
+    pub fn raft(&self) -> &Raft<TypeConfig> {
+        &self.raft
+    }
+
+    /// Authenticates a request by its `Authorization` value ([`auth::authenticate`]): the tenant's scope
+    /// (everything, without `--auth`), one request taken from its key's budget.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Scope, ApiError> {
+        auth::authenticate(&self.auth, &self.state, authorization)
+    }
+
+    /// Admits one more request under `scope` ([`Scope::admit`]).
+    pub fn admit(&self, scope: &Scope) -> Result<(), ApiError> {
+        scope.admit(&self.auth, &self.state)
+    }
+
+    /// Whether `scope`'s key still exists ([`Scope::valid`]).
+    pub fn scope_valid(&self, scope: &Scope) -> bool {
+        scope.valid(&self.state)
+    }
+}

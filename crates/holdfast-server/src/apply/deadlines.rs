@@ -1,0 +1,155 @@
+//! [`Deadlines`]: when each hold, session or waiter runs out, on this node's monotonic clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Deadlines on this node's monotonic clock, by key and ordered by time. Each carries a tag (a fence), so
+/// that the end of an old hold does not clear the deadline of a newer one, and its lease, so that a
+/// promotion can give it a full lease without touching it.
+///
+/// **Promotion is O(1).** A node that becomes leader gives everything a full lease from its promotion
+/// (`Events::promote`). Rewriting every deadline then would take time in proportion to the state
+/// (seconds for a million held locks, with the keeper's lock held and the node's worker threads stalled
+/// behind it, long enough for the followers to elect another leader, which would then do the same).
+/// Instead the promotion only records its instant, the floor (kept by the keeper, one for every kind of
+/// deadline, and passed in): a deadline set before it counts as the floor plus its lease
+/// ([`Deadlines::effective`]). A deadline is moved to that later time only when it
+/// comes up, once ([`Deadlines::settle`], at the keeper's look), so each promotion costs each item at most
+/// one move, spread over the leases.
+pub struct Deadlines<K> {
+    by_key: BTreeMap<K, Deadline>,
+    by_time: BTreeSet<(Instant, K)>,
+}
+
+/// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]) and its lease.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    tag: u64,
+    at: Instant,
+    lease: Duration,
+}
+
+impl<K> Default for Deadlines<K> {
+    fn default() -> Self {
+        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new() }
+    }
+}
+
+impl<K: Clone + Ord> Deadlines<K> {
+    /// Deadlines for `items` (key, tag, lease), each a full lease after `now`. Built whole rather than
+    /// key by key: both orders are sorted once and built in bulk, about twice as fast for a million keys
+    /// that come in order (a state's, from its ordered maps) as inserting them one by one.
+    pub fn of(items: impl IntoIterator<Item = (K, u64, Duration)>, now: Instant) -> Self {
+        let by_key: BTreeMap<K, Deadline> =
+            items.into_iter().map(|(key, tag, lease)| (key, Deadline { tag, at: now + lease, lease })).collect();
+        let by_time = by_key.iter().map(|(key, deadline)| (deadline.at, key.clone())).collect();
+        Deadlines { by_key, by_time }
+    }
+
+    /// `key` (tagged `tag`) runs out a full `lease` after `now`.
+    pub fn set(&mut self, key: &K, tag: u64, now: Instant, lease: Duration) {
+        self.place(key, Deadline { tag, at: now + lease, lease });
+    }
+
+    /// The keys that have a deadline, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> + '_ {
+        self.by_key.keys()
+    }
+
+    fn place(&mut self, key: &K, deadline: Deadline) {
+        if let Some(old) = self.by_key.insert(key.clone(), deadline) {
+            self.by_time.remove(&(old.at, key.clone()));
+        }
+        self.by_time.insert((deadline.at, key.clone()));
+    }
+
+    /// When `deadline` runs out, counting the last promotion (at `floor`): at the floor plus its lease if
+    /// that is later.
+    fn effective(deadline: &Deadline, floor: Option<Instant>) -> Instant {
+        match floor {
+            Some(floor) => deadline.at.max(floor + deadline.lease),
+            None => deadline.at,
+        }
+    }
+
+    /// Moves `key`'s deadline to `now + lease` if it has not passed by `now` (counting the last promotion,
+    /// at `floor`). False if it passed or `key` has none: once passed, the leader may already be expiring
+    /// it.
+    pub fn extend(&mut self, key: &K, now: Instant, lease: Duration, floor: Option<Instant>) -> bool {
+        let Some(deadline) = self.by_key.get(key).copied() else { return false };
+        let at = Self::effective(&deadline, floor);
+        if at <= now {
+            return false;
+        }
+        self.place(key, Deadline { tag: deadline.tag, at: at.max(now + lease), lease });
+        true
+    }
+
+    pub fn end(&mut self, key: &K, tag: u64) {
+        if let Some(deadline) = self.by_key.get(key) {
+            if deadline.tag == tag {
+                self.by_time.remove(&(deadline.at, key.clone()));
+                self.by_key.remove(key);
+            }
+        }
+    }
+
+    /// Moves the deadlines that passed by `now` as set but not counting the last promotion (at `floor`) to
+    /// their effective time, so that every deadline that passed by `now` as set did pass.
+    pub fn settle(&mut self, now: Instant, floor: Option<Instant>) {
+        if floor.is_none() {
+            return;
+        }
+        let late: Vec<(K, Deadline)> = self
+            .by_time
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .filter_map(|(_, key)| {
+                let deadline = self.by_key[key];
+                let at = Self::effective(&deadline, floor);
+                (at > now).then(|| (key.clone(), Deadline { at, ..deadline }))
+            })
+            .collect();
+        for (key, deadline) in late {
+            self.place(&key, deadline);
+        }
+    }
+
+    /// Keys whose deadline passed by `now`, earliest first, with their tags. Call [`Deadlines::settle`]
+    /// with the same `now` first.
+    pub fn due(&self, now: Instant) -> impl Iterator<Item = (&K, u64)> + '_ {
+        self.by_time.iter().take_while(move |(at, _)| *at <= now).map(|(_, key)| (key, self.by_key[key].tag))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_moved_by_a_promotion_moves_once_and_still_ends() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(10);
+        let mut deadlines: Deadlines<u32> = Deadlines::default();
+        for key in 0..3 {
+            deadlines.set(&key, 7, t0, lease);
+        }
+        let floor = Some(t0 + Duration::from_secs(5));
+        let now = t0 + Duration::from_secs(12);
+        deadlines.settle(now, floor);
+        assert_eq!(deadlines.due(now).count(), 0);
+        let moved: Vec<Instant> = deadlines.by_time.iter().map(|(at, _)| *at).collect();
+        assert_eq!(moved, vec![t0 + Duration::from_secs(15); 3], "each at the floor plus its lease");
+        deadlines.settle(now, floor);
+        assert_eq!(deadlines.by_time.len(), 3);
+        // Ending a moved deadline, under its tag only, removes it from both orders.
+        deadlines.end(&1, 8);
+        deadlines.end(&2, 7);
+        assert_eq!((deadlines.by_key.len(), deadlines.by_time.len()), (2, 2));
+        let later = t0 + Duration::from_secs(15);
+        deadlines.settle(later, floor);
+        assert_eq!(deadlines.due(later).map(|(key, tag)| (*key, tag)).collect::<Vec<_>>(), [(0, 7), (1, 7)]);
+    }
+}

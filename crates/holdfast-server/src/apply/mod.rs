@@ -1,0 +1,40 @@
+//! ⑤ Apply: what a node does with every entry it applies, on every node alike.
+//!
+//! - [`events`]: the apply observer ([`events::Events`]): watchers of grants, session streams, the lease
+//!   deadlines the leader acts on, and the commits a follower may be waiting for.
+//! - [`deadlines`]: those deadlines, ordered by time, with an O(1) promotion.
+//!
+//! [`wait_applied`] is how everything above waits for an entry to be applied here. Imports only the
+//! leaves.
+
+pub mod deadlines;
+pub mod events;
+
+use holdfast_store::{SharedState, TypeConfig};
+use openraft::Raft;
+
+use crate::peer::protocol::{NodeError, Query, QueryReply, REQUEST_TIMEOUT};
+
+/// Waits until this node applied the log up to `index`. At once when the lock state has applied an entry
+/// at or past it (its index counts only entries with lock commands, so it never runs ahead of Raft's): a
+/// read through a follower that is caught up, the usual case, looks at no watch.
+pub async fn wait_applied(raft: &Raft<TypeConfig>, state: &SharedState, index: u64) -> Result<(), NodeError> {
+    if crate::state::read(state).applied_index() >= index {
+        return Ok(());
+    }
+    raft.wait(Some(REQUEST_TIMEOUT))
+        .applied_index_at_least(Some(index), "applied here")
+        .await
+        .map(|_| ())
+        .map_err(|e| NodeError::Unavailable(e.to_string()))
+}
+
+/// Answers `query` from this node's lock state as it is.
+pub fn answer_query(state: &SharedState, query: Query) -> QueryReply {
+    let state = crate::state::read(state);
+    match query {
+        Query::Lock { name } => QueryReply::Lock(state.get(&name)),
+        Query::List { prefix, after, limit } => QueryReply::List(state.list(&prefix, after.as_deref(), limit)),
+        Query::Keys => QueryReply::Keys(state.keys().collect()),
+    }
+}

@@ -1,0 +1,32 @@
+//! The unary calls, each as its HTTP twin: parse, call the API, shape the answer.
+
+use std::sync::Arc;
+
+use holdfast_proto::v1::{self, AcquireRequest, GetRequest, Hold, ReleaseRequest, ReleaseResponse, RenewRequest};
+
+use super::request::{or_anonymous, ttl_or_default};
+use crate::api::auth;
+use crate::api::error::ApiError;
+use crate::api::{locks, Api};
+use crate::front::proto::{hold, lock};
+
+pub async fn acquire(api: &Arc<Api>, scope: &auth::Scope, r: AcquireRequest) -> Result<Hold, ApiError> {
+    let ttl_ms = ttl_or_default(api, r.ttl_ms);
+    let grant = locks::acquire(api, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
+    Ok(hold(&grant))
+}
+
+pub async fn renew(api: &Arc<Api>, scope: &auth::Scope, r: RenewRequest) -> Result<Hold, ApiError> {
+    let ttl_ms = (r.ttl_ms != 0).then_some(r.ttl_ms);
+    let grant = locks::renew(api, scope, r.name, locks::parse_token(&r.token)?, ttl_ms).await?;
+    Ok(hold(&grant))
+}
+
+pub async fn release(api: &Arc<Api>, scope: &auth::Scope, r: ReleaseRequest) -> Result<ReleaseResponse, ApiError> {
+    let (name, fence) = locks::release(api, scope, r.name, locks::parse_token(&r.token)?).await?;
+    Ok(ReleaseResponse { name, fence })
+}
+
+pub async fn get(api: &Arc<Api>, scope: &auth::Scope, r: GetRequest) -> Result<v1::Lock, ApiError> {
+    Ok(lock(&locks::get(api, scope, r.name).await?))
+}

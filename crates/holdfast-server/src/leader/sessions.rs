@@ -1,0 +1,65 @@
+//! Sessions' leases, kept by the leader: heartbeats are not written to the log; the leader extends each
+//! session's deadline in memory (`apply::events`) once a quorum round confirms it still leads.
+
+use holdfast_core::SessionId;
+use tokio::time::Instant;
+
+use super::Leader;
+use crate::peer::protocol::{HeartbeatReply, NodeError};
+
+impl Leader {
+    /// As leader: gives every hold, session and waiter a full lease from now, once per term. True if this
+    /// call did it.
+    pub fn promote(&self) -> bool {
+        let term = self.raft.metrics().borrow().current_term;
+        let promoted = self.events.promote(term, self.bugs);
+        if promoted {
+            tracing::info!(term, "became leader; every hold, session and waiter gets a full lease from now");
+        }
+        promoted
+    }
+
+    /// The leader's side of a heartbeat that reached it at `received`.
+    pub(super) async fn keep_alive(&self, id: SessionId, received: Instant) -> Result<HeartbeatReply, NodeError> {
+        Ok(self.keep_alive_all(&[id], received).await?.pop().flatten())
+    }
+
+    /// Keeps the sessions `ids` alive from now, on heartbeats that reached this node at `received`: for each,
+    /// how many locks it holds and waits for, or `None` if it is gone. One quorum round confirms them all.
+    pub(super) async fn keep_alive_all(
+        &self,
+        ids: &[SessionId],
+        received: Instant,
+    ) -> Result<Vec<HeartbeatReply>, NodeError> {
+        self.elections.check_leader()?;
+        // A heartbeat may reach a new leader before its keeper's next tick: the deadlines it kept as a
+        // follower are stale, so promote first or a live session would be refused as gone.
+        self.promote();
+        let extended: Vec<HeartbeatReply> = {
+            let state = crate::state::read(&self.state);
+            ids.iter()
+                .map(|&id| {
+                    let (_, lease_ms, holds, waits) = state.session_summary(id)?;
+                    // Extended from now, after the client sent the heartbeat: the client, counting its lease
+                    // from when it sent it, never believes in a lease longer than the leader's.
+                    self.events.extend_session(id, lease_ms).then_some((holds as u32, waits as u32))
+                })
+                .collect()
+        };
+        // Acknowledged only once a quorum round begun after the heartbeats arrived confirms this node still
+        // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
+        if extended.iter().any(Option::is_some) && !self.bugs.unconfirmed_heartbeats() {
+            // Not confirmed until this node applied its floor, either: a heartbeat is answered from its state.
+            if !matches!(self.confirmer.confirmed_since(received, false).await, Ok(None)) {
+                return Err(NodeError::NotLeader { leader: None });
+            }
+        }
+        // Belt and braces: a session may have been closed while the round ran.
+        let state = crate::state::read(&self.state);
+        Ok(ids
+            .iter()
+            .zip(extended)
+            .map(|(&id, counts)| counts.filter(|_| state.session_lease_ms(id).is_some()))
+            .collect())
+    }
+}

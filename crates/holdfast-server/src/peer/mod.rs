@@ -1,0 +1,15 @@
+//! ⑦ Peers: what nodes say to each other, and how.
+//!
+//! - [`protocol`]: the forwarded requests, their answers and the pre-vote (plain data).
+//! - [`codec`]: the peer port's frames, and bounded decoding of what a peer sends.
+//! - [`client`]: calls to peers, over a pool of connections ([`client::Peers`]).
+//! - [`raft`]: openraft's network on those calls, which holds back commit notices.
+//! - [`server`]: the peer port, answering with what a [`server::Handler`] (the node) says.
+//!
+//! The bottom folder: it imports only the leaves (`tls`), never a folder above it.
+
+pub mod client;
+pub mod codec;
+pub mod protocol;
+pub mod raft;
+pub mod server;
