@@ -316,11 +316,10 @@ fn linearizable_within(ops: &[Op], steps_max: u64) -> Vec<Violation> {
     // A read or a busy answer that shows a fence no client was told: a grant to an acquire whose answer
     // never arrived. Its node undoes such a grant once it learns the client went away (`acquire_or_undo` in
     // holdfast-server's ops.rs), so the lock may be free again after it, which the model, where such a
-    // grant holds the lock for good, cannot follow (seed 862: a read saw fence 64 held, then fence 84 was
-    // granted; seeds 134 and 188: a try-lock was told busy while such a grant held the lock, then a read
-    // found it free and another try-lock took it). Such an answer is left out, as a session's acquire is; a
-    // read or busy answer showing a told fence, a read of a free lock and a busy answer that showed no
-    // fence are judged.
+    // grant holds the lock for good, cannot follow (a read sees the fence held, then a higher fence is
+    // granted; or a try-lock is told busy while such a grant holds the lock, then a read finds it free and
+    // another try-lock takes it). Such an answer is left out, as a session's acquire is; a read or busy
+    // answer showing a told fence, a read of a free lock and a busy answer that showed no fence are judged.
     let told: HashSet<(&str, u64)> = ops
         .iter()
         .filter_map(|op| match op.outcome {
@@ -902,9 +901,9 @@ mod tests {
         );
     }
 
-    /// Found by seed 451: a session that gave up waiting just before its grant arrived is given that grant by
-    /// its next acquire, whose fence is then older than the call. Only a one-call acquire is judged by
-    /// real-time order; distinct fences are still required of every grant of a lock.
+    /// A session that gave up waiting just before its grant arrived is given that grant by its next acquire,
+    /// whose fence is then older than the call. Only a one-call acquire is judged by real-time order;
+    /// distinct fences are still required of every grant of a lock.
     #[test]
     fn fence_order_judges_only_one_call_acquires_by_real_time() {
         let session = |fence| op(2, "f", Call::Acquire { ttl_ms: 0, wait: true }, 20, Some(21), granted(fence));
@@ -1091,8 +1090,8 @@ mod tests {
 
     #[test]
     fn linearizable_leaves_out_a_read_of_a_fence_nobody_was_told() {
-        // Seed 862 of a soak: client 1's acquire got no answer; its node granted it under fence 64, a read
-        // saw that, then the node undid the grant (its client had gone), and client 2 was granted 84.
+        // Client 1's acquire got no answer; its node granted it under fence 64, a read saw that, then the
+        // node undid the grant (its client had gone), and client 2 was granted 84.
         let ops = [
             acquire(1, "a", 0, 10, granted(58)),
             release(1, "a", 58, 20, 30, Outcome::Released),
@@ -1217,10 +1216,10 @@ mod tests {
 
     #[test]
     fn linearizable_leaves_out_a_busy_answer_showing_a_fence_nobody_was_told() {
-        // As in seed 134: client 1's acquire got no answer, its node granted it and undid the grant once
-        // the client had gone; meanwhile client 2 was told busy, showing that grant's fence. Then a read
-        // found the lock free and client 3 took it. Judged, the busy answer needs the unanswered acquire to
-        // hold the lock for good, and nothing after it fits.
+        // Client 1's acquire got no answer, its node granted it and undid the grant once the client had
+        // gone; meanwhile client 2 was told busy, showing that grant's fence. Then a read found the lock free
+        // and client 3 took it. Judged, the busy answer needs the unanswered acquire to hold the lock for
+        // good, and nothing after it fits.
         let ops = |shown: Option<u64>| {
             [
                 acquire_unanswered(1, "a", 0),
