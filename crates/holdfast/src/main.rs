@@ -368,7 +368,7 @@ enum LogFormat {
 
 /// mimalloc rather than glibc's malloc: a node allocates and frees many small buffers per request (HTTP/2
 /// frames, protobuf messages, log entries) from several threads, and glibc's allocator took about a sixth
-/// of the machine's CPU under load (see docs/benchmarks.md).
+/// of the machine's CPU under load (see docs/perf-notes/2026-12-01-log-files-and-mimalloc.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
