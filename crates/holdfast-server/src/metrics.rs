@@ -227,110 +227,137 @@ impl Metrics {
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
         };
-        let raft = root.sub_registry_with_prefix("raft");
-        raft.register("has_leader", "1 if this node knows a leader", m.has_leader.clone());
-        raft.register("is_leader", "1 if this node is the leader", m.is_leader.clone());
-        raft.register("term", "The current Raft term", m.term.clone());
-        raft.register("last_log_index", "The index of the last entry in this node's log", m.last_log_index.clone());
-        raft.register("committed_index", "The last committed index this node knows of", m.committed_index.clone());
-        raft.register("applied_index", "The last index applied to this node's lock state", m.applied_index.clone());
+        m.register_raft(root.sub_registry_with_prefix("raft"));
+        m.register_storage(root.sub_registry_with_prefix("storage"));
+        m.register_lock_state(&mut root);
+        m.register_fronts(&mut root);
+        m.register_process(&mut root);
+        Metrics { registry: root, ..m }
+    }
+
+    /// Registers Raft's metrics (`holdfast_raft_…`).
+    fn register_raft(&self, raft: &mut Registry) {
+        raft.register("has_leader", "1 if this node knows a leader", self.has_leader.clone());
+        raft.register("is_leader", "1 if this node is the leader", self.is_leader.clone());
+        raft.register("term", "The current Raft term", self.term.clone());
+        raft.register("last_log_index", "The index of the last entry in this node's log", self.last_log_index.clone());
+        raft.register("committed_index", "The last committed index this node knows of", self.committed_index.clone());
+        raft.register("applied_index", "The last index applied to this node's lock state", self.applied_index.clone());
         raft.register_with_unit(
             "apply_lag",
             "Committed entries not yet applied on this node",
             Unit::Other("entries".into()),
-            m.apply_lag.clone(),
+            self.apply_lag.clone(),
         );
-        raft.register("leader_changes", "Times this node saw a new leader", m.leader_changes.clone());
+        raft.register("leader_changes", "Times this node saw a new leader", self.leader_changes.clone());
         raft.register(
             "early_campaigns",
             "Elections this node started at once, on refusing a candidate whose log was behind its own after no leader \
              was heard from for a lease, or a candidate that deposed this node as leader",
-            m.early_campaigns.clone(),
+            self.early_campaigns.clone(),
         );
         raft.register(
             "silent_leader_campaigns",
             "Elections this node started because no leader was heard from for a lease and an election timeout, and a \
              majority of the voters would vote for it",
-            m.silent_leader_campaigns.clone(),
+            self.silent_leader_campaigns.clone(),
         );
         raft.register(
             "pre_votes_lost",
             "Times this node did not campaign after no leader was heard from for a lease and an election timeout: no \
              majority of the voters would vote for it (they still hear a leader, hold a longer log, or cannot be \
              reached)",
-            m.pre_votes_lost.clone(),
+            self.pre_votes_lost.clone(),
         );
         raft.register(
             "leader_confirmations",
             "Quorum rounds this node ran as leader to confirm it still leads, each shared by the reads, busy answers \
              and heartbeats that arrived before it began",
-            m.confirmations.clone(),
+            self.confirmations.clone(),
         );
-        raft.register("proposals", "Entries this node proposed as leader, by result", m.proposals.clone());
+        raft.register("proposals", "Entries this node proposed as leader, by result", self.proposals.clone());
         raft.register(
             "entry_commands",
             "Client commands carried by each entry this node proposed as leader (more than 1: a batch)",
-            m.entry_commands.clone(),
+            self.entry_commands.clone(),
         );
         raft.register(
             "held_back_acquires",
             "Acquires that will queue, held back by the leader's proposer for their lock's release to share its entry",
-            m.held_back.clone(),
+            self.held_back.clone(),
         );
-        let storage = root.sub_registry_with_prefix("storage");
+    }
+
+    /// Registers the storage's metrics (`holdfast_storage_…`).
+    fn register_storage(&self, storage: &mut Registry) {
         storage.register_with_unit(
             "fsync_duration",
             "Time of each sync (write and fdatasync or fsync) the log, vote or snapshot waited for",
             Unit::Seconds,
-            m.fsync.clone(),
+            self.fsync.clone(),
         );
         storage.register_with_unit(
             "snapshot",
             "Size of this node's current snapshot (built here, installed from the leader, or found at start; 0: none)",
             Unit::Bytes,
-            m.snapshot_bytes.clone(),
+            self.snapshot_bytes.clone(),
         );
         storage.register(
             "snapshot_index",
             "The last log index this node's current snapshot covers (0: none)",
-            m.snapshot_index.clone(),
+            self.snapshot_index.clone(),
         );
-        root.register("locks_held", "Locks held now", m.locks_held.clone());
-        root.register("lock_waiters", "Claims waiting in lock queues now", m.waiters.clone());
-        root.register("sessions", "Open sessions", m.sessions.clone());
-        root.register("grants", "Locks granted (applied on this node)", m.grants.clone());
-        root.register(
+    }
+
+    /// Registers the lock state's metrics.
+    fn register_lock_state(&self, registry: &mut Registry) {
+        registry.register("locks_held", "Locks held now", self.locks_held.clone());
+        registry.register("lock_waiters", "Claims waiting in lock queues now", self.waiters.clone());
+        registry.register("sessions", "Open sessions", self.sessions.clone());
+        registry.register("grants", "Locks granted (applied on this node)", self.grants.clone());
+        registry.register(
             "handovers",
             "Grants to a waiter in the same entry that ended the previous hold",
-            m.handovers.clone(),
+            self.handovers.clone(),
         );
-        root.register("expirations", "Holds, waiters and sessions expired, by kind", m.expirations.clone());
-        root.register_with_unit(
+        registry.register("expirations", "Holds, waiters and sessions expired, by kind", self.expirations.clone());
+        registry.register_with_unit(
             "handover_latency",
             "From the leader stamping an entry that hands a lock over to this node applying it",
             Unit::Seconds,
-            m.handover_latency.clone(),
+            self.handover_latency.clone(),
         );
-        root.register_with_unit(
+    }
+
+    /// Registers the fronts' metrics.
+    fn register_fronts(&self, registry: &mut Registry) {
+        registry.register_with_unit(
             "heartbeat_duration",
             "From a session heartbeat reaching this node to its acknowledgement, the leader's quorum round included",
             Unit::Seconds,
-            m.heartbeat_duration.clone(),
+            self.heartbeat_duration.clone(),
         );
-        root.register("forwarded_requests", "Requests this node forwarded to the leader, by kind", m.forwarded.clone());
-        root.register("requests", "Client requests answered, by front, endpoint and code", m.requests.clone());
-        root.register_with_unit(
+        registry.register(
+            "forwarded_requests",
+            "Requests this node forwarded to the leader, by kind",
+            self.forwarded.clone(),
+        );
+        registry.register("requests", "Client requests answered, by front, endpoint and code", self.requests.clone());
+        registry.register_with_unit(
             "request_duration",
             "Client request latency by front and endpoint (for gRPC streams: until the stream opened)",
             Unit::Seconds,
-            m.request_duration.clone(),
+            self.request_duration.clone(),
         );
-        root.register(
+    }
+
+    /// Registers the process's metrics.
+    fn register_process(&self, registry: &mut Registry) {
+        registry.register(
             "worker_threads",
             "Threads of the async runtime this node runs on (--worker-threads)",
-            m.worker_threads.clone(),
+            self.worker_threads.clone(),
         );
-        Metrics { registry: root, ..m }
     }
 
     /// Counts one answered client request.

@@ -316,11 +316,10 @@ fn linearizable_within(ops: &[Op], steps_max: u64) -> Vec<Violation> {
     // A read or a busy answer that shows a fence no client was told: a grant to an acquire whose answer
     // never arrived. Its node undoes such a grant once it learns the client went away (`acquire_or_undo` in
     // holdfast-server's ops.rs), so the lock may be free again after it, which the model, where such a
-    // grant holds the lock for good, cannot follow (seed 862: a read saw fence 64 held, then fence 84 was
-    // granted; seeds 134 and 188: a try-lock was told busy while such a grant held the lock, then a read
-    // found it free and another try-lock took it). Such an answer is left out, as a session's acquire is; a
-    // read or busy answer showing a told fence, a read of a free lock and a busy answer that showed no
-    // fence are judged.
+    // grant holds the lock for good, cannot follow (a read sees the fence held, then a higher fence is
+    // granted; or a try-lock is told busy while such a grant holds the lock, then a read finds it free and
+    // another try-lock takes it). Such an answer is left out, as a session's acquire is; a read or busy
+    // answer showing a told fence, a read of a free lock and a busy answer that showed no fence are judged.
     let told: HashSet<(&str, u64)> = ops
         .iter()
         .filter_map(|op| match op.outcome {
@@ -531,24 +530,16 @@ struct Node {
 /// Wing & Gong's search for an order of `ops` (all on one lock) that the sequential lock explains and that
 /// respects real time, depth first, with Lowe's memoization of (placed ops, state) so each such node is
 /// expanded once.
-fn search(mut ops: Vec<&Op>, steps_max: u64) -> Search<'_> {
-    ops.sort_by_key(|op| op.invoked);
-    // When an answered op answered: it must be placed by then. Unknown ops have no deadline (they may take
-    // effect after their error or timeout reached the client, while the request is still in the cluster), and
-    // need never be placed.
-    let deadlines: Vec<Option<At>> =
-        ops.iter().map(|op| op.completed.filter(|_| op.outcome != Outcome::Unknown)).collect();
-    let definite = deadlines.iter().filter(|deadline| deadline.is_some()).count();
-    let unknown: Vec<usize> = (0..ops.len()).filter(|&i| deadlines[i].is_none()).collect();
-
-    let root = Node { placed: Bits::new(ops.len()), definite_placed: 0, model: LockModel::INITIAL };
+fn search(ops: Vec<&Op>, steps_max: u64) -> Search<'_> {
+    let ops = LockOps::new(ops);
+    let root = Node { placed: Bits::new(ops.ops.len()), definite_placed: 0, model: LockModel::INITIAL };
     let mut seen: HashSet<(Bits, LockModel)> = HashSet::new();
     seen.insert((root.placed.clone(), root.model));
     let mut deepest = root.clone();
     let mut stack = vec![root];
     let mut steps: u64 = 0;
     while let Some(node) = stack.pop() {
-        if node.definite_placed == definite {
+        if node.definite_placed == ops.definite {
             return Search::Linearizable;
         }
         steps += 1;
@@ -556,19 +547,8 @@ fn search(mut ops: Vec<&Op>, steps_max: u64) -> Search<'_> {
             return Search::Undecided;
         }
         if node.model.holder == Holder::Unknown {
-            // Held for good: nothing can change the state again, so there is nothing left to search. The
-            // rest fits exactly when every answered op left is one a held lock gives (`Busy`, `NotHeld`):
-            // such ops change nothing, so placing each at its answer respects real time. Settling it here
-            // rather than searching keeps every unknown acquire from opening a subtree of its own.
-            let mut settled = node;
-            for i in unplaced_by_deadline(&deadlines, &settled.placed) {
-                if settled.model.answered(ops[i].call, ops[i].outcome).is_none() {
-                    break;
-                }
-                settled.placed.insert(i);
-                settled.definite_placed += 1;
-            }
-            if settled.definite_placed == definite {
+            let settled = ops.settle_held_for_good(node);
+            if settled.definite_placed == ops.definite {
                 return Search::Linearizable;
             }
             if settled.definite_placed > deepest.definite_placed {
@@ -579,10 +559,66 @@ fn search(mut ops: Vec<&Op>, steps_max: u64) -> Search<'_> {
         if node.definite_placed > deepest.definite_placed {
             deepest = node.clone();
         }
+        ops.expand(&node, &mut seen, &mut stack);
+    }
+    let (blocking, _) =
+        earliest_unplaced(&ops.deadlines, &deepest.placed).expect("a stuck search has an answered op left to place");
+    Search::Stuck {
+        placed: deepest.definite_placed,
+        definite: ops.definite,
+        model: deepest.model,
+        blocking: ops.ops[blocking],
+    }
+}
+
+/// One lock's ops as the search sees them, in the order they were sent.
+struct LockOps<'a> {
+    ops: Vec<&'a Op>,
+    /// When each answered op answered: it must be placed by then. Unknown ops have no deadline (they may
+    /// take effect after their error or timeout reached the client, while the request is still in the
+    /// cluster), and need never be placed.
+    deadlines: Vec<Option<At>>,
+    /// How many ops are answered ones.
+    definite: usize,
+    /// The indexes of the unknown ops.
+    unknown: Vec<usize>,
+}
+
+impl<'a> LockOps<'a> {
+    fn new(mut ops: Vec<&'a Op>) -> Self {
+        ops.sort_by_key(|op| op.invoked);
+        let deadlines: Vec<Option<At>> =
+            ops.iter().map(|op| op.completed.filter(|_| op.outcome != Outcome::Unknown)).collect();
+        let definite = deadlines.iter().filter(|deadline| deadline.is_some()).count();
+        let unknown: Vec<usize> = (0..ops.len()).filter(|&i| deadlines[i].is_none()).collect();
+        Self { ops, deadlines, definite, unknown }
+    }
+
+    /// `node`, whose lock is held for good, with every answered op left that a held lock gives placed, in
+    /// the order they answered, up to the first that it does not give.
+    fn settle_held_for_good(&self, node: Node) -> Node {
+        // Held for good: nothing can change the state again, so there is nothing left to search. The
+        // rest fits exactly when every answered op left is one a held lock gives (`Busy`, `NotHeld`):
+        // such ops change nothing, so placing each at its answer respects real time. Settling it here
+        // rather than searching keeps every unknown acquire from opening a subtree of its own.
+        let mut settled = node;
+        for i in unplaced_by_deadline(&self.deadlines, &settled.placed) {
+            if settled.model.answered(self.ops[i].call, self.ops[i].outcome).is_none() {
+                break;
+            }
+            settled.placed.insert(i);
+            settled.definite_placed += 1;
+        }
+        settled
+    }
+
+    /// Pushes onto `stack` each child of `node` (`node` with one more op placed) not `seen` before.
+    fn expand(&self, node: &Node, seen: &mut HashSet<(Bits, LockModel)>, stack: &mut Vec<Node>) {
         // The unplaced answered op that answered first bounds what can go next: an op sent after that answer
         // came after it in real time, so cannot precede it.
-        let horizon = earliest_unplaced(&deadlines, &node.placed).map(|(_, deadline)| deadline);
-        let candidates = ops
+        let horizon = earliest_unplaced(&self.deadlines, &node.placed).map(|(_, deadline)| deadline);
+        let candidates = self
+            .ops
             .iter()
             .enumerate()
             .take_while(|(_, op)| horizon.is_none_or(|horizon| op.invoked <= horizon))
@@ -592,27 +628,14 @@ fn search(mut ops: Vec<&Op>, steps_max: u64) -> Search<'_> {
         let mut unknown_children = Vec::new();
         let mut definite_children = Vec::new();
         for (i, op) in candidates {
-            let (model, children) = match deadlines[i] {
+            let (model, children) = match self.deadlines[i] {
                 Some(_) => (node.model.answered(op.call, op.outcome), &mut definite_children),
                 None => (node.model.took_effect(op.call), &mut unknown_children),
             };
             let Some(model) = model else { continue };
-            // Unknown ops that can no longer take effect are marked placed, so that whether one took effect
-            // earlier or never makes no difference to the memo: otherwise each unknown release that might
-            // have let go would double the search for the rest of the history.
-            let mut placed = node.placed.clone();
-            placed.insert(i);
-            // Which can take effect depends on the state alone, so a child in its parent's state inherits
-            // its parent's marks.
-            if model != node.model {
-                for &j in &unknown {
-                    if !model.may_take_effect(ops[j].call) {
-                        placed.insert(j);
-                    }
-                }
-            }
+            let placed = self.placed_after(node, i, model);
             if seen.insert((placed.clone(), model)) {
-                let definite_placed = node.definite_placed + usize::from(deadlines[i].is_some());
+                let definite_placed = node.definite_placed + usize::from(self.deadlines[i].is_some());
                 children.push(Node { placed, definite_placed, model });
             }
         }
@@ -620,9 +643,25 @@ fn search(mut ops: Vec<&Op>, steps_max: u64) -> Search<'_> {
         // Reversed so the earliest-sent answered op is popped first.
         stack.extend(definite_children.into_iter().rev());
     }
-    let (blocking, _) =
-        earliest_unplaced(&deadlines, &deepest.placed).expect("a stuck search has an answered op left to place");
-    Search::Stuck { placed: deepest.definite_placed, definite, model: deepest.model, blocking: ops[blocking] }
+
+    /// The ops placed once op `i` is placed after `node`, leaving the state `model`.
+    fn placed_after(&self, node: &Node, i: usize, model: LockModel) -> Bits {
+        // Unknown ops that can no longer take effect are marked placed, so that whether one took effect
+        // earlier or never makes no difference to the memo: otherwise each unknown release that might
+        // have let go would double the search for the rest of the history.
+        let mut placed = node.placed.clone();
+        placed.insert(i);
+        // Which can take effect depends on the state alone, so a child in its parent's state inherits
+        // its parent's marks.
+        if model != node.model {
+            for &j in &self.unknown {
+                if !model.may_take_effect(self.ops[j].call) {
+                    placed.insert(j);
+                }
+            }
+        }
+        placed
+    }
 }
 
 /// The indexes of the answered ops not in `placed`, in the order they answered.
@@ -862,9 +901,9 @@ mod tests {
         );
     }
 
-    /// Found by seed 451: a session that gave up waiting just before its grant arrived is given that grant by
-    /// its next acquire, whose fence is then older than the call. Only a one-call acquire is judged by
-    /// real-time order; distinct fences are still required of every grant of a lock.
+    /// A session that gave up waiting just before its grant arrived is given that grant by its next acquire,
+    /// whose fence is then older than the call. Only a one-call acquire is judged by real-time order;
+    /// distinct fences are still required of every grant of a lock.
     #[test]
     fn fence_order_judges_only_one_call_acquires_by_real_time() {
         let session = |fence| op(2, "f", Call::Acquire { ttl_ms: 0, wait: true }, 20, Some(21), granted(fence));
@@ -1051,8 +1090,8 @@ mod tests {
 
     #[test]
     fn linearizable_leaves_out_a_read_of_a_fence_nobody_was_told() {
-        // Seed 862 of a soak: client 1's acquire got no answer; its node granted it under fence 64, a read
-        // saw that, then the node undid the grant (its client had gone), and client 2 was granted 84.
+        // Client 1's acquire got no answer; its node granted it under fence 64, a read saw that, then the
+        // node undid the grant (its client had gone), and client 2 was granted 84.
         let ops = [
             acquire(1, "a", 0, 10, granted(58)),
             release(1, "a", 58, 20, 30, Outcome::Released),
@@ -1177,10 +1216,10 @@ mod tests {
 
     #[test]
     fn linearizable_leaves_out_a_busy_answer_showing_a_fence_nobody_was_told() {
-        // As in seed 134: client 1's acquire got no answer, its node granted it and undid the grant once
-        // the client had gone; meanwhile client 2 was told busy, showing that grant's fence. Then a read
-        // found the lock free and client 3 took it. Judged, the busy answer needs the unanswered acquire to
-        // hold the lock for good, and nothing after it fits.
+        // Client 1's acquire got no answer, its node granted it and undid the grant once the client had
+        // gone; meanwhile client 2 was told busy, showing that grant's fence. Then a read found the lock free
+        // and client 3 took it. Judged, the busy answer needs the unanswered acquire to hold the lock for
+        // good, and nothing after it fits.
         let ops = |shown: Option<u64>| {
             [
                 acquire_unanswered(1, "a", 0),

@@ -213,74 +213,9 @@ impl Plan {
         let mut rng = StdRng::seed_from_u64(seed);
         let nodes = if rng.gen_ratio(1, 4) { 5 } else { 3 };
         let healed_at = Duration::from_secs(rng.gen_range(12..20));
-        let mut faults = Vec::new();
-        let mut at = Duration::from_millis(rng.gen_range(1_500..3_000));
-        let mut crashed: Vec<NodeId> = Vec::new();
-        while at < healed_at {
-            let node = rng.gen_range(1..=nodes);
-            let others: Vec<NodeId> = (1..=nodes).filter(|n| *n != node).collect();
-            let fault = match rng.gen_range(0..10) {
-                0 => Fault::Partition(vec![node], others),
-                1 => {
-                    // A majority side and a minority side.
-                    let cut = rng.gen_range(1..=nodes / 2) as usize;
-                    let ids: Vec<NodeId> = (1..=nodes).collect();
-                    Fault::Partition(ids[..cut].to_vec(), ids[cut..].to_vec())
-                }
-                2 => Fault::OneWay { from: vec![node], to: others },
-                3 => Fault::IsolateLeader,
-                4 if crashed.len() < (nodes as usize - 1) / 2 => {
-                    crashed.push(node);
-                    Fault::Crash(node)
-                }
-                5 if crashed.is_empty() => {
-                    crashed.push(0);
-                    Fault::CrashLeader
-                }
-                6 => Fault::Hold(vec![node], others),
-                7 if rng.gen_ratio(1, 2) => Fault::Latency(Duration::from_millis(rng.gen_range(5..80))),
-                7 => Fault::Lossy(rng.gen_range(0.001..0.01)),
-                9 if rng.gen_ratio(1, 2) => Fault::StallClient(rng.gen_range(1..=CLIENTS_RANDOM)),
-                9 => Fault::ClockJump { node, by_ms: rng.gen_range(-10_000..=10_000) },
-                8 if rng.gen_ratio(1, 3) => Fault::CrashAll,
-                _ => Fault::Heal,
-            };
-            if matches!(fault, Fault::Heal | Fault::CrashAll) {
-                crashed.clear();
-            }
-            faults.push((at, fault));
-            at += Duration::from_millis(rng.gen_range(500..3_000));
-        }
-        faults.push((healed_at, Fault::Heal));
-        // A third of the plans snapshot every 10 entries, so that a follower down or cut off for a second or
-        // two is sent a snapshot, and install snapshots slowly throughout, as a large state does, mostly for
-        // longer than a follower waits for word from its leader (0.55-0.6 s). With 200 entries between
-        // snapshots no run of seeds 1-30 installed one; with 10, 7 of the 12 among them so drawn did, 1 to 7
-        // times. Drawn from a stream of its own, so that each seed's schedule and clients are the ones it
-        // had before this draw was added.
-        let mut installs = StdRng::seed_from_u64(seed ^ SLOW_INSTALLS_STREAM);
-        let mut snapshot_every_entries = SNAPSHOT_EVERY_ENTRIES;
-        if installs.gen_ratio(1, 3) {
-            snapshot_every_entries = 10;
-            let time = Duration::from_millis(installs.gen_range(300..2_000));
-            faults.insert(0, (Duration::ZERO, Fault::SlowSnapshotInstalls(time)));
-        }
-        let mut roles = vec![
-            Role::Model,
-            Role::Model,
-            Role::Keeper,
-            Role::FencedHttp,
-            Role::FencedHttp,
-            Role::Session,
-            Role::Session,
-        ];
-        debug_assert_eq!(roles.len() as u32, CLIENTS_RANDOM);
-        let spares = u64::from(rng.gen_ratio(1, 3));
-        if spares > 0 {
-            roles.push(Role::Admin { spare: nodes + 1, victim: rng.gen_range(1..=nodes) });
-        }
-        // Last, so that the clients before it keep the numbers, and so the choices, they had before it.
-        roles.push(Role::Reader);
+        let mut faults = random_faults(&mut rng, nodes, healed_at);
+        let snapshot_every_entries = random_snapshots(seed, &mut faults);
+        let (spares, roles) = random_roles(&mut rng, nodes);
         Plan {
             seed,
             nodes,
@@ -318,6 +253,84 @@ impl Plan {
     }
 }
 
+/// A random plan's faults, from a second or two in until `healed_at`, where a `Heal` ends them.
+fn random_faults(rng: &mut StdRng, nodes: u64, healed_at: At) -> Vec<(At, Fault)> {
+    let mut faults = Vec::new();
+    let mut at = Duration::from_millis(rng.gen_range(1_500..3_000));
+    let mut crashed: Vec<NodeId> = Vec::new();
+    while at < healed_at {
+        let node = rng.gen_range(1..=nodes);
+        let others: Vec<NodeId> = (1..=nodes).filter(|n| *n != node).collect();
+        let fault = match rng.gen_range(0..10) {
+            0 => Fault::Partition(vec![node], others),
+            1 => {
+                // A majority side and a minority side.
+                let cut = rng.gen_range(1..=nodes / 2) as usize;
+                let ids: Vec<NodeId> = (1..=nodes).collect();
+                Fault::Partition(ids[..cut].to_vec(), ids[cut..].to_vec())
+            }
+            2 => Fault::OneWay { from: vec![node], to: others },
+            3 => Fault::IsolateLeader,
+            4 if crashed.len() < (nodes as usize - 1) / 2 => {
+                crashed.push(node);
+                Fault::Crash(node)
+            }
+            5 if crashed.is_empty() => {
+                crashed.push(0);
+                Fault::CrashLeader
+            }
+            6 => Fault::Hold(vec![node], others),
+            7 if rng.gen_ratio(1, 2) => Fault::Latency(Duration::from_millis(rng.gen_range(5..80))),
+            7 => Fault::Lossy(rng.gen_range(0.001..0.01)),
+            9 if rng.gen_ratio(1, 2) => Fault::StallClient(rng.gen_range(1..=CLIENTS_RANDOM)),
+            9 => Fault::ClockJump { node, by_ms: rng.gen_range(-10_000..=10_000) },
+            8 if rng.gen_ratio(1, 3) => Fault::CrashAll,
+            _ => Fault::Heal,
+        };
+        if matches!(fault, Fault::Heal | Fault::CrashAll) {
+            crashed.clear();
+        }
+        faults.push((at, fault));
+        at += Duration::from_millis(rng.gen_range(500..3_000));
+    }
+    faults.push((healed_at, Fault::Heal));
+    faults
+}
+
+/// A random plan's entries between snapshots; for a third of the plans, also slow snapshot installs from
+/// the start (put first in `faults`).
+fn random_snapshots(seed: u64, faults: &mut Vec<(At, Fault)>) -> u64 {
+    // A third of the plans snapshot every 10 entries, so that a follower down or cut off for a second or
+    // two is sent a snapshot, and install snapshots slowly throughout, as a large state does, mostly for
+    // longer than a follower waits for word from its leader (0.55-0.6 s). With 200 entries between
+    // snapshots no run of seeds 1-30 installed one; with 10, 7 of the 12 among them so drawn did, 1 to 7
+    // times. Drawn from a stream of its own, so that this draw shifts none of the draws of a seed's
+    // schedule and clients.
+    let mut installs = StdRng::seed_from_u64(seed ^ SLOW_INSTALLS_STREAM);
+    let mut snapshot_every_entries = SNAPSHOT_EVERY_ENTRIES;
+    if installs.gen_ratio(1, 3) {
+        snapshot_every_entries = 10;
+        let time = Duration::from_millis(installs.gen_range(300..2_000));
+        faults.insert(0, (Duration::ZERO, Fault::SlowSnapshotInstalls(time)));
+    }
+    snapshot_every_entries
+}
+
+/// A random plan's spare nodes (0 or 1) and clients: the [`CLIENTS_RANDOM`] that stalls may pick, an admin
+/// when there is a spare, and a reader.
+fn random_roles(rng: &mut StdRng, nodes: u64) -> (u64, Vec<Role>) {
+    let mut roles =
+        vec![Role::Model, Role::Model, Role::Keeper, Role::FencedHttp, Role::FencedHttp, Role::Session, Role::Session];
+    debug_assert_eq!(roles.len() as u32, CLIENTS_RANDOM);
+    let spares = u64::from(rng.gen_ratio(1, 3));
+    if spares > 0 {
+        roles.push(Role::Admin { spare: nodes + 1, victim: rng.gen_range(1..=nodes) });
+    }
+    // Last: a client's number seeds its choices, so a role put before others would change theirs.
+    roles.push(Role::Reader);
+    (spares, roles)
+}
+
 /// The nodes of a run, as the driver sees them.
 #[derive(Clone, Default)]
 struct Registry(Arc<Mutex<BTreeMap<NodeId, Arc<Node>>>>);
@@ -341,97 +354,151 @@ pub fn run(plan: &Plan) -> Report {
     // openraft's election timeouts draw from this thread's generator: seeded, every run of a seed elects
     // alike.
     holdfast_store::seed_thread_rng(plan.seed);
-    let mut sim = turmoil::Builder::new()
+    let mut sim = simulation(plan);
+    let mut world = World::new(plan);
+    for id in 1..=plan.nodes + plan.spares {
+        start_node(&mut sim, plan, &world, id);
+    }
+    let recorder = Recorder::default();
+    world.clients = start_clients(&mut sim, plan, &recorder);
+
+    let mut trace = Vec::new();
+    let mut violations = Vec::new();
+    run_schedule(&mut sim, plan, &mut world, &mut trace, &mut violations);
+    apply(&mut sim, plan, &mut world, &Fault::Heal);
+    let (end, members) = converge(&mut sim, plan, &world.registry, &mut violations).unzip();
+    if let (true, Some(members)) = (plan.quiet_failover, &members) {
+        quiet_failover(&mut sim, plan, &mut world, members, &mut trace, &mut violations);
+    }
+
+    let mut history = recorder.snapshot();
+    history.end = end;
+    violations.extend(judge(plan, &history));
+    Report {
+        seed: plan.seed,
+        history,
+        violations,
+        simulated: sim.elapsed(),
+        trace,
+        members: members.unwrap_or_default(),
+    }
+}
+
+/// Turmoil's simulation for `plan`, long enough for its clients, the end's convergence and quiet failover.
+fn simulation(plan: &Plan) -> turmoil::Sim<'static> {
+    turmoil::Builder::new()
         .rng_seed(plan.seed)
         .simulation_duration(plan.stop_at + 2 * CONVERGE_MAX + PROBE_MAX + Duration::from_secs(60))
         .epoch(UNIX_EPOCH + Duration::from_secs(1_800_000_000))
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(5))
         .tcp_capacity(1 << 16)
-        .build();
-    let registry = Registry::default();
-    let total = plan.nodes + plan.spares;
-    let disks: BTreeMap<NodeId, MemDisk> = (1..=total)
-        .map(|id| (id, if plan.broken_disks { MemDisk::acking_before_flush() } else { MemDisk::new() }))
-        .collect();
-    let skews: BTreeMap<NodeId, Arc<AtomicI64>> = (1..=total)
-        .map(|id| (id, Arc::new(AtomicI64::new((plan.seed.wrapping_mul(31).wrapping_add(id * 17) % 81) as i64 - 40))))
-        .collect();
-    for id in 1..=total {
+        .build()
+}
+
+/// What every start of one node is made from.
+#[derive(Clone)]
+struct NodeSpec {
+    id: NodeId,
+    members: BTreeMap<NodeId, String>,
+    join: bool,
+    seed: u64,
+    snapshot_every_entries: u64,
+    bugs: Bugs,
+    /// How far the node's wall clock is off the simulation's, in milliseconds.
+    skew_ms: Arc<AtomicI64>,
+}
+
+impl NodeSpec {
+    fn new(plan: &Plan, world: &World, id: NodeId) -> NodeSpec {
+        let total = plan.nodes + plan.spares;
         // The first `nodes` start the cluster together; a spare starts empty and waits to be added.
         let join = id > plan.nodes;
         let members: BTreeMap<NodeId, String> =
             (1..=if join { total } else { plan.nodes }).map(|id| (id, format!("{}:7071", host(id)))).collect();
-        let (disk, registry, bugs) = (disks[&id].clone(), registry.clone(), plan.bugs);
-        let starts = Arc::new(AtomicU64::new(0));
-        // A node's wall clock runs off the simulation's by up to 40 ms either way, and jumps on a
-        // `ClockJump`: the leader's stamps must not depend on clocks agreeing.
-        let skew_ms = skews[&id].clone();
-        let (seed, snapshot_every_entries) = (plan.seed, plan.snapshot_every_entries);
-        sim.host(host(id), move || {
-            let start = starts.fetch_add(1, Ordering::Relaxed);
-            let config = Config {
-                id,
-                members: members.clone(),
-                data_dir: "/simulated".into(),
-                limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 24 * 3_600_000, wait_ms_max: 300_000 },
-                heartbeat_ms: 100,
-                election_timeout_ms: 250,
-                snapshot_every_entries,
-                queue_hold: holdfast_server::QUEUE_HOLD,
-                join,
-                admin_key: Some(holdfast_server::Secret(crate::http::ADMIN_KEY.into())),
-                tls: None,
-                auth: Default::default(),
-                cache_bytes: 0,
-                clock: {
-                    let skew_ms = skew_ms.clone();
-                    WallClock::from_fn(move || {
-                        let ms = turmoil::since_epoch().unwrap_or_default().as_millis() as i64;
-                        (ms + skew_ms.load(Ordering::Relaxed)) as u64
-                    })
-                },
-                // Tokens and session ids differ between the starts of a node, as they would.
-                rng_seed: Some(seed ^ (id << 48) ^ (start << 40)),
-                bugs,
-            };
-            let (disk, registry) = (disk.clone(), registry.clone());
-            async move {
-                let client = turmoil::net::TcpListener::bind("0.0.0.0:7070").await?;
-                let peer = turmoil::net::TcpListener::bind("0.0.0.0:7071").await?;
-                let (started, node) = tokio::sync::oneshot::channel();
-                tokio::spawn(async move {
-                    if let Ok(node) = node.await {
-                        registry.set(id, node);
-                    }
-                });
-                let storage = move |observer| {
-                    let (log, machine) = open_memory(&disk, observer);
-                    let log = log.acknowledge_own_appends(id);
-                    let durable = log.durable();
-                    Ok(Storage {
-                        state: machine.state(),
-                        committed_index: log.committed_index(),
-                        durable,
-                        log,
-                        machine,
-                    })
-                };
-                let transport = Transport {
-                    client: crate::net::ClientListener(client),
-                    peer: crate::net::peer_incoming(peer),
-                    health: None,
-                    tls: None,
-                    dialer: Some(crate::net::dialer()),
-                    started: Some(started),
-                };
-                holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
-                Ok(())
-            }
-        });
+        NodeSpec {
+            id,
+            members,
+            join,
+            seed: plan.seed,
+            snapshot_every_entries: plan.snapshot_every_entries,
+            bugs: plan.bugs,
+            skew_ms: world.skews[&id].clone(),
+        }
     }
 
-    let recorder = Recorder::default();
+    /// The node's configuration at its `start`th start (from 0).
+    fn config(&self, start: u64) -> Config {
+        Config {
+            id: self.id,
+            members: self.members.clone(),
+            data_dir: "/simulated".into(),
+            limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 24 * 3_600_000, wait_ms_max: 300_000 },
+            heartbeat_ms: 100,
+            election_timeout_ms: 250,
+            snapshot_every_entries: self.snapshot_every_entries,
+            queue_hold: holdfast_server::QUEUE_HOLD,
+            join: self.join,
+            admin_key: Some(holdfast_server::Secret(crate::http::ADMIN_KEY.into())),
+            tls: None,
+            auth: Default::default(),
+            cache_bytes: 0,
+            clock: {
+                let skew_ms = self.skew_ms.clone();
+                WallClock::from_fn(move || {
+                    let ms = turmoil::since_epoch().unwrap_or_default().as_millis() as i64;
+                    (ms + skew_ms.load(Ordering::Relaxed)) as u64
+                })
+            },
+            // Tokens and session ids differ between the starts of a node, as they would.
+            rng_seed: Some(self.seed ^ (self.id << 48) ^ (start << 40)),
+            bugs: self.bugs,
+        }
+    }
+}
+
+/// Adds node `id`'s host to the simulation; each (re)start serves from the node's disk.
+fn start_node(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &World, id: NodeId) {
+    let spec = NodeSpec::new(plan, world, id);
+    let (disk, registry) = (world.disks[&id].clone(), world.registry.clone());
+    let starts = Arc::new(AtomicU64::new(0));
+    sim.host(host(id), move || {
+        let start = starts.fetch_add(1, Ordering::Relaxed);
+        serve_node(spec.config(start), disk.clone(), registry.clone())
+    });
+}
+
+/// One start of a node: the server crate on `disk`, on turmoil's network, registered once it runs.
+async fn serve_node(config: Config, disk: MemDisk, registry: Registry) -> turmoil::Result {
+    let id = config.id;
+    let client = turmoil::net::TcpListener::bind("0.0.0.0:7070").await?;
+    let peer = turmoil::net::TcpListener::bind("0.0.0.0:7071").await?;
+    let (started, node) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Ok(node) = node.await {
+            registry.set(id, node);
+        }
+    });
+    let storage = move |observer| {
+        let (log, machine) = open_memory(&disk, observer);
+        let log = log.acknowledge_own_appends(id);
+        let durable = log.durable();
+        Ok(Storage { state: machine.state(), committed_index: log.committed_index(), durable, log, machine })
+    };
+    let transport = Transport {
+        client: crate::net::ClientListener(client),
+        peer: crate::net::peer_incoming(peer),
+        health: None,
+        tls: None,
+        dialer: Some(crate::net::dialer()),
+        started: Some(started),
+    };
+    holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
+    Ok(())
+}
+
+/// Adds the plan's clients (hosts `c1`..), its roles first, then its scripts; answers how many.
+fn start_clients(sim: &mut turmoil::Sim<'_>, plan: &Plan, recorder: &Recorder) -> u32 {
     let resource = Resource::new(recorder.clone());
     let nodes: Vec<String> = (1..=plan.nodes).map(|id| format!("{}:7070", host(id))).collect();
     let ctx = |client: u32| Ctx {
@@ -454,7 +521,7 @@ pub fn run(plan: &Plan) -> Report {
             Role::Reader => sim.client(format!("c{client}"), workload::reader_client(ctx)),
             Role::Admin { spare, victim } => {
                 // Changes begin well before the heal; faults may hold the last of them up past it, and
-                // liveness is then judged from after it (see `check::all` below).
+                // liveness is then judged from after it (see `judge`).
                 let changes_by = plan.healed_at.saturating_sub(Duration::from_secs(3));
                 sim.client(format!("c{client}"), workload::admin_client(ctx, *spare, *victim, changes_by))
             }
@@ -464,22 +531,29 @@ pub fn run(plan: &Plan) -> Report {
         client += 1;
         sim.client(format!("c{client}"), script(ctx(client)));
     }
+    client
+}
 
-    let mut trace = Vec::new();
-    let mut violations = Vec::new();
+/// Steps the simulation until the clients are done, applying each fault when it is due, and a `Heal` once
+/// the plan says the faults are over (if the schedule did not end with one).
+fn run_schedule(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    world: &mut World,
+    trace: &mut Vec<String>,
+    violations: &mut Vec<Violation>,
+) {
     let mut faults = plan.faults.iter().peekable();
-    let skew_max_ms = skews.values().map(|skew| skew.load(Ordering::Relaxed)).max().unwrap_or_default();
-    let mut world = World { registry: registry.clone(), disks, skews, skew_max_ms, down: Vec::new(), clients: client };
     let mut disrupted = false;
     loop {
         let now = sim.elapsed();
         while let Some((at, fault)) = faults.next_if(|(at, _)| *at <= now) {
-            let applied = apply(&mut sim, plan, &mut world, fault);
+            let applied = apply(sim, plan, world, fault);
             disrupted |= *fault != Fault::Heal;
             trace.push(format!("{:>8.3}s {fault:?}{applied}", at.as_secs_f64()));
         }
         if disrupted && now >= plan.healed_at && faults.peek().is_none() {
-            apply(&mut sim, plan, &mut world, &Fault::Heal);
+            apply(sim, plan, world, &Fault::Heal);
             disrupted = false;
         }
         match sim.step() {
@@ -492,27 +566,15 @@ pub fn run(plan: &Plan) -> Report {
             }
         }
     }
-    apply(&mut sim, plan, &mut world, &Fault::Heal);
-    let (end, members) = converge(&mut sim, plan, &registry, &mut violations).unzip();
-    if let (true, Some(members)) = (plan.quiet_failover, &members) {
-        quiet_failover(&mut sim, plan, &mut world, members, &mut trace, &mut violations);
-    }
+}
 
-    let mut history = recorder.snapshot();
-    history.end = end;
+/// Every checker's verdict on a run's history.
+fn judge(plan: &Plan, history: &History) -> Vec<Violation> {
     let model = |lock: &str| MODEL_LOCKS.contains(&lock) || lock.starts_with(KEPT_PREFIX);
     // Liveness is judged on a settled cluster: after the heal and after the last membership change (which
     // may remove the leader, or have a removed node campaign once), each with time for an election.
     let settled = plan.healed_at.max(history.last_membership_change.unwrap_or_default()) + SETTLE;
-    violations.extend(check::all(&history, settled, plan.liveness_bound, &model));
-    Report {
-        seed: plan.seed,
-        history,
-        violations,
-        simulated: sim.elapsed(),
-        trace,
-        members: members.unwrap_or_default(),
-    }
+    check::all(history, settled, plan.liveness_bound, &model)
 }
 
 /// The node that leads now, by the running nodes' own views (the newest term wins).
@@ -544,142 +606,186 @@ struct World {
     clients: u32,
 }
 
-/// Applies `fault`; answers a note on what it hit (e.g. which node led).
-fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fault) -> String {
-    let World { registry, disks, skews, skew_max_ms, down, clients } = world;
-    let clients = *clients;
-    let total = plan.nodes + plan.spares;
-    let cut = |sim: &mut turmoil::Sim<'_>, a: &[NodeId], b: &[NodeId]| {
-        for x in a {
-            for y in b {
-                sim.partition(host(*x), host(*y));
-            }
-        }
-    };
-    let mut crash = |sim: &mut turmoil::Sim<'_>, id: NodeId| {
+impl World {
+    /// Every node's disk (broken ones if the plan says so) and clock skew; no clients yet.
+    fn new(plan: &Plan) -> World {
+        let total = plan.nodes + plan.spares;
+        let disks: BTreeMap<NodeId, MemDisk> = (1..=total)
+            .map(|id| (id, if plan.broken_disks { MemDisk::acking_before_flush() } else { MemDisk::new() }))
+            .collect();
+        // A node's wall clock runs off the simulation's by up to 40 ms either way, and jumps on a
+        // `ClockJump`: the leader's stamps must not depend on clocks agreeing.
+        let skews: BTreeMap<NodeId, Arc<AtomicI64>> = (1..=total)
+            .map(|id| {
+                (id, Arc::new(AtomicI64::new((plan.seed.wrapping_mul(31).wrapping_add(id * 17) % 81) as i64 - 40)))
+            })
+            .collect();
+        let skew_max_ms = skews.values().map(|skew| skew.load(Ordering::Relaxed)).max().unwrap_or_default();
+        World { registry: Registry::default(), disks, skews, skew_max_ms, down: Vec::new(), clients: 0 }
+    }
+
+    /// Crashes node `id` if it runs: its disk keeps only what it made durable.
+    fn crash(&mut self, sim: &mut turmoil::Sim<'_>, id: NodeId) {
         if sim.is_host_running(host(id)) {
             sim.crash(host(id));
-            disks[&id].crash();
-            down.push(id);
+            self.disks[&id].crash();
+            self.down.push(id);
         }
-    };
-    match fault {
-        Fault::Partition(a, b) => cut(sim, a, b),
-        Fault::OneWay { from, to } => {
-            for x in from {
-                for y in to {
-                    sim.partition_oneway(host(*x), host(*y));
+    }
+
+    /// Starts node `id` again from its disk if it is down.
+    fn restart(&mut self, sim: &mut turmoil::Sim<'_>, id: NodeId) {
+        if !sim.is_host_running(host(id)) {
+            sim.bounce(host(id));
+            self.down.retain(|d| *d != id);
+        }
+    }
+
+    /// Starts every crashed node again from its disk.
+    fn restart_crashed(&mut self, sim: &mut turmoil::Sim<'_>) {
+        for id in std::mem::take(&mut self.down) {
+            sim.bounce(host(id));
+        }
+    }
+
+    /// Moves node `node`'s wall clock by `by_ms`.
+    fn jump_clock(&mut self, node: NodeId, by_ms: i64) {
+        let skew = self.skews[&node].fetch_add(by_ms, Ordering::Relaxed) + by_ms;
+        self.skew_max_ms = self.skew_max_ms.max(skew);
+    }
+
+    /// Repairs every link, delivers everything held, stops the latency and losses, restarts crashed nodes.
+    fn heal(&mut self, sim: &mut turmoil::Sim<'_>, total: u64) {
+        let all: Vec<NodeId> = (1..=total).collect();
+        for x in &all {
+            for y in &all {
+                if x != y {
+                    sim.repair(host(*x), host(*y));
+                    sim.release(host(*x), host(*y));
                 }
             }
+            for client in 1..=self.clients {
+                sim.release(format!("c{client}"), host(*x));
+            }
         }
-        Fault::IsolateLeader => {
-            let Some(id) = leader(sim, plan, registry) else { return " (no leader)".into() };
-            let others: Vec<NodeId> = (1..=total).filter(|n| *n != id).collect();
-            cut(sim, &[id], &others);
-            return format!(" (n{id})");
-        }
-        Fault::Crash(id) => crash(sim, *id),
-        Fault::CrashLeader => {
-            let Some(id) = leader(sim, plan, registry) else { return " (no leader)".into() };
-            crash(sim, id);
-            return format!(" (n{id})");
-        }
+        sim.set_max_message_latency(Duration::from_millis(5));
+        sim.set_fail_rate(0.0);
+        self.restart_crashed(sim);
+    }
+}
+
+/// Applies `fault`; answers a note on what it hit (e.g. which node led).
+fn apply(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &mut World, fault: &Fault) -> String {
+    let total = plan.nodes + plan.spares;
+    match fault {
+        Fault::Partition(a, b) => cut(sim, a, b),
+        Fault::OneWay { from, to } => cut_one_way(sim, from, to),
+        Fault::IsolateLeader => return on_leader(sim, plan, world, |sim, _, id| isolate(sim, id, total)),
+        Fault::Crash(id) => world.crash(sim, *id),
+        Fault::CrashLeader => return on_leader(sim, plan, world, |sim, world, id| world.crash(sim, id)),
         Fault::CrashFollower(n) => {
-            let (leader, follower) = match follower_of_leader(sim, plan, registry, *n) {
-                Ok(found) => found,
-                Err(note) => return note,
-            };
-            crash(sim, follower);
-            return format!(" (n{follower}, led by n{leader})");
+            return on_follower(sim, plan, world, *n, |sim, world, _, follower| world.crash(sim, follower))
         }
         Fault::CrashAll => {
             for id in 1..=total {
-                crash(sim, id);
+                world.crash(sim, id);
             }
         }
-        Fault::Restart(id) => {
-            if !sim.is_host_running(host(*id)) {
-                sim.bounce(host(*id));
-                down.retain(|d| d != id);
-            }
-        }
-        Fault::RestartCrashed => {
-            for id in std::mem::take(down) {
-                sim.bounce(host(id));
-            }
-        }
-        Fault::Hold(a, b) => {
-            for x in a {
-                for y in b {
-                    sim.hold(host(*x), host(*y));
-                }
-            }
-        }
+        Fault::Restart(id) => world.restart(sim, *id),
+        Fault::RestartCrashed => world.restart_crashed(sim),
+        Fault::Hold(a, b) => hold(sim, a, b),
         Fault::HoldFollower => {
-            let (leader, follower) = match follower_of_leader(sim, plan, registry, 0) {
-                Ok(found) => found,
-                Err(note) => return note,
-            };
-            for other in (1..=total).filter(|n| *n != follower) {
-                sim.hold(host(follower), host(other));
-            }
-            return format!(" (n{follower}, led by n{leader})");
+            return on_follower(sim, plan, world, 0, |sim, _, _, follower| {
+                for other in (1..=total).filter(|n| *n != follower) {
+                    sim.hold(host(follower), host(other));
+                }
+            })
         }
         Fault::Release => release_all(sim, total),
         Fault::IsolateFollower(n) => {
-            let (leader, follower) = match follower_of_leader(sim, plan, registry, *n) {
-                Ok(found) => found,
-                Err(note) => return note,
-            };
-            let others: Vec<NodeId> = (1..=total).filter(|id| *id != follower).collect();
-            cut(sim, &[follower], &others);
-            return format!(" (n{follower}, led by n{leader})");
+            return on_follower(sim, plan, world, *n, |sim, _, _, follower| isolate(sim, follower, total))
         }
         Fault::CutFollower(n) => {
-            let (leader, follower) = match follower_of_leader(sim, plan, registry, *n) {
-                Ok(found) => found,
-                Err(note) => return note,
-            };
-            cut(sim, &[follower], &[leader]);
-            return format!(" (n{follower}, led by n{leader})");
+            return on_follower(sim, plan, world, *n, |sim, _, leader, follower| cut(sim, &[follower], &[leader]))
         }
         Fault::SlowSnapshotInstalls(time) => {
-            for disk in disks.values() {
+            for disk in world.disks.values() {
                 disk.slow_snapshot_installs(*time);
             }
         }
         Fault::Latency(max) => sim.set_max_message_latency(*max),
         Fault::Lossy(rate) => sim.set_fail_rate(*rate),
-        Fault::ClockJump { node, by_ms } => {
-            let skew = skews[node].fetch_add(*by_ms, Ordering::Relaxed) + by_ms;
-            *skew_max_ms = (*skew_max_ms).max(skew);
-        }
+        Fault::ClockJump { node, by_ms } => world.jump_clock(*node, *by_ms),
         Fault::StallClient(client) => {
             for id in 1..=total {
                 sim.hold(format!("c{client}"), host(id));
             }
         }
-        Fault::Heal => {
-            let all: Vec<NodeId> = (1..=total).collect();
-            for x in &all {
-                for y in &all {
-                    if x != y {
-                        sim.repair(host(*x), host(*y));
-                        sim.release(host(*x), host(*y));
-                    }
-                }
-                for client in 1..=clients {
-                    sim.release(format!("c{client}"), host(*x));
-                }
-            }
-            sim.set_max_message_latency(Duration::from_millis(5));
-            sim.set_fail_rate(0.0);
-            for id in std::mem::take(down) {
-                sim.bounce(host(id));
-            }
-        }
+        Fault::Heal => world.heal(sim, total),
     }
     String::new()
+}
+
+/// Does `what` to the node that leads now; answers the trace's note on which it was.
+fn on_leader(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    world: &mut World,
+    what: impl FnOnce(&mut turmoil::Sim<'_>, &mut World, NodeId),
+) -> String {
+    let Some(id) = leader(sim, plan, &world.registry) else { return " (no leader)".into() };
+    what(sim, world, id);
+    format!(" (n{id})")
+}
+
+/// Does `what` to the node that leads now and its `n`th follower (see [`follower_of_leader`]); answers the
+/// trace's note on which they were.
+fn on_follower(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    world: &mut World,
+    n: usize,
+    what: impl FnOnce(&mut turmoil::Sim<'_>, &mut World, NodeId, NodeId),
+) -> String {
+    let (leader, follower) = match follower_of_leader(sim, plan, &world.registry, n) {
+        Ok(found) => found,
+        Err(note) => return note,
+    };
+    what(sim, world, leader, follower);
+    format!(" (n{follower}, led by n{leader})")
+}
+
+/// Cuts every link between a node of `a` and a node of `b`, both ways.
+fn cut(sim: &mut turmoil::Sim<'_>, a: &[NodeId], b: &[NodeId]) {
+    for x in a {
+        for y in b {
+            sim.partition(host(*x), host(*y));
+        }
+    }
+}
+
+/// Loses every message from a node of `from` to a node of `to`.
+fn cut_one_way(sim: &mut turmoil::Sim<'_>, from: &[NodeId], to: &[NodeId]) {
+    for x in from {
+        for y in to {
+            sim.partition_oneway(host(*x), host(*y));
+        }
+    }
+}
+
+/// Cuts node `id` off from every other node, both ways.
+fn isolate(sim: &mut turmoil::Sim<'_>, id: NodeId, total: u64) {
+    let others: Vec<NodeId> = (1..=total).filter(|n| *n != id).collect();
+    cut(sim, &[id], &others);
+}
+
+/// Holds every message between a node of `a` and a node of `b`.
+fn hold(sim: &mut turmoil::Sim<'_>, a: &[NodeId], b: &[NodeId]) {
+    for x in a {
+        for y in b {
+            sim.hold(host(*x), host(*y));
+        }
+    }
 }
 
 /// The end of a run: a failover in a cluster nobody else talks to (see [`Plan::quiet_failover`]). The

@@ -368,7 +368,7 @@ enum LogFormat {
 
 /// mimalloc rather than glibc's malloc: a node allocates and frees many small buffers per request (HTTP/2
 /// frames, protobuf messages, log entries) from several threads, and glibc's allocator took about a sixth
-/// of the machine's CPU under load (see docs/benchmarks.md).
+/// of the machine's CPU under load (see docs/perf-notes/2026-12-01-log-files-and-mimalloc.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -376,90 +376,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Commands::Server(args) => server(*args),
-        Commands::Run(args) => {
-            let wait = match (args.no_wait, args.wait) {
-                (true, _) => run::Wait::No,
-                (false, Some(wait)) => run::Wait::For(wait),
-                (false, None) => run::Wait::Forever,
-            };
-            let client = match args.tls.builder(args.endpoints) {
-                Ok(client) => client,
-                Err(e) => {
-                    eprintln!("holdfast: {e}");
-                    exit(run::EXIT_USAGE)
-                }
-            };
-            let run_args = run::RunArgs {
-                client,
-                name: args.name,
-                ttl: args.ttl,
-                wait,
-                busy_code: args.conflict_exit_code,
-                kill_after: args.kill_after,
-                command: args.command,
-            };
-            exit(client_runtime()?.block_on(run::run(run_args)))
-        }
-        Commands::Lock { target, command } => {
-            let command = match command {
-                LockCli::Acquire { name, ttl, wait } => cli::LockCommand::Acquire { name, ttl, wait },
-                LockCli::Release { name, token } => cli::LockCommand::Release { name, token },
-                LockCli::Renew { name, token, ttl } => cli::LockCommand::Renew { name, token, ttl },
-                LockCli::Get { name } => cli::LockCommand::Get { name },
-                LockCli::List { prefix, after, limit } => cli::LockCommand::List { prefix, after, limit },
-            };
-            exit(client_runtime()?.block_on(async {
-                match target.tls.connect(target.endpoints).await {
-                    Ok(client) => cli::lock(&client, command, target.json).await,
-                    Err(e) => unreachable_cluster(&e),
-                }
-            }))
-        }
-        Commands::Bench { target, workload } => {
-            let workload = match workload {
-                BenchCli::Uncontended { clients, duration } => bench::Workload::Uncontended { clients, duration },
-                BenchCli::Contended { clients, duration } => bench::Workload::Contended { clients, duration },
-                BenchCli::Reads { clients, duration, busy } => bench::Workload::Reads { clients, duration, busy },
-                BenchCli::Failover(args) => bench::Workload::Failover(args),
-                BenchCli::Sessions(args) => bench::Workload::Sessions(args),
-                BenchCli::Scale(args) => bench::Workload::Scale(args),
-                BenchCli::Host(args) => bench::Workload::Host(args),
-            };
-            let builder = match target.tls.builder(target.endpoints) {
-                Ok(builder) => builder,
-                Err(e) => {
-                    eprintln!("holdfast: {e}");
-                    exit(run::EXIT_USAGE)
-                }
-            };
-            let args = bench::BenchArgs { builder, workload, json: target.json };
-            // One worker thread: the load generator shares the machine with the nodes it measures (on the
-            // benchmark's 2 cores, 3 nodes and itself), and one worker wakes no other for its tasks.
-            // Measured at 64 clients against the default (a worker per core), alternating, two runs each:
-            // its CPU per cycle 57-59 -> 46-48 us, and 7,398-7,844 -> 8,198-8,293 cycles/s. (A
-            // current-thread runtime was about as cheap, and 3 % slower.)
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            exit(runtime.block_on(bench::run(args)))
-        }
-        Commands::Cluster { target, command } => exit(client_runtime()?.block_on(async {
-            let client = match target.tls.connect(target.endpoints).await {
-                Ok(client) => client,
-                Err(e) => return unreachable_cluster(&e),
-            };
-            let (member, admin) = match command {
-                ClusterCli::Status => return cli::cluster_status(&client, target.json).await,
-                ClusterCli::Add { id, peer_addr, admin } => (cli::MemberCommand::Add { id, peer_addr }, admin),
-                ClusterCli::Remove { id, admin } => (cli::MemberCommand::Remove { id }, admin),
-                ClusterCli::Snapshot { admin } => {
-                    return cli::cluster_snapshot(&client, admin.admin_key.as_deref(), target.json).await
-                }
-            };
-            cli::cluster_member(&client, member, admin.admin_key.as_deref(), target.json).await
-        })),
+        Commands::Run(args) => run_command(args),
+        Commands::Lock { target, command } => lock_command(target, command),
+        Commands::Bench { target, workload } => bench_command(target, workload),
+        Commands::Cluster { target, command } => cluster_command(target, command),
         Commands::Healthcheck { url, timeout } => match cli::healthcheck(&url, timeout) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -468,6 +388,100 @@ fn main() -> anyhow::Result<()> {
             }
         },
     }
+}
+
+/// `holdfast run`: exits with the command's code, or the codes of docs/cli.md.
+fn run_command(args: RunCli) -> anyhow::Result<()> {
+    let wait = match (args.no_wait, args.wait) {
+        (true, _) => run::Wait::No,
+        (false, Some(wait)) => run::Wait::For(wait),
+        (false, None) => run::Wait::Forever,
+    };
+    let client = match args.tls.builder(args.endpoints) {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("holdfast: {e}");
+            exit(run::EXIT_USAGE)
+        }
+    };
+    let run_args = run::RunArgs {
+        client,
+        name: args.name,
+        ttl: args.ttl,
+        wait,
+        busy_code: args.conflict_exit_code,
+        kill_after: args.kill_after,
+        command: args.command,
+    };
+    exit(client_runtime()?.block_on(run::run(run_args)))
+}
+
+/// `holdfast lock …`: one call.
+fn lock_command(target: Target, command: LockCli) -> anyhow::Result<()> {
+    let command = match command {
+        LockCli::Acquire { name, ttl, wait } => cli::LockCommand::Acquire { name, ttl, wait },
+        LockCli::Release { name, token } => cli::LockCommand::Release { name, token },
+        LockCli::Renew { name, token, ttl } => cli::LockCommand::Renew { name, token, ttl },
+        LockCli::Get { name } => cli::LockCommand::Get { name },
+        LockCli::List { prefix, after, limit } => cli::LockCommand::List { prefix, after, limit },
+    };
+    exit(client_runtime()?.block_on(async {
+        match target.tls.connect(target.endpoints).await {
+            Ok(client) => cli::lock(&client, command, target.json).await,
+            Err(e) => unreachable_cluster(&e),
+        }
+    }))
+}
+
+/// `holdfast bench …`: a workload against the cluster.
+fn bench_command(target: Target, workload: BenchCli) -> anyhow::Result<()> {
+    let workload = match workload {
+        BenchCli::Uncontended { clients, duration } => bench::Workload::Uncontended { clients, duration },
+        BenchCli::Contended { clients, duration } => bench::Workload::Contended { clients, duration },
+        BenchCli::Reads { clients, duration, busy } => bench::Workload::Reads { clients, duration, busy },
+        BenchCli::Failover(args) => bench::Workload::Failover(args),
+        BenchCli::Sessions(args) => bench::Workload::Sessions(args),
+        BenchCli::Scale(args) => bench::Workload::Scale(args),
+        BenchCli::Host(args) => bench::Workload::Host(args),
+    };
+    let builder = match target.tls.builder(target.endpoints) {
+        Ok(builder) => builder,
+        Err(e) => {
+            eprintln!("holdfast: {e}");
+            exit(run::EXIT_USAGE)
+        }
+    };
+    let args = bench::BenchArgs { builder, workload, json: target.json };
+    // One worker thread: the load generator shares the machine with the nodes it measures (on the
+    // benchmark's 2 cores, 3 nodes and itself), and one worker wakes no other for its tasks.
+    // Measured at 64 clients against the default (a worker per core), alternating, two runs each:
+    // its CPU per cycle 57-59 -> 46-48 us, and 7,398-7,844 -> 8,198-8,293 cycles/s. (A
+    // current-thread runtime was about as cheap, and 3 % slower.)
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    exit(runtime.block_on(bench::run(args)))
+}
+
+/// `holdfast cluster …`: the status, a membership change or a snapshot.
+fn cluster_command(target: Target, command: ClusterCli) -> anyhow::Result<()> {
+    exit(client_runtime()?.block_on(async {
+        let client = match target.tls.connect(target.endpoints).await {
+            Ok(client) => client,
+            Err(e) => return unreachable_cluster(&e),
+        };
+        let (member, admin) = match command {
+            ClusterCli::Status => return cli::cluster_status(&client, target.json).await,
+            ClusterCli::Add { id, peer_addr, admin } => (cli::MemberCommand::Add { id, peer_addr }, admin),
+            ClusterCli::Remove { id, admin } => (cli::MemberCommand::Remove { id }, admin),
+            ClusterCli::Snapshot { admin } => {
+                return cli::cluster_snapshot(&client, admin.admin_key.as_deref(), target.json).await
+            }
+        };
+        cli::cluster_member(&client, member, admin.admin_key.as_deref(), target.json).await
+    }))
 }
 
 fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -512,65 +526,31 @@ fn server(args: ServerArgs) -> anyhow::Result<()> {
 }
 
 fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
-    let id = match args.id.as_str() {
-        "hostname" => {
-            let host = hostname().context("--id hostname: reading the host name")?;
-            id_from_hostname(&host)?
-        }
-        number => match number.parse::<u64>() {
-            Ok(0) | Err(_) => bail!("--id must be a positive number or `hostname` (got {number:?})"),
-            Ok(id) => id,
-        },
-    };
+    let id = node_id(&args.id)?;
     let members = match &args.members {
         Some(list) if !args.join => parse_members(list)?,
         Some(_) => bail!("--join and --members do not go together: a joining node learns the members from the cluster"),
         None => BTreeMap::from([(id, args.peer_addr.to_string())]),
     };
-    let admin_key = match (&args.admin_key, &args.admin_key_file) {
-        (Some(key), _) => Some(key.trim().to_owned()),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            Some(text.lines().next().unwrap_or_default().trim().to_owned())
-        }
-        (None, None) => None,
-    };
-    if admin_key.as_ref().is_some_and(|key| key.len() < ADMIN_KEY_LEN_MIN) {
-        bail!("the admin key must be at least {ADMIN_KEY_LEN_MIN} characters");
-    }
+    let admin_key = admin_key(args)?;
     // A node that is not in the initial member list joins: it waits until a member adds it. That lets a
     // StatefulSet grow past its initial list (pods 3 and 4 of a list of 3) with one pod template.
     let join = args.join || !members.contains_key(&id);
     if join && !args.join {
         eprintln!("holdfast: node {id} is not in --members, so it joins: it waits until `holdfast cluster add {id} …`");
     }
-    let ms = |d: Duration| d.as_millis() as u64;
-    if args.ttl_min > args.ttl_max {
-        bail!("--ttl-min must not exceed --ttl-max");
-    }
-    if ms(args.ttl_min) < limits::TTL_MS_MIN || ms(args.ttl_max) > limits::TTL_MS_MAX {
-        bail!("--ttl-min and --ttl-max must lie within {} ms..={} ms", limits::TTL_MS_MIN, limits::TTL_MS_MAX);
-    }
-    if ms(args.wait_max) > limits::WAIT_MS_MAX {
-        bail!("--wait-max must be at most {} ms", limits::WAIT_MS_MAX);
-    }
-    if args.queue_hold > Duration::from_secs(10) {
-        bail!("--queue-hold must be at most 10s");
-    }
-    if args.heartbeat_interval.is_zero() || args.election_timeout <= args.heartbeat_interval * 2 {
-        bail!("--election-timeout must be more than twice --heartbeat-interval");
-    }
+    check_times(args)?;
     Ok(holdfast_server::Config {
         id,
         members,
         data_dir: args.data_dir.clone(),
         limits: FrontLimits {
-            ttl_ms_min: ms(args.ttl_min),
-            ttl_ms_max: ms(args.ttl_max),
-            wait_ms_max: ms(args.wait_max),
+            ttl_ms_min: millis(args.ttl_min),
+            ttl_ms_max: millis(args.ttl_max),
+            wait_ms_max: millis(args.wait_max),
         },
-        heartbeat_ms: ms(args.heartbeat_interval),
-        election_timeout_ms: ms(args.election_timeout),
+        heartbeat_ms: millis(args.heartbeat_interval),
+        election_timeout_ms: millis(args.election_timeout),
         snapshot_every_entries: args.snapshot_every.max(1),
         queue_hold: args.queue_hold,
         join,
@@ -586,16 +566,75 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
             sessions_per_key_max: args.key_sessions_max.max(1),
             requests_per_s_per_key: args.key_rate.max(1),
         },
-        tls: match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
-            (Some(cert), Some(key), Some(ca)) => Some(holdfast_server::tls::TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                ca: ca.clone(),
-                client_auth: args.tls_client_auth,
-            }),
-            _ => None,
+        tls: tls_files(args),
+    })
+}
+
+/// `--id`: a positive number, or `hostname` for the ordinal at the end of the host's name.
+fn node_id(id: &str) -> anyhow::Result<u64> {
+    Ok(match id {
+        "hostname" => {
+            let host = hostname().context("--id hostname: reading the host name")?;
+            id_from_hostname(&host)?
+        }
+        number => match number.parse::<u64>() {
+            Ok(0) | Err(_) => bail!("--id must be a positive number or `hostname` (got {number:?})"),
+            Ok(id) => id,
         },
     })
+}
+
+/// The admin key, given or read from the first line of its file, if any.
+fn admin_key(args: &ServerArgs) -> anyhow::Result<Option<String>> {
+    let admin_key = match (&args.admin_key, &args.admin_key_file) {
+        (Some(key), _) => Some(key.trim().to_owned()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_owned())
+        }
+        (None, None) => None,
+    };
+    if admin_key.as_ref().is_some_and(|key| key.len() < ADMIN_KEY_LEN_MIN) {
+        bail!("the admin key must be at least {ADMIN_KEY_LEN_MIN} characters");
+    }
+    Ok(admin_key)
+}
+
+/// Refuses TTLs, waits, a queue hold and Raft timings outside what the node accepts.
+fn check_times(args: &ServerArgs) -> anyhow::Result<()> {
+    if args.ttl_min > args.ttl_max {
+        bail!("--ttl-min must not exceed --ttl-max");
+    }
+    if millis(args.ttl_min) < limits::TTL_MS_MIN || millis(args.ttl_max) > limits::TTL_MS_MAX {
+        bail!("--ttl-min and --ttl-max must lie within {} ms..={} ms", limits::TTL_MS_MIN, limits::TTL_MS_MAX);
+    }
+    if millis(args.wait_max) > limits::WAIT_MS_MAX {
+        bail!("--wait-max must be at most {} ms", limits::WAIT_MS_MAX);
+    }
+    if args.queue_hold > Duration::from_secs(10) {
+        bail!("--queue-hold must be at most 10s");
+    }
+    if args.heartbeat_interval.is_zero() || args.election_timeout <= args.heartbeat_interval * 2 {
+        bail!("--election-timeout must be more than twice --heartbeat-interval");
+    }
+    Ok(())
+}
+
+/// The node's certificate, key and CA when all three are given.
+fn tls_files(args: &ServerArgs) -> Option<holdfast_server::tls::TlsFiles> {
+    match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(holdfast_server::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+            client_auth: args.tls_client_auth,
+        }),
+        _ => None,
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 /// `64MiB`, `1GiB`, `500KiB` or a number of bytes.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use holdfast_client::{Client, ClientBuilder};
+use holdfast_client::{Client, ClientBuilder, HeldLock, Hold, Session};
 use serde_json::json;
 
 use super::{ms, note, progress, rate_line, round3, shell, Counters, Report, Samples};
@@ -98,27 +98,7 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
         .retry_timeout(Duration::from_secs(2))
         .build()?;
-
-    let mut held = Vec::new();
-    for i in 0..args.held {
-        let name = format!("bench-{run_id:08x}-held-{i}");
-        let hold =
-            client.acquire(&name, args.held_ttl, Duration::ZERO).await.with_context(|| format!("acquiring {name}"))?;
-        held.push(hold);
-    }
-    let session = client.session(args.session_lease).await.context("opening a session")?;
-    let session_lock = format!("bench-{run_id:08x}-session");
-    let session_held = session
-        .try_lock(session_lock.as_str())
-        .await
-        .with_context(|| format!("taking {session_lock} in a session"))?
-        .with_context(|| format!("{session_lock} is held by someone else"))?;
-    note(format!(
-        "holding {} locks (TTL {:?}) and one in a session ({:?} lease) through the fault",
-        held.len(),
-        args.held_ttl,
-        args.session_lease
-    ));
+    let before = Held::take(client, run_id, &args).await?;
 
     let started = Instant::now();
     let counters = Counters::shared();
@@ -129,49 +109,7 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
     let progress_guard = progress(started, rate_line(counters.clone(), "cycles"));
     let prober_task = {
         let (counters, probe, stop) = (counters.clone(), probe.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) && Instant::now() < hard_stop {
-                // A new name each cycle: a grant whose answer was lost in the fault cannot block the next.
-                let name = format!("bench-{run_id:08x}-probe-{n}");
-                n += 1;
-                let t = Instant::now();
-                match prober.acquire(&name, PROBE_TTL, Duration::ZERO).await {
-                    Ok(hold) => {
-                        probe.lock().unwrap().grants.push(Instant::now());
-                        let released = prober.release(&name, &hold.token).await;
-                        match released {
-                            Ok(_) | Err(holdfast_client::Error::NotHolder) => {
-                                // NotHolder: the hold ended either way (docs/client.md); the client
-                                // retries a release whose answer was lost when the leader died.
-                                let mut p = probe.lock().unwrap();
-                                p.cycles.push(Instant::now());
-                                p.latency.push(t.elapsed());
-                                p.release_not_holder += u64::from(released.is_err());
-                                counters.add_done();
-                            }
-                            Err(e) => {
-                                probe.lock().unwrap().error("release", e);
-                                counters.add_error();
-                            }
-                        }
-                    }
-                    // A retried acquire whose first attempt was applied but not answered (the leader died
-                    // in between) finds its own hold: the cluster did grant it. Its token is unknown; the
-                    // hold runs out with its short TTL.
-                    Err(holdfast_client::Error::Busy { holder: Some(h) }) if h.owner == prober.owner() => {
-                        let mut p = probe.lock().unwrap();
-                        p.grants.push(Instant::now());
-                        p.own_hold += 1;
-                    }
-                    Err(e) => {
-                        probe.lock().unwrap().error("acquire", e);
-                        counters.add_error();
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                }
-            }
-        })
+        tokio::spawn(probe_cycles(prober, run_id, hard_stop, counters, probe, stop))
     };
 
     tokio::time::sleep(args.warmup).await;
@@ -180,166 +118,334 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Fa
         Err(e) => {
             stop.store(true, Ordering::Relaxed);
             let _ = prober_task.await;
-            release_all(client, &held).await;
+            release_all(client, &before.holds).await;
             return Err(e);
         }
     };
-    let (leader, kill_at) = (kill.leader, kill.at());
-    tokio::time::sleep_until((kill_at.max(kill.command_end) + args.after).into()).await;
+    tokio::time::sleep_until((kill.at().max(kill.command_end) + args.after).into()).await;
     stop.store(true, Ordering::Relaxed);
     let _ = prober_task.await;
     drop(progress_guard);
 
-    // Every lock held before the fault must still be held, by the same grant.
-    let mut kept = 0;
-    let mut lost = Vec::new();
-    for hold in &held {
-        match client.get(&hold.name).await {
-            Ok(Some(info)) if info.holder.as_ref().is_some_and(|h| h.fence == hold.fence) => kept += 1,
-            Ok(info) => lost.push(format!("{}: {:?}", hold.name, info.and_then(|i| i.holder).map(|h| h.fence))),
-            Err(e) => lost.push(format!("{}: {e}", hold.name)),
-        }
-    }
-    release_all(client, &held).await;
-    // The session's lock: its client must never have seen it lost (its token fires the moment a lease ran
-    // out without an ack, and stays fired), and the cluster must show the same grant.
-    let session_seen_lost = session_held.lost().is_cancelled() || session_held.is_lost();
-    let session_lost = match client.get(&session_lock).await {
-        Ok(Some(info)) if info.holder.as_ref().is_some_and(|h| h.fence == session_held.fence()) => None,
-        Ok(info) => Some(format!("held by {:?}", info.and_then(|i| i.holder).map(|h| h.fence))),
-        Err(e) => Some(e.to_string()),
-    };
-    let session_kept = !session_seen_lost && session_lost.is_none();
-    let _ = session_held.release().await;
-    let _ = session.close().await;
+    let after = before.check(client).await;
+    let restart = restart(&args, kill.leader).await;
+    let probe = std::mem::take(&mut *probe.lock().unwrap());
+    Ok(Outcome { args: &args, kill, started, counters, probe, after, restart }.report())
+}
 
-    let restart = match &args.restart {
-        Some(command) => {
-            let t = Instant::now();
-            let outcome = shell(command, leader, RESTART_TIMEOUT).await;
-            if let Err(e) = &outcome {
-                note(format!("restart failed: {e:#}"));
+/// The prober: acquires and releases a lock of its own, a new one each cycle, until told to stop or
+/// `hard_stop`.
+async fn probe_cycles(
+    prober: Client,
+    run_id: u32,
+    hard_stop: Instant,
+    counters: Arc<Counters>,
+    probe: Arc<Mutex<Probe>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < hard_stop {
+        // A new name each cycle: a grant whose answer was lost in the fault cannot block the next.
+        let name = format!("bench-{run_id:08x}-probe-{n}");
+        n += 1;
+        let t = Instant::now();
+        match prober.acquire(&name, PROBE_TTL, Duration::ZERO).await {
+            Ok(hold) => {
+                probe.lock().unwrap().grants.push(Instant::now());
+                let released = prober.release(&name, &hold.token).await;
+                match released {
+                    Ok(_) | Err(holdfast_client::Error::NotHolder) => {
+                        // NotHolder: the hold ended either way (docs/client.md); the client
+                        // retries a release whose answer was lost when the leader died.
+                        let mut p = probe.lock().unwrap();
+                        p.cycles.push(Instant::now());
+                        p.latency.push(t.elapsed());
+                        p.release_not_holder += u64::from(released.is_err());
+                        counters.add_done();
+                    }
+                    Err(e) => {
+                        probe.lock().unwrap().error("release", e);
+                        counters.add_error();
+                    }
+                }
             }
-            Some((outcome.is_ok(), t.elapsed()))
+            // A retried acquire whose first attempt was applied but not answered (the leader died
+            // in between) finds its own hold: the cluster did grant it. Its token is unknown; the
+            // hold runs out with its short TTL.
+            Err(holdfast_client::Error::Busy { holder: Some(h) }) if h.owner == prober.owner() => {
+                let mut p = probe.lock().unwrap();
+                p.grants.push(Instant::now());
+                p.own_hold += 1;
+            }
+            Err(e) => {
+                probe.lock().unwrap().error("acquire", e);
+                counters.add_error();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
-        None => None,
-    };
-
-    let probe = probe.lock().unwrap();
-    let longest_gap = probe.cycles.windows(2).map(|w| w[1] - w[0]).max();
-    // A grant answered after the old leader's port closed came from a new leader.
-    let first_grant = probe.grants.iter().find(|&&g| g >= kill_at).map(|&g| g - kill_at);
-    let new_leader = kill.new_leader;
-    let command_ms = ms(kill.command_end - kill.command_start);
-    let target = args.election_timeout.map(|e| e + Duration::from_millis(500));
-
-    let mut report = Report::new("failover", format!("failover: leader (node {leader}) killed"));
-    report.field("kind", "failover");
-    report.field("killed_node", leader);
-    report.field("kill_command_ms", command_ms);
-    report.field("death_seen_after_command_start_ms", kill.dead_at.map(|d| ms(d - kill.command_start)));
-    report.field("cycles", counters.done());
-    report.field("errors", counters.errors());
-    report.field("seconds", started.elapsed().as_secs_f64());
-    report.field("longest_gap_ms", longest_gap.map(ms));
-    report.field("first_grant_after_kill_ms", first_grant.map(ms));
-    report.field("new_leader", new_leader.map(|(id, _)| id));
-    report.field("new_leader_after_kill_ms", new_leader.map(|(_, at)| ms(at - kill_at)));
-    report.field("election_timeout_ms", args.election_timeout.map(ms));
-    report.field("target_ms", target.map(ms));
-    report.field(
-        "target_met",
-        match (first_grant, target) {
-            (Some(g), Some(t)) => json!(g <= t && lost.is_empty() && session_kept),
-            _ => json!(null),
-        },
-    );
-    report.field("held", held.len());
-    report.field("held_kept", kept);
-    report.field("held_all_kept", lost.is_empty());
-    report.field("session_lease_ms", ms(args.session_lease));
-    report.field("session_kept", session_kept);
-    report.field("restarted", restart.map(|(ok, _)| ok));
-    report.field("restart_ms", restart.map(|(_, t)| ms(t)));
-    probe.latency.fields(&mut report, "cycle_");
-
-    let or_none = |d: Option<Duration>| d.map_or("none".to_owned(), |d| format!("{:.0} ms", ms(d)));
-    report.row(
-        "killed",
-        match kill.dead_at {
-            Some(d) => format!(
-                "node {leader}: its port closed {:.0} ms into the kill command ({command_ms:.0} ms in all)",
-                ms(d - kill.command_start)
-            ),
-            None => format!("node {leader}: its port never closed; times count from the command ({command_ms:.0} ms)"),
-        },
-    );
-    report.row(
-        "new leader",
-        new_leader
-            .map_or("not seen".to_owned(), |(id, at)| format!("node {id}, {:.0} ms after the kill", ms(at - kill_at))),
-    );
-    report.row("first grant after the kill", or_none(first_grant));
-    report.row("longest gap between cycles", or_none(longest_gap));
-    report.row(
-        "election timeout",
-        match (args.election_timeout, target) {
-            (Some(e), Some(t)) => format!("{:.0} ms (target: a grant within {:.0} ms)", ms(e), ms(t)),
-            _ => "not given (--election-timeout)".into(),
-        },
-    );
-    report.row(
-        "locks held before the fault",
-        match lost.is_empty() {
-            true => format!("{kept} of {} still held, same fence", held.len()),
-            false => format!("{kept} of {} still held; lost: {}", held.len(), lost.join(", ")),
-        },
-    );
-    report.row(
-        "a session's lock",
-        match (session_seen_lost, &session_lost) {
-            (false, None) => format!("kept through the fault ({:?} lease), same fence", args.session_lease),
-            (seen, cluster) => format!(
-                "LOST: {}{}",
-                if seen { "its client saw it lost; " } else { "" },
-                cluster.as_deref().map_or("the cluster still shows it".to_owned(), |c| format!("the cluster: {c}"))
-            ),
-        },
-    );
-    report.row(
-        "cycles",
-        format!(
-            "{} ok ({} of them released with the answer NotHolder: the hold had ended either way), {} errors, {} acquires granted without an answer (a retry found its own hold)",
-            counters.done(),
-            probe.release_not_holder,
-            counters.errors(),
-            probe.own_hold
-        ),
-    );
-    report.field("granted_unanswered", probe.own_hold);
-    report.field("released_not_holder", probe.release_not_holder);
-    report.row("cycle latency", probe.latency.describe());
-    for (at, e) in &probe.errors {
-        let offset = at.saturating_duration_since(kill_at).as_secs_f64() * 1000.0
-            - kill_at.saturating_duration_since(*at).as_secs_f64() * 1000.0;
-        report.row("prober error", format!("{offset:+.0} ms from the kill: {e}"));
     }
-    report.field(
-        "prober_errors",
-        json!(probe
-            .errors
-            .iter()
-            .map(|(at, e)| {
-                let offset = at.saturating_duration_since(kill_at).as_secs_f64() * 1000.0
-                    - kill_at.saturating_duration_since(*at).as_secs_f64() * 1000.0;
-                json!({"ms_from_kill": round3(offset), "error": e})
-            })
-            .collect::<Vec<_>>()),
-    );
-    if let Some((ok, t)) = restart {
-        report.row("restart", format!("{} in {:.1} s", if ok { "ok" } else { "FAILED" }, t.as_secs_f64()));
+}
+
+/// The locks taken before the fault: with a TTL, and one in a session.
+struct Held {
+    holds: Vec<Hold>,
+    session: Session,
+    session_lock: String,
+    session_held: HeldLock,
+}
+
+impl Held {
+    async fn take(client: &Client, run_id: u32, args: &FailoverArgs) -> anyhow::Result<Held> {
+        let mut holds = Vec::new();
+        for i in 0..args.held {
+            let name = format!("bench-{run_id:08x}-held-{i}");
+            let hold = client
+                .acquire(&name, args.held_ttl, Duration::ZERO)
+                .await
+                .with_context(|| format!("acquiring {name}"))?;
+            holds.push(hold);
+        }
+        let session = client.session(args.session_lease).await.context("opening a session")?;
+        let session_lock = format!("bench-{run_id:08x}-session");
+        let session_held = session
+            .try_lock(session_lock.as_str())
+            .await
+            .with_context(|| format!("taking {session_lock} in a session"))?
+            .with_context(|| format!("{session_lock} is held by someone else"))?;
+        note(format!(
+            "holding {} locks (TTL {:?}) and one in a session ({:?} lease) through the fault",
+            holds.len(),
+            args.held_ttl,
+            args.session_lease
+        ));
+        Ok(Held { holds, session, session_lock, session_held })
     }
-    Ok(report)
+
+    /// Reads every lock back, then lets go of them all.
+    async fn check(self, client: &Client) -> After {
+        // Every lock held before the fault must still be held, by the same grant.
+        let mut kept = 0;
+        let mut lost = Vec::new();
+        for hold in &self.holds {
+            match client.get(&hold.name).await {
+                Ok(Some(info)) if info.holder.as_ref().is_some_and(|h| h.fence == hold.fence) => kept += 1,
+                Ok(info) => lost.push(format!("{}: {:?}", hold.name, info.and_then(|i| i.holder).map(|h| h.fence))),
+                Err(e) => lost.push(format!("{}: {e}", hold.name)),
+            }
+        }
+        release_all(client, &self.holds).await;
+        // The session's lock: its client must never have seen it lost (its token fires the moment a lease ran
+        // out without an ack, and stays fired), and the cluster must show the same grant.
+        let session_seen_lost = self.session_held.lost().is_cancelled() || self.session_held.is_lost();
+        let session_lost = match client.get(&self.session_lock).await {
+            Ok(Some(info)) if info.holder.as_ref().is_some_and(|h| h.fence == self.session_held.fence()) => None,
+            Ok(info) => Some(format!("held by {:?}", info.and_then(|i| i.holder).map(|h| h.fence))),
+            Err(e) => Some(e.to_string()),
+        };
+        let _ = self.session_held.release().await;
+        let _ = self.session.close().await;
+        After { held: self.holds.len(), kept, lost, session_seen_lost, session_lost }
+    }
+}
+
+/// What became of the locks taken before the fault.
+struct After {
+    held: usize,
+    kept: usize,
+    /// Each lock not held by its grant any more, and what holds it (or the error reading it).
+    lost: Vec<String>,
+    /// Whether the session's client saw its lock lost.
+    session_seen_lost: bool,
+    /// What the cluster showed of the session's lock if not its grant.
+    session_lost: Option<String>,
+}
+
+impl After {
+    fn session_kept(&self) -> bool {
+        !self.session_seen_lost && self.session_lost.is_none()
+    }
+}
+
+/// Runs the restart command, if any, for the killed node; answers whether it worked and how long it took.
+async fn restart(args: &FailoverArgs, leader: u64) -> Option<(bool, Duration)> {
+    let command = args.restart.as_ref()?;
+    let t = Instant::now();
+    let outcome = shell(command, leader, RESTART_TIMEOUT).await;
+    if let Err(e) = &outcome {
+        note(format!("restart failed: {e:#}"));
+    }
+    Some((outcome.is_ok(), t.elapsed()))
+}
+
+/// Everything the run saw, for its report.
+struct Outcome<'a> {
+    args: &'a FailoverArgs,
+    kill: Kill,
+    /// When the prober started.
+    started: Instant,
+    counters: Arc<Counters>,
+    probe: Probe,
+    after: After,
+    restart: Option<(bool, Duration)>,
+}
+
+impl Outcome<'_> {
+    fn report(&self) -> Report {
+        let leader = self.kill.leader;
+        let mut report = Report::new("failover", format!("failover: leader (node {leader}) killed"));
+        self.fields(&mut report);
+        self.rows(&mut report);
+        report
+    }
+
+    /// The moment the leader died (see [`Kill::at`]).
+    fn kill_at(&self) -> Instant {
+        self.kill.at()
+    }
+
+    /// The longest time between the ends of two cycles in a row.
+    fn longest_gap(&self) -> Option<Duration> {
+        self.probe.cycles.windows(2).map(|w| w[1] - w[0]).max()
+    }
+
+    /// How long after the kill the first grant came.
+    fn first_grant(&self) -> Option<Duration> {
+        let kill_at = self.kill_at();
+        // A grant answered after the old leader's port closed came from a new leader.
+        self.probe.grants.iter().find(|&&g| g >= kill_at).map(|&g| g - kill_at)
+    }
+
+    /// How long the kill command took, in milliseconds.
+    fn command_ms(&self) -> f64 {
+        ms(self.kill.command_end - self.kill.command_start)
+    }
+
+    /// A grant within the election timeout plus half a second.
+    fn target(&self) -> Option<Duration> {
+        self.args.election_timeout.map(|e| e + Duration::from_millis(500))
+    }
+
+    /// Milliseconds from the kill to `at` (negative: before it).
+    fn ms_from_kill(&self, at: Instant) -> f64 {
+        let kill_at = self.kill_at();
+        at.saturating_duration_since(kill_at).as_secs_f64() * 1000.0
+            - kill_at.saturating_duration_since(at).as_secs_f64() * 1000.0
+    }
+
+    /// The JSON object's fields.
+    fn fields(&self, report: &mut Report) {
+        let (args, kill, after, probe) = (self.args, &self.kill, &self.after, &self.probe);
+        let (kill_at, first_grant, new_leader, target) =
+            (self.kill_at(), self.first_grant(), kill.new_leader, self.target());
+        report.field("kind", "failover");
+        report.field("killed_node", kill.leader);
+        report.field("kill_command_ms", self.command_ms());
+        report.field("death_seen_after_command_start_ms", kill.dead_at.map(|d| ms(d - kill.command_start)));
+        report.field("cycles", self.counters.done());
+        report.field("errors", self.counters.errors());
+        report.field("seconds", self.started.elapsed().as_secs_f64());
+        report.field("longest_gap_ms", self.longest_gap().map(ms));
+        report.field("first_grant_after_kill_ms", first_grant.map(ms));
+        report.field("new_leader", new_leader.map(|(id, _)| id));
+        report.field("new_leader_after_kill_ms", new_leader.map(|(_, at)| ms(at - kill_at)));
+        report.field("election_timeout_ms", args.election_timeout.map(ms));
+        report.field("target_ms", target.map(ms));
+        report.field(
+            "target_met",
+            match (first_grant, target) {
+                (Some(g), Some(t)) => json!(g <= t && after.lost.is_empty() && after.session_kept()),
+                _ => json!(null),
+            },
+        );
+        report.field("held", after.held);
+        report.field("held_kept", after.kept);
+        report.field("held_all_kept", after.lost.is_empty());
+        report.field("session_lease_ms", ms(args.session_lease));
+        report.field("session_kept", after.session_kept());
+        report.field("restarted", self.restart.map(|(ok, _)| ok));
+        report.field("restart_ms", self.restart.map(|(_, t)| ms(t)));
+        probe.latency.fields(report, "cycle_");
+        report.field("granted_unanswered", probe.own_hold);
+        report.field("released_not_holder", probe.release_not_holder);
+        report.field(
+            "prober_errors",
+            json!(probe
+                .errors
+                .iter()
+                .map(|(at, e)| json!({"ms_from_kill": round3(self.ms_from_kill(*at)), "error": e}))
+                .collect::<Vec<_>>()),
+        );
+    }
+
+    /// The table's rows.
+    fn rows(&self, report: &mut Report) {
+        let (args, kill, after, probe) = (self.args, &self.kill, &self.after, &self.probe);
+        let (leader, kill_at, command_ms, target) = (kill.leader, self.kill_at(), self.command_ms(), self.target());
+        let or_none = |d: Option<Duration>| d.map_or("none".to_owned(), |d| format!("{:.0} ms", ms(d)));
+        report.row(
+            "killed",
+            match kill.dead_at {
+                Some(d) => format!(
+                    "node {leader}: its port closed {:.0} ms into the kill command ({command_ms:.0} ms in all)",
+                    ms(d - kill.command_start)
+                ),
+                None => {
+                    format!("node {leader}: its port never closed; times count from the command ({command_ms:.0} ms)")
+                }
+            },
+        );
+        report.row(
+            "new leader",
+            kill.new_leader.map_or("not seen".to_owned(), |(id, at)| {
+                format!("node {id}, {:.0} ms after the kill", ms(at - kill_at))
+            }),
+        );
+        report.row("first grant after the kill", or_none(self.first_grant()));
+        report.row("longest gap between cycles", or_none(self.longest_gap()));
+        report.row(
+            "election timeout",
+            match (args.election_timeout, target) {
+                (Some(e), Some(t)) => format!("{:.0} ms (target: a grant within {:.0} ms)", ms(e), ms(t)),
+                _ => "not given (--election-timeout)".into(),
+            },
+        );
+        let (kept, held) = (after.kept, after.held);
+        report.row(
+            "locks held before the fault",
+            match after.lost.is_empty() {
+                true => format!("{kept} of {held} still held, same fence"),
+                false => format!("{kept} of {held} still held; lost: {}", after.lost.join(", ")),
+            },
+        );
+        report.row(
+            "a session's lock",
+            match (after.session_seen_lost, &after.session_lost) {
+                (false, None) => format!("kept through the fault ({:?} lease), same fence", args.session_lease),
+                (seen, cluster) => format!(
+                    "LOST: {}{}",
+                    if seen { "its client saw it lost; " } else { "" },
+                    cluster.as_deref().map_or("the cluster still shows it".to_owned(), |c| format!("the cluster: {c}"))
+                ),
+            },
+        );
+        report.row(
+            "cycles",
+            format!(
+                "{} ok ({} of them released with the answer NotHolder: the hold had ended either way), {} errors, {} acquires granted without an answer (a retry found its own hold)",
+                self.counters.done(),
+                probe.release_not_holder,
+                self.counters.errors(),
+                probe.own_hold
+            ),
+        );
+        report.row("cycle latency", probe.latency.describe());
+        for (at, e) in &probe.errors {
+            report.row("prober error", format!("{:+.0} ms from the kill: {e}", self.ms_from_kill(*at)));
+        }
+        if let Some((ok, t)) = self.restart {
+            report.row("restart", format!("{} in {:.1} s", if ok { "ok" } else { "FAILED" }, t.as_secs_f64()));
+        }
+    }
 }
 
 /// When the kill happened, as precisely as this process can tell.
@@ -424,7 +530,7 @@ async fn kill_and_watch(client: &Client, watcher: &Client, args: &FailoverArgs) 
     Ok(Kill { leader, command_start, command_end, dead_at, new_leader })
 }
 
-async fn release_all(client: &Client, held: &[holdfast_client::Hold]) {
+async fn release_all(client: &Client, held: &[Hold]) {
     for hold in held {
         let _ = client.release(&hold.name, &hold.token).await;
     }

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use holdfast_client::{Client, ClientBuilder, HeldLock, Session};
 use serde_json::json;
 
-use super::{bucket_quantile, histogram_everywhere, metric_everywhere, note, progress, CpuWindow, Report, Samples};
+use super::{
+    bucket_quantile, histogram_everywhere, metric_everywhere, note, progress, CpuUse, CpuWindow, Report, Samples,
+};
 
 /// The histogram of heartbeat acknowledgement times in `/metrics` (from a heartbeat reaching a node to its
 /// acknowledgement being sent).
@@ -77,7 +79,7 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Se
         "opening {} sessions (lease {:?}) over {} connections, {} at a time",
         args.sessions, args.lease, groups, args.open_concurrency
     ));
-    let opened = open_all(&clients, run_id, &args, started).await;
+    let mut opened = open_all(&clients, run_id, &args, started).await;
     let open_seconds = started.elapsed().as_secs_f64();
     note(format!(
         "{} sessions open with their locks in {open_seconds:.1} s ({} failed); keeping them for {:?}",
@@ -86,9 +88,61 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Se
         args.duration
     ));
     let opened_count = opened.sessions.len();
-    let sessions = Arc::new(opened.sessions);
+    let sessions = Arc::new(std::mem::take(&mut opened.sessions));
 
-    // The window: every session open and holding its lock.
+    let window = hold_window(client, &sessions, &args, started).await;
+
+    note(format!("closing {} sessions", sessions.len()));
+    let closing = Instant::now();
+    let close_failures = close_all(&sessions, args.open_concurrency).await;
+    let close_seconds = closing.elapsed().as_secs_f64();
+
+    let expirations = expirations_before
+        .iter()
+        .zip(&window.expirations_after)
+        .map(|(b, a)| Some(a.as_ref()? - b.as_ref()?))
+        .collect();
+    let outcome = Outcome {
+        args: &args,
+        connections: groups,
+        opened,
+        opened_count,
+        open_seconds,
+        window,
+        close_seconds,
+        close_failures,
+        expirations,
+    };
+    Ok(outcome.report())
+}
+
+/// What the window (every session open and holding its lock) saw.
+struct Window {
+    /// Sessions whose lock was seen lost.
+    lost: usize,
+    /// The window's length in seconds.
+    wall: f64,
+    /// CPU use over the window: the nodes', then this process's.
+    cpu: Vec<CpuUse>,
+    /// Heartbeats acknowledged in the window, and the most their median took to be acknowledged at the
+    /// nodes, in seconds (a bucket bound: see [`bucket_quantile`]).
+    heartbeat_p50: Option<(f64, f64)>,
+    /// The same, for the 99th percentile.
+    heartbeat_p99: Option<(f64, f64)>,
+    /// The leader-confirmed reads timed during the window, and those that failed.
+    reads: Samples,
+    read_errors: u64,
+    /// Session expirations each node counted by the end of the window.
+    expirations_after: Vec<Option<f64>>,
+}
+
+/// Keeps the sessions for `args.duration`, timing a leader-confirmed read every `args.probe_interval`.
+async fn hold_window(
+    client: &Client,
+    sessions: &Arc<Vec<(Session, HeldLock)>>,
+    args: &SessionsArgs,
+    started: Instant,
+) -> Window {
     let heartbeats_before = histogram_everywhere(client, HEARTBEATS).await;
     let cpu = CpuWindow::start(&args.pids);
     let window_end = Instant::now() + args.duration;
@@ -129,96 +183,154 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Se
     let (heartbeat_p50, heartbeat_p99) = (heartbeat(0.5), heartbeat(0.99));
     let expirations_after = metric_everywhere(client, EXPIRATIONS).await;
     drop(progress_guard);
+    let reads = probe_samples.lock().unwrap().clone();
+    Window {
+        lost,
+        wall,
+        cpu: cpu_used,
+        heartbeat_p50,
+        heartbeat_p99,
+        reads,
+        read_errors: probe_errors,
+        expirations_after,
+    }
+}
 
-    note(format!("closing {} sessions", sessions.len()));
-    let closing = Instant::now();
-    let close_failures = close_all(&sessions, args.open_concurrency).await;
-    let close_seconds = closing.elapsed().as_secs_f64();
+/// Everything the run saw, for its report.
+struct Outcome<'a> {
+    args: &'a SessionsArgs,
+    /// Client connections the sessions were spread over.
+    connections: usize,
+    /// The opening's samples and failures (its sessions taken out).
+    opened: Opened,
+    opened_count: usize,
+    open_seconds: f64,
+    window: Window,
+    close_seconds: f64,
+    close_failures: usize,
+    /// Session expirations each node counted during the run.
+    expirations: Vec<Option<f64>>,
+}
 
-    let expirations: Vec<Option<f64>> =
-        expirations_before.iter().zip(&expirations_after).map(|(b, a)| Some(a.as_ref()? - b.as_ref()?)).collect();
-    // Every node applies the same expirations; the cluster's count is the most any node saw.
-    let cluster_expirations = expirations.iter().flatten().copied().reduce(f64::max);
-    let (node_cpu, own_cpu) = cpu_used.split_at(cpu_used.len() - 1);
-    let total_cores: Option<f64> = node_cpu.iter().map(|c| c.cores).sum();
-    let probe_samples = probe_samples.lock().unwrap().clone();
-    let heartbeats_per_s = opened_count as f64 * 4.0 / args.lease.as_secs_f64();
+impl Outcome<'_> {
+    fn report(&self) -> Report {
+        let (args, wall) = (self.args, self.window.wall);
+        let mut report = Report::new(
+            "sessions",
+            format!("sessions: {} × lease {:?}, {wall:.1} s window", args.sessions, args.lease),
+        );
+        self.fields(&mut report);
+        self.rows(&mut report);
+        report
+    }
 
-    let mut report =
-        Report::new("sessions", format!("sessions: {} × lease {:?}, {wall:.1} s window", args.sessions, args.lease));
-    report.field("kind", "sessions");
-    report.field("sessions", args.sessions);
-    report.field("opened", opened_count);
-    report.field("open_failures", opened.failures);
-    report.field("lease_ms", args.lease.as_millis() as u64);
-    report.field("connections", groups);
-    report.field("open_seconds", open_seconds);
-    report.field("window_seconds", wall);
-    report.field("close_seconds", close_seconds);
-    report.field("close_failures", close_failures);
-    report.field("heartbeats_per_s", heartbeats_per_s);
-    report.field("spurious_lost", lost);
-    report.field("expirations_per_node", json!(expirations));
-    report.field("expirations", cluster_expirations);
-    report.field("heartbeats_acknowledged", heartbeat_p50.map(|(count, _)| count));
-    report.field("heartbeat_p50_ms_at_most", heartbeat_p50.map(|(_, bound)| bound * 1000.0));
-    report.field("heartbeat_p99_ms_at_most", heartbeat_p99.map(|(_, bound)| bound * 1000.0));
-    report.field("probe_errors", probe_errors);
-    opened.open.fields(&mut report, "open_");
-    opened.lock.fields(&mut report, "lock_");
-    probe_samples.fields(&mut report, "read_");
-    report.field(
-        "cpu",
-        json!(node_cpu
-            .iter()
-            .map(|c| json!({"pid": c.pid, "cpu_seconds": c.seconds, "cores": c.cores}))
-            .collect::<Vec<_>>()),
-    );
-    report.field("cpu_cores_total", total_cores);
-    report.field("bench_cpu_cores", own_cpu[0].cores);
+    /// The cluster's session expirations.
+    fn cluster_expirations(&self) -> Option<f64> {
+        // Every node applies the same expirations; the cluster's count is the most any node saw.
+        self.expirations.iter().flatten().copied().reduce(f64::max)
+    }
 
-    report.row(
-        "sessions open",
-        format!("{opened_count} of {} ({} failed) in {open_seconds:.1} s", args.sessions, opened.failures),
-    );
-    report.row("open a session", opened.open.describe());
-    report.row("take its lock", opened.lock.describe());
-    report.row(
-        "heartbeats",
-        match (heartbeat_p50, heartbeat_p99) {
-            (Some((count, p50)), Some((_, p99))) => format!(
-                "{:.0}/s acknowledged ({heartbeats_per_s:.0}/s expected); p50 ≤ {:.1} ms, p99 ≤ {:.1} ms at the nodes",
-                count / wall,
-                p50 * 1000.0,
-                p99 * 1000.0
-            ),
-            _ => format!("{heartbeats_per_s:.0}/s expected (every lease/4); latency unknown (no /metrics answered)"),
-        },
-    );
-    report.row("leader-confirmed read", format!("{} (every {:?})", probe_samples.describe(), args.probe_interval));
-    report.row("locks lost (spurious)", format!("{lost}"));
-    report.row(
-        "session expirations",
-        match cluster_expirations {
-            Some(n) => format!("{n:.0} (per node: {})", list(&expirations, |v| format!("{v:.0}"))),
-            None => "unknown (no /metrics answered)".into(),
-        },
-    );
-    for c in node_cpu {
+    /// The nodes' CPU use, and this process's.
+    fn cpu(&self) -> (&[CpuUse], &CpuUse) {
+        let (node_cpu, own_cpu) = self.window.cpu.split_at(self.window.cpu.len() - 1);
+        (node_cpu, &own_cpu[0])
+    }
+
+    /// The nodes' CPU use in all, in cores.
+    fn total_cores(&self) -> Option<f64> {
+        self.cpu().0.iter().map(|c| c.cores).sum()
+    }
+
+    /// Heartbeats a second the open sessions send (every lease/4).
+    fn heartbeats_per_s(&self) -> f64 {
+        self.opened_count as f64 * 4.0 / self.args.lease.as_secs_f64()
+    }
+
+    /// The JSON object's fields.
+    fn fields(&self, report: &mut Report) {
+        let (args, window, opened) = (self.args, &self.window, &self.opened);
+        let (node_cpu, own_cpu) = self.cpu();
+        report.field("kind", "sessions");
+        report.field("sessions", args.sessions);
+        report.field("opened", self.opened_count);
+        report.field("open_failures", opened.failures);
+        report.field("lease_ms", args.lease.as_millis() as u64);
+        report.field("connections", self.connections);
+        report.field("open_seconds", self.open_seconds);
+        report.field("window_seconds", window.wall);
+        report.field("close_seconds", self.close_seconds);
+        report.field("close_failures", self.close_failures);
+        report.field("heartbeats_per_s", self.heartbeats_per_s());
+        report.field("spurious_lost", window.lost);
+        report.field("expirations_per_node", json!(self.expirations));
+        report.field("expirations", self.cluster_expirations());
+        report.field("heartbeats_acknowledged", window.heartbeat_p50.map(|(count, _)| count));
+        report.field("heartbeat_p50_ms_at_most", window.heartbeat_p50.map(|(_, bound)| bound * 1000.0));
+        report.field("heartbeat_p99_ms_at_most", window.heartbeat_p99.map(|(_, bound)| bound * 1000.0));
+        report.field("probe_errors", window.read_errors);
+        opened.open.fields(report, "open_");
+        opened.lock.fields(report, "lock_");
+        window.reads.fields(report, "read_");
+        report.field(
+            "cpu",
+            json!(node_cpu
+                .iter()
+                .map(|c| json!({"pid": c.pid, "cpu_seconds": c.seconds, "cores": c.cores}))
+                .collect::<Vec<_>>()),
+        );
+        report.field("cpu_cores_total", self.total_cores());
+        report.field("bench_cpu_cores", own_cpu.cores);
+    }
+
+    /// The table's rows.
+    fn rows(&self, report: &mut Report) {
+        let (args, window, opened) = (self.args, &self.window, &self.opened);
+        let (wall, heartbeats_per_s, (node_cpu, own_cpu)) = (window.wall, self.heartbeats_per_s(), self.cpu());
         report.row(
-            format!("cpu pid {}", c.pid),
-            match (c.seconds, c.cores) {
-                (Some(s), Some(cores)) => format!("{cores:.2} cores ({s:.1} s in {wall:.1} s)"),
-                _ => "unknown".into(),
+            "sessions open",
+            format!(
+                "{} of {} ({} failed) in {:.1} s",
+                self.opened_count, args.sessions, opened.failures, self.open_seconds
+            ),
+        );
+        report.row("open a session", opened.open.describe());
+        report.row("take its lock", opened.lock.describe());
+        report.row(
+            "heartbeats",
+            match (window.heartbeat_p50, window.heartbeat_p99) {
+                (Some((count, p50)), Some((_, p99))) => format!(
+                    "{:.0}/s acknowledged ({heartbeats_per_s:.0}/s expected); p50 ≤ {:.1} ms, p99 ≤ {:.1} ms at the nodes",
+                    count / wall,
+                    p50 * 1000.0,
+                    p99 * 1000.0
+                ),
+                _ => format!("{heartbeats_per_s:.0}/s expected (every lease/4); latency unknown (no /metrics answered)"),
             },
         );
+        report.row("leader-confirmed read", format!("{} (every {:?})", window.reads.describe(), args.probe_interval));
+        report.row("locks lost (spurious)", format!("{}", window.lost));
+        report.row(
+            "session expirations",
+            match self.cluster_expirations() {
+                Some(n) => format!("{n:.0} (per node: {})", list(&self.expirations, |v| format!("{v:.0}"))),
+                None => "unknown (no /metrics answered)".into(),
+            },
+        );
+        for c in node_cpu {
+            report.row(
+                format!("cpu pid {}", c.pid),
+                match (c.seconds, c.cores) {
+                    (Some(s), Some(cores)) => format!("{cores:.2} cores ({s:.1} s in {wall:.1} s)"),
+                    _ => "unknown".into(),
+                },
+            );
+        }
+        if let Some(total) = self.total_cores() {
+            report.row("cpu, nodes in total", format!("{total:.2} cores"));
+        }
+        report.row("cpu, this load generator", own_cpu.cores.map_or("unknown".into(), |c| format!("{c:.2} cores")));
+        report.row("closed", format!("in {:.1} s ({} failed)", self.close_seconds, self.close_failures));
     }
-    if let Some(total) = total_cores {
-        report.row("cpu, nodes in total", format!("{total:.2} cores"));
-    }
-    report.row("cpu, this load generator", own_cpu[0].cores.map_or("unknown".into(), |c| format!("{c:.2} cores")));
-    report.row("closed", format!("in {close_seconds:.1} s ({close_failures} failed)"));
-    Ok(report)
 }
 
 fn list(values: &[Option<f64>], show: impl Fn(f64) -> String) -> String {
