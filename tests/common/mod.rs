@@ -3,9 +3,6 @@
 //! Each [`Cluster`] owns its processes, ports and data directories (in a [`TempDir`]). Nodes are numbered
 //! from 1, like their Raft ids. Every wait is bounded and polls a condition ([`wait_for`]); none sleeps and
 //! hopes. When a test panics, dropping the cluster prints the tail of every node's log before killing it.
-//!
-//! Not every test binary uses every helper, hence `allow(dead_code)`.
-#![allow(dead_code)]
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -286,11 +283,6 @@ impl Cluster {
         node.child = Some(child);
     }
 
-    /// Number of nodes (running or not).
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Starts a new node, with the next id and new ports, that joins the running cluster (`--join`): it
     /// waits until a member adds it. Answers its id.
     pub fn spawn_joining(&mut self) -> usize {
@@ -358,11 +350,6 @@ impl Cluster {
     /// `127.0.0.1:PORT` of node `id`'s peer port.
     pub fn peer_addr(&self, id: usize) -> SocketAddr {
         self.node(id).peer_addr
-    }
-
-    /// Where node `id` writes its stdout and stderr.
-    pub fn log_path(&self, id: usize) -> &Path {
-        &self.node(id).log_path
     }
 
     /// The harness's HTTP client (no proxy, [`REQUEST_TIMEOUT`] per request).
