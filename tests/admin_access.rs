@@ -7,8 +7,6 @@
 //! arrive from the veth's address. Making a namespace needs root, so the test is ignored by default and
 //! `tests/run` runs it when it is root and has `ip` (it installs iproute2 when missing).
 
-mod common;
-
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -18,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use holdfast_proto::v1::{self, LocksClient};
 use tokio_stream::StreamExt;
+
+use crate::common;
 
 const ADMIN_KEY: &str = "admin-access-test-key-0123";
 const CLIENT_PORT: u16 = 7070;

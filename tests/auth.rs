@@ -2,12 +2,11 @@
 //! own namespace (another tenant's lock by name does not exist), per-key limits and rate, revocation on
 //! every node, and the same over gRPC with the Rust client.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{wait_for, Cluster, Grant, Reply, READY_BOUND};
 use serde_json::Value;
+
+use crate::common::{wait_for, Cluster, Grant, Reply, READY_BOUND};
 
 const ADMIN_KEY: &str = "auth-test-admin-key-0123";
 

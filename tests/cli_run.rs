@@ -5,13 +5,11 @@
 //! that signals reach the command, and that a command whose lock is lost is stopped. Each test starts its
 //! own cluster (see `common`); every wait is bounded.
 
-mod common;
-
 use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{sh_wait_for_file, sh_write_file, wait_for, wait_for_file, ClientProc, Cluster, Reply};
+use crate::common::{sh_wait_for_file, sh_write_file, wait_for, wait_for_file, ClientProc, Cluster, Reply};
 
 /// Three nodes, as in the smallest production deployment.
 const NODES: usize = 3;

@@ -16,8 +16,6 @@
 //! the test fails; on failure the containers' logs are printed first. With `HOLDFAST_TEST_KEEP` set, it is
 //! left running instead, for a look at it (the test prints the command that takes it down).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -26,8 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::wait_for;
 use serde_json::Value;
+
+use crate::common::wait_for;
 
 /// The nodes of cluster/docker-compose.yml: services `holdfast-1` to `holdfast-3`, Raft ids 1 to 3.
 const NODES: usize = 3;

@@ -1,12 +1,11 @@
 //! The HTTP API against real 3-process clusters: mutual exclusion, fences, leases, long polls, bad input,
 //! leader failure and whole-cluster restarts. Each test starts its own cluster (see `common`).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{sample, wait_for, Cluster, Grant, Reply, ELECTION_BOUND};
 use serde_json::Value;
+
+use crate::common::{sample, wait_for, Cluster, Grant, Reply, ELECTION_BOUND};
 
 /// Three nodes, as in the smallest production deployment.
 const NODES: usize = 3;

@@ -1,16 +1,15 @@
 //! Membership changes on real clusters: growing 3 → 5 → 3 while a lock is held and a client keeps
 //! acquiring, replacing a node whose disk was lost under a new id, and the admin key that guards both.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{wait_for, Cluster, Grant, Reply, READY_BOUND};
 use serde_json::Value;
+
+use crate::common::{wait_for, Cluster, Grant, Reply, READY_BOUND};
 
 const ADMIN_KEY: &str = "test-admin-key-0123456789";
 

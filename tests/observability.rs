@@ -2,18 +2,17 @@
 //! "alive" from "ready" (HTTP and `grpc.health.v1`), the separate health port, systemd's readiness
 //! notification, `holdfast healthcheck`, and JSON logs that trace Raft role changes.
 
-mod common;
-
 use std::io::BufRead;
 use std::net::TcpListener;
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{sample, wait_for, Cluster, ELECTION_BOUND, EXIT_BOUND, READY_BOUND};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+
+use crate::common::{sample, wait_for, Cluster, ELECTION_BOUND, EXIT_BOUND, READY_BOUND};
 
 async fn metrics(cluster: &Cluster, id: usize) -> Result<String, String> {
     let reply = cluster.try_get(id, "/metrics").await.map_err(|e| format!("node {id}: {e}"))?;

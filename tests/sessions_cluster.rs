@@ -8,17 +8,16 @@
 //! that they can watch a held lock across the node's death. Each test starts its own cluster (see
 //! `common`); every wait is bounded.
 
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{
+use holdfast_client::{Client, HeldLock, Session};
+use serde_json::Value;
+
+use crate::common::{
     modified, sample, sh_wait_for_file, sh_write_file, wait_for, wait_for_file, ClientProc, Cluster, Reply,
     ELECTION_BOUND,
 };
-use holdfast_client::{Client, HeldLock, Session};
-use serde_json::Value;
 
 /// Three nodes, as in the smallest production deployment.
 const NODES: usize = 3;

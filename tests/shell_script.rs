@@ -4,13 +4,11 @@
 //! records that it ran and then stays inside the lock until the test has seen the two other copies give
 //! up, so the runs are known to overlap rather than hoped to.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{wait_for, Cluster};
+use crate::common::{wait_for, Cluster};
 
 /// The script exactly as documented; only `HOST:7070` is replaced by a node's client address.
 const SCRIPT: &str = r#"RESPONSE=$(curl -sf -X POST "http://HOST:7070/v1/locks/nightly-import?ttl=60&owner=$HOSTNAME") || { echo "someone else has it"; exit 0; }

@@ -3,18 +3,17 @@
 //! refuses what it must: plain HTTP, a client without a certificate, a client or a peer whose certificate
 //! another CA signed. Certificates are reloaded on SIGHUP.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{wait_for, Cluster, Grant, READY_BOUND};
 use holdfast_server::peer::codec::Call;
 use holdfast_server::tls::Tls;
 use openraft::error::RaftError;
 use openraft::raft::{VoteRequest, VoteResponse};
 use openraft::Vote;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+
+use crate::common::{wait_for, Cluster, Grant, READY_BOUND};
 
 /// A CA that signs certificates.
 struct Ca {

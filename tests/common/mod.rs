@@ -3,9 +3,6 @@
 //! Each [`Cluster`] owns its processes, ports and data directories (in a [`TempDir`]). Nodes are numbered
 //! from 1, like their Raft ids. Every wait is bounded and polls a condition ([`wait_for`]); none sleeps and
 //! hopes. When a test panics, dropping the cluster prints the tail of every node's log before killing it.
-//!
-//! Not every test binary uses every helper, hence `allow(dead_code)`.
-#![allow(dead_code)]
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -286,11 +283,6 @@ impl Cluster {
         node.child = Some(child);
     }
 
-    /// Number of nodes (running or not).
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Starts a new node, with the next id and new ports, that joins the running cluster (`--join`): it
     /// waits until a member adds it. Answers its id.
     pub fn spawn_joining(&mut self) -> usize {
@@ -358,11 +350,6 @@ impl Cluster {
     /// `127.0.0.1:PORT` of node `id`'s peer port.
     pub fn peer_addr(&self, id: usize) -> SocketAddr {
         self.node(id).peer_addr
-    }
-
-    /// Where node `id` writes its stdout and stderr.
-    pub fn log_path(&self, id: usize) -> &Path {
-        &self.node(id).log_path
     }
 
     /// The harness's HTTP client (no proxy, [`REQUEST_TIMEOUT`] per request).
@@ -448,7 +435,7 @@ impl Cluster {
                 let child = node.child.as_mut().unwrap_or_else(|| panic!("node {id} is not running"));
                 if let Some(status) = child.try_wait().expect("poll the node's process") {
                     node.child = None;
-                    let tail = log_tail(&node.log_path, 20);
+                    let tail = exit_tail(&node.log_path, 20);
                     return Err(format!("node {id} exited with {status} while starting:\n{tail}"));
                 }
             }
@@ -687,13 +674,28 @@ fn wait_exit(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
 /// The last `lines` lines of the file at `path` (or why it could not be read).
 pub fn log_tail(path: &Path, lines: usize) -> String {
     match std::fs::read(path) {
+        Ok(bytes) => last_lines(&String::from_utf8_lossy(&bytes), lines),
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+/// The last `lines` lines of the log at `path` of a node that exited, up to the backtrace of its error.
+/// With `RUST_BACKTRACE` set (`.ci/run` sets it) the error (e.g. "Address already in use", which
+/// [`Cluster::start_tls`] retries on) is followed by dozens of lines of backtrace that would push it out.
+fn exit_tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
+            let error = text.rsplit_once("\nStack backtrace:").map_or(&*text, |(before, _)| before);
+            last_lines(error, lines)
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
+}
+
+fn last_lines(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 // ----- client processes -----

@@ -1,0 +1,22 @@
+//! The integration tests: real `holdfast` processes (3-node clusters on 127.0.0.1, `holdfast run`, the
+//! shell recipe, a node in a network namespace, a Compose cluster), built as one test binary that links
+//! the harness in `common` once. Each module is one of the files beside this one; a test's name starts
+//! with its module (`http_cluster::…`), so `cargo test -p holdfast --test cluster http_cluster::` runs one
+//! file's tests.
+//!
+//! Two modules are ignored by default and run by `tests/run` when the machine allows:
+//! `admin_access::` (root, for a network namespace) and `containers::` (a Docker engine), with
+//! `cargo test -p holdfast --test cluster -- --ignored admin_access::` and the same with `containers::`.
+
+mod common;
+
+mod admin_access;
+mod auth;
+mod cli_run;
+mod containers;
+mod http_cluster;
+mod membership;
+mod observability;
+mod sessions_cluster;
+mod shell_script;
+mod tls;
