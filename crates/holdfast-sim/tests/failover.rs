@@ -88,7 +88,7 @@ struct Seen {
 /// follower, and then crashes. The cut-off follower, which heard the leader last, tries first: its pre-vote
 /// reaches the other follower after the old leader's lease has run out there, and its log is behind, so
 /// it is refused, and the follower that refused it, which has to lead (it alone holds the last entries),
-/// campaigns at once rather than on its own election watch (`Node::answer_pre_vote`; ARCHITECTURE.md,
+/// campaigns at once rather than on its own election watch (`Elections::answer_pre_vote`; ARCHITECTURE.md,
 /// "Election timing").
 #[test]
 fn a_follower_that_refuses_a_shorter_log_campaigns_at_once() {

@@ -274,8 +274,8 @@ struct ServerArgs {
     /// was lost, under a new id. --members is then not needed.
     #[arg(long, env = "HOLDFAST_JOIN")]
     join: bool,
-    /// The key admin calls (adding and removing members) must present as `Authorization: Bearer KEY`.
-    /// Without one, admin calls are open to anyone who reaches the client port.
+    /// The key admin calls (membership, snapshots, API keys) must present as `Authorization: Bearer KEY`.
+    /// Without one, admin calls are accepted from loopback only (docs/security.md).
     #[arg(long, env = "HOLDFAST_ADMIN_KEY", hide_env_values = true, conflicts_with = "admin_key_file")]
     admin_key: Option<String>,
     /// Read the admin key from this file (its first line).
