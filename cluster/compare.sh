@@ -11,9 +11,11 @@
 # Settings (environment):
 #   ROUNDS=2                how many times every build runs, alternating
 #   DURATION=6s             each workload's duration
-#   WORKLOADS="uncontended-1 uncontended-64 contended-8"   uncontended-N, contended-N, reads-N or busy-N
-#                           (N clients; reads: `get`s of a held lock, busy: one-shot acquires of it); with
-#                           `@follower` (reads-64@follower) the load goes to a follower alone
+#   WORKLOADS="uncontended-1 uncontended-64 contended-8"   uncontended-N, contended-N, reads-N, busy-N or
+#                           sessions-N (N clients; reads: `get`s of a held lock, busy: one-shot acquires of
+#                           it; sessions: N sessions with 2 s leases, each holding a lock, its rate the
+#                           heartbeats acknowledged a second, its errors the locks lost and sessions
+#                           expired); with `@follower` (reads-64@follower) the load goes to a follower alone
 #   GENERATOR=              the binary that runs `holdfast bench` (default: the first build), the same
 #                           for every build so that only the nodes differ; `each`: every build runs its
 #                           own load (for a change to the client as well as the nodes)
@@ -62,7 +64,8 @@ for tool in curl jq; do
     command -v "$tool" >/dev/null || die "$tool is needed"
 done
 for workload in $WORKLOADS; do
-    [[ $workload =~ ^(uncontended|contended|reads|busy)-[0-9]+(@follower)?$ ]] || die "unknown workload '$workload'"
+    [[ $workload =~ ^(uncontended|contended|reads|busy|sessions)-[0-9]+(@follower)?$ ]] ||
+        die "unknown workload '$workload'"
 done
 
 export HOLDFAST_RUN_DIR=$RUN_DIR HOLDFAST_BASE_PORT=$BASE_PORT HOLDFAST_SERVER_ARGS=${SERVER_ARGS:-}
@@ -121,16 +124,21 @@ for round in $(seq 1 "$ROUNDS"); do
             endpoints=$ENDPOINTS
             [[ $workload != *@follower ]] || endpoints=$(follower_endpoint)
             kind=${workload%-*} clients=${workload##*-} clients=${clients%@follower}
-            args=("$kind")
+            args=("$kind" --clients "$clients")
             case $kind in
-            reads) ;;
-            busy) args=(reads --busy) ;;
+            busy) args=(reads --busy --clients "$clients") ;;
+            sessions) args=(sessions --sessions "$clients" --lease 2s --pids "$(node_pids | paste -sd,)") ;;
             esac
             ticks_before=$(cpu_ticks) switches_before=$(switches)
             generator=$GENERATOR
             [[ $generator != each ]] || generator=${binaries[$label]}
-            out=$("$generator" bench --endpoints "$endpoints" --json "${args[@]}" --clients "$clients" \
+            out=$("$generator" bench --endpoints "$endpoints" --json "${args[@]}" \
                 --duration "$DURATION" 2>>"$RESULTS/bench.log") || out='{"ops": 0, "failed": true}'
+            # A sessions run's operations are the heartbeats its sessions had acknowledged.
+            out=$(echo "$out" | jq -c 'if .kind == "sessions" then . + {ops: (.heartbeats_acknowledged // 0),
+                rate_per_s: ((.heartbeats_acknowledged // 0) / (.window_seconds // 1)),
+                p50_ms: .heartbeat_p50_ms_at_most, p99_ms: .heartbeat_p99_ms_at_most,
+                errors: ((.spurious_lost // 0) + (.expirations // 0))} else . end')
             ticks=$(($(cpu_ticks) - ticks_before)) switches=$(($(switches) - switches_before))
             echo "$out" | jq -c --arg build "$label" --arg workload "$workload" --argjson round "$round" \
                 --argjson ticks "$ticks" --argjson hz "$ticks_per_s" --argjson switches "$switches" \
