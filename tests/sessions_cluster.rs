@@ -399,12 +399,12 @@ async fn a_session_keeps_its_lock_through_a_failover_in_a_cluster_nobody_writes_
     session.close().await.expect("close the session");
 }
 
-/// A follower forwards its sessions' heartbeats to the leader in batches (`Node::heartbeat`). One by one,
+/// A follower forwards its sessions' heartbeats to the leader in batches (`Router::heartbeat`). One by one,
 /// each held one of the follower's forwarding slots for a quorum round, and a follower with 10,000
 /// sessions (2 s leases) passed on only about 8,000 heartbeats a second: most of them expired
-/// (docs/benchmarks.md). Here 150 sessions opened together through a follower, their heartbeats bunched,
-/// keep their locks for three leases, and the follower's metrics show the heartbeats went to the leader in
-/// fewer requests than there were heartbeats, none alone.
+/// (docs/perf-notes/2026-12-03-sessions-through-a-follower.md). Here 150 sessions opened together through a follower,
+/// their heartbeats bunched, keep their locks for three leases, and the follower's metrics show the heartbeats went to
+/// the leader in fewer requests than there were heartbeats, none alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followers_sessions_are_kept_alive_by_heartbeats_forwarded_in_batches() {
     const LEASE: Duration = Duration::from_secs(1);

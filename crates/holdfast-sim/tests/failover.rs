@@ -519,8 +519,8 @@ async fn status(node: u64) -> Option<serde_json::Value> {
 /// last chunk only once it is installed, seconds later at a million locks, and the leader sends it nothing
 /// else meanwhile. Its election watch took that silence for a leader gone and campaigned, and the
 /// campaign's higher term, in the answer to the last chunk, made the healthy leader step down (a real
-/// cluster's failover benchmark at a million locks, docs/benchmarks.md). A leader's call being answered now
-/// counts as word from it (`LeaderContact` in the server's node module).
+/// cluster's failover benchmark at a million locks, docs/perf-notes/2026-12-03-snapshot-install-and-leader.md).
+/// A leader's call being answered counts as word from it (`LeaderContact` in the server's election core).
 #[test]
 fn a_follower_installing_a_slow_snapshot_leaves_its_leader_alone() {
     test_in_own_process("a_follower_installing_a_slow_snapshot_leaves_its_leader_alone", || {

@@ -127,11 +127,11 @@ impl LogStore {
         }
         let started = std::time::Instant::now();
         // A follower's: in place, blocking this worker thread for one write and one fdatasync. openraft's
-        // core, the only caller, waits for the sync in any case; handing the sync to another thread (tokio's blocking pool,
-        // or `block_in_place`, which moves the worker's other tasks to another thread) costs a thread
-        // wake-up per append on every node, and measured 7-10 % fewer cycles/s at 64 clients and 0.3 ms
-        // more per 1-client cycle (docs/benchmarks.md). Tasks queued on this worker meanwhile are
-        // stolen by the others.
+        // core, the only caller, waits for the sync in any case; handing the sync to another thread (tokio's blocking
+        // pool, or `block_in_place`, which moves the worker's other tasks to another thread) costs a thread wake-up per
+        // append on every node, and measured 7-10 % fewer cycles/s at 64 clients and 0.3 ms more per 1-client cycle
+        // (docs/perf-notes/2026-12-01-log-files-and-mimalloc.md). Tasks queued on this worker meanwhile are stolen by
+        // the others.
         self.wal.append(entries)?;
         self.observer.flushed(started.elapsed());
         Ok(())
@@ -189,7 +189,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // On a follower the commit index comes with the next entries, and openraft 0.9 saves it, reads
         // the newly committed entries back and hands them to the state machine right after it queued the
         // answer to those entries, in the same turn of its core, so the answer (which the leader waits
-        // for) went out only after all of that, and after the apply (docs/benchmarks.md). Yielding here
+        // for) went out only after all of that, and after the apply
+        // (docs/perf-notes/2026-12-03-fewer-syscalls-and-follower-answer.md). Yielding here
         // lets the connection's task send the answer first. A leader's commit is what its clients wait for.
         if !self.leads() {
             tokio::task::yield_now().await;
