@@ -15,7 +15,10 @@
 #                           sessions-N (N clients; reads: `get`s of a held lock, busy: one-shot acquires of
 #                           it; sessions: N sessions with 2 s leases, each holding a lock, its rate the
 #                           heartbeats acknowledged a second, its errors the locks lost and sessions
-#                           expired); with `@follower` (reads-64@follower) the load goes to a follower alone
+#                           expired); with `@follower` (reads-64@follower) the load goes to a follower
+#                           alone, with `@leader` to the leader alone (else it is spread over the three
+#                           nodes); with `@http` (uncontended-64@http, contended-8@follower@http) through
+#                           the HTTP API, keep-alive HTTP/1.1, instead of gRPC
 #   GENERATOR=              the binary that runs `holdfast bench` (default: the first build), the same
 #                           for every build so that only the nodes differ; `each`: every build runs its
 #                           own load (for a change to the client as well as the nodes)
@@ -64,8 +67,10 @@ for tool in curl jq; do
     command -v "$tool" >/dev/null || die "$tool is needed"
 done
 for workload in $WORKLOADS; do
-    [[ $workload =~ ^(uncontended|contended|reads|busy|sessions)-[0-9]+(@follower)?$ ]] ||
+    [[ $workload =~ ^(uncontended|contended|reads|busy|sessions)-[0-9]+(@follower|@leader|@http)*$ ]] ||
         die "unknown workload '$workload'"
+    [[ $workload != *@http* || $workload =~ ^(uncontended|contended)- ]] ||
+        die "'$workload': only uncontended and contended run over HTTP"
 done
 
 export HOLDFAST_RUN_DIR=$RUN_DIR HOLDFAST_BASE_PORT=$BASE_PORT HOLDFAST_SERVER_ARGS=${SERVER_ARGS:-}
@@ -76,6 +81,14 @@ if [[ $WORKER_THREADS != default ]]; then
 fi
 ENDPOINTS=$(for i in 1 2 3; do printf '127.0.0.1:%s,' $((BASE_PORT + 100 * (i - 1))); done)
 ENDPOINTS=${ENDPOINTS%,}
+
+# The client address of the leader.
+leader_endpoint() {
+    local leader
+    leader=$(curl -sf "127.0.0.1:$BASE_PORT/v1/cluster" | jq -r '.leader // empty')
+    [[ -n $leader ]] || die "no leader"
+    echo "127.0.0.1:$((BASE_PORT + 100 * (leader - 1)))"
+}
 
 # The client address of a node that does not lead (the cluster has just elected its leader).
 follower_endpoint() {
@@ -122,9 +135,12 @@ for round in $(seq 1 "$ROUNDS"); do
             die "the cluster of '$label' did not start: $(tail -3 "$RESULTS/cluster.log")"
         for workload in $WORKLOADS; do
             endpoints=$ENDPOINTS
-            [[ $workload != *@follower ]] || endpoints=$(follower_endpoint)
-            kind=${workload%-*} clients=${workload##*-} clients=${clients%@follower}
+            [[ $workload != *@follower* ]] || endpoints=$(follower_endpoint)
+            [[ $workload != *@leader* ]] || endpoints=$(leader_endpoint)
+            base=${workload%%@*}
+            kind=${base%-*} clients=${base##*-}
             args=("$kind" --clients "$clients")
+            [[ $workload != *@http* ]] || args+=(--http)
             case $kind in
             busy) args=(reads --busy --clients "$clients") ;;
             sessions) args=(sessions --sessions "$clients" --lease 2s --pids "$(node_pids | paste -sd,)") ;;

@@ -2,6 +2,7 @@
 //! (or one JSON object, `--json`) on stdout at the end. Every run is bounded and stops by itself.
 //!
 //! - `loops.rs`: `uncontended`, `contended` and `reads`, cycles, hand-overs and answers for a duration;
+//! - `http.rs`: `uncontended --http` and `contended --http`, the same through the HTTP API;
 //! - `failover.rs`: a prober while the leader is killed by a command;
 //! - `sessions.rs`: many sessions heartbeating, each holding a lock;
 //! - `scale.rs`: filling the cluster with held locks;
@@ -11,6 +12,7 @@
 
 mod failover;
 mod host;
+mod http;
 mod loops;
 mod scale;
 mod sessions;
@@ -28,11 +30,12 @@ pub use sessions::SessionsArgs;
 
 /// Which workload, with its settings.
 pub enum Workload {
-    /// Each client acquires and releases its own lock (one-shot calls): cycles/s and latency.
-    Uncontended { clients: usize, duration: Duration },
-    /// Every client's session wants the same lock and releases it as soon as it holds it: hand-overs/s and
-    /// the hand-over latency (release sent → next holder told).
-    Contended { clients: usize, duration: Duration },
+    /// Each client acquires and releases its own lock (one-shot calls; with `http`, `POST` and `DELETE`):
+    /// cycles/s and latency.
+    Uncontended { clients: usize, duration: Duration, http: bool },
+    /// Every client's session wants the same lock and releases it as soon as it holds it (with `http`, a
+    /// `POST` with `wait=`): hand-overs/s and the hand-over latency (release sent → next holder told).
+    Contended { clients: usize, duration: Duration, http: bool },
     /// Every client asks about one held lock (`get`, or with `busy` a one-shot acquire that finds it
     /// held): answers/s and latency.
     Reads { clients: usize, duration: Duration, busy: bool },
@@ -72,8 +75,18 @@ pub async fn run(args: BenchArgs) -> u8 {
     };
     let run_id = rand_id();
     let report = match workload {
-        Workload::Uncontended { clients, duration } => Ok(loops::uncontended(&client, run_id, clients, duration).await),
-        Workload::Contended { clients, duration } => Ok(loops::contended(&client, run_id, clients, duration).await),
+        Workload::Uncontended { clients, duration, http: false } => {
+            Ok(loops::uncontended(&client, run_id, clients, duration).await)
+        }
+        Workload::Uncontended { clients, duration, http: true } => {
+            Ok(http::uncontended(client.endpoints(), run_id, clients, duration).await)
+        }
+        Workload::Contended { clients, duration, http: false } => {
+            Ok(loops::contended(&client, run_id, clients, duration).await)
+        }
+        Workload::Contended { clients, duration, http: true } => {
+            Ok(http::contended(client.endpoints(), run_id, clients, duration).await)
+        }
         Workload::Reads { clients, duration, busy } => loops::reads(&client, run_id, clients, duration, busy).await,
         Workload::Failover(a) => failover::run(&client, &args.builder, run_id, a).await,
         Workload::Sessions(a) => sessions::run(&client, &args.builder, run_id, a).await,

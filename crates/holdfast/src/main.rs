@@ -192,6 +192,9 @@ enum BenchCli {
         clients: usize,
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         duration: Duration,
+        /// Through the HTTP API (keep-alive HTTP/1.1, client i on endpoint i mod n) instead of gRPC.
+        #[arg(long)]
+        http: bool,
     },
     /// Every client's session wants one lock and lets go as soon as it holds it: hand-overs/s and latency.
     Contended {
@@ -199,6 +202,10 @@ enum BenchCli {
         clients: usize,
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         duration: Duration,
+        /// Through the HTTP API, each client waiting in the lock's queue with `wait=` (client i on endpoint
+        /// i mod n) instead of gRPC sessions.
+        #[arg(long)]
+        http: bool,
     },
     /// Every client asks about one lock held by another, in a loop: answers/s and latency. Each answer is
     /// confirmed by the leader with a quorum.
@@ -435,9 +442,14 @@ fn lock_command(target: Target, command: LockCli) -> anyhow::Result<()> {
 
 /// `holdfast bench …`: a workload against the cluster.
 fn bench_command(target: Target, workload: BenchCli) -> anyhow::Result<()> {
+    let http = matches!(workload, BenchCli::Uncontended { http: true, .. } | BenchCli::Contended { http: true, .. });
+    if http && (target.tls.ca.is_some() || target.tls.api_key.is_some()) {
+        eprintln!("holdfast: bench --http speaks plain HTTP with no API key: it takes neither --ca nor --api-key");
+        exit(run::EXIT_USAGE)
+    }
     let workload = match workload {
-        BenchCli::Uncontended { clients, duration } => bench::Workload::Uncontended { clients, duration },
-        BenchCli::Contended { clients, duration } => bench::Workload::Contended { clients, duration },
+        BenchCli::Uncontended { clients, duration, http } => bench::Workload::Uncontended { clients, duration, http },
+        BenchCli::Contended { clients, duration, http } => bench::Workload::Contended { clients, duration, http },
         BenchCli::Reads { clients, duration, busy } => bench::Workload::Reads { clients, duration, busy },
         BenchCli::Failover(args) => bench::Workload::Failover(args),
         BenchCli::Sessions(args) => bench::Workload::Sessions(args),

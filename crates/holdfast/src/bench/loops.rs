@@ -153,7 +153,7 @@ pub async fn reads(
     Ok(finish(kind, what, "answers/s", clients, started, &counters, &samples))
 }
 
-fn finish(
+pub(super) fn finish(
     kind: &str,
     what: &str,
     unit: &str,
