@@ -173,7 +173,8 @@ async fn wait_for_grant(
     // The wait is over: withdraw. If the grant came in between, this releases it again, so that nobody
     // holds a lock its requester was told it did not get.
     api.events.unwatch(token);
-    api.route.write(Request::Cancel { name: name.clone(), token }).await?;
+    // Boxed: a write is a large future, and every long poll's would carry it inline for this rare end.
+    Box::pin(api.route.write(Request::Cancel { name: name.clone(), token })).await?;
     let holder = crate::state::read(&api.state).holder(&name);
     Err(ApiError::Busy { name, holder })
 }

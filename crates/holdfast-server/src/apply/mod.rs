@@ -22,11 +22,12 @@ pub async fn wait_applied(raft: &Raft<TypeConfig>, state: &SharedState, index: u
     if crate::state::read(state).applied_index() >= index {
         return Ok(());
     }
-    raft.wait(Some(REQUEST_TIMEOUT))
-        .applied_index_at_least(Some(index), "applied here")
-        .await
-        .map(|_| ())
-        .map_err(|e| NodeError::Unavailable(e.to_string()))
+    // Boxed: openraft's wait is over 1.5 KB, and every future that may wait here (a read, a barrier, a
+    // heartbeat, a write's watch) would carry it inline, to be copied wherever it moves, though the
+    // wait is rare (the state is almost always applied already).
+    let wait = raft.wait(Some(REQUEST_TIMEOUT));
+    let waited = Box::pin(wait.applied_index_at_least(Some(index), "applied here")).await;
+    waited.map(|_| ()).map_err(|e| NodeError::Unavailable(e.to_string()))
 }
 
 /// Answers `query` from this node's lock state as it is.

@@ -113,8 +113,12 @@ impl Leader {
                 self.confirmer.confirm_leader().await?;
                 Ok(ForwardReply::Barrier(crate::state::read(&self.state).applied_index()))
             }
-            ForwardRequest::AddMember { id, addr } => self.add_member(id, addr).await.map(|()| ForwardReply::Noted),
-            ForwardRequest::RemoveMember { id } => self.remove_member(id).await.map(|()| ForwardReply::Noted),
+            // Boxed, as rare as they are large (openraft's membership futures): inline, every request's future
+            // would be as large as theirs.
+            ForwardRequest::AddMember { id, addr } => {
+                Box::pin(self.add_member(id, addr)).await.map(|()| ForwardReply::Noted)
+            }
+            ForwardRequest::RemoveMember { id } => Box::pin(self.remove_member(id)).await.map(|()| ForwardReply::Noted),
         }
     }
 

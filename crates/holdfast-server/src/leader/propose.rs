@@ -19,7 +19,9 @@ impl Leader {
         let (cmd, token, secret) = self.command(request);
         let (index, response) = match cmd.batchable() {
             true => self.proposer.propose(cmd).await?,
-            false => self.appender.propose_command(cmd).await?,
+            // Boxed: openraft's client write is a large future, and the batchable commands, the common
+            // ones, would carry its size inline too.
+            false => Box::pin(self.appender.propose_command(cmd)).await?,
         };
         Ok(Written { index, response, token, secret })
     }

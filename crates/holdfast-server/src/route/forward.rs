@@ -41,7 +41,9 @@ impl Router {
             // counts as none: the request waits here, sent nowhere, until a leader is heard from again.
             let attempt = match self.elections.heard_leader(current) {
                 Some(leader) if leader == self.elections.id() => self.leader.serve(request.clone()).await,
-                Some(leader) => self.forward(leader, &request, deadline).await,
+                // Boxed: a call to a peer is a large future, and on the leader, where requests are served
+                // in place, every request's future would carry its size inline.
+                Some(leader) => Box::pin(self.forward(leader, &request, deadline)).await,
                 None => Err(NodeError::NotLeader { leader: None }),
             };
             match attempt {

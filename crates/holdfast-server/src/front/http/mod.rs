@@ -10,13 +10,12 @@ pub mod port;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use self::params::{authorization, AdminCall, LockName, MemberId, Params, Parsed, Segment, Tenant};
+use self::params::{AdminCall, Credentials, LockName, MemberId, Params, Parsed, Segment, Tenant};
 use super::json::{cluster_json, grant_json, lock_json, rfc3339};
 use crate::api::error::ApiError;
 use crate::api::locks::{PAGE_DEFAULT, PAGE_MAX, TTL_MS_DEFAULT};
@@ -43,11 +42,11 @@ pub fn router(api: Arc<Api>) -> Router {
 
 async fn acquire(
     State(api): State<Arc<Api>>,
-    headers: HeaderMap,
+    Credentials(authorization): Credentials,
     Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization(&headers))?;
+    let scope = api.authenticate(authorization.as_deref())?;
     let p = Parsed::new(&params, &["ttl", "owner", "wait"])?;
     let default_ttl_ms = TTL_MS_DEFAULT.clamp(api.limits().ttl_ms_min, api.limits().ttl_ms_max);
     let ttl_ms = p.duration_ms("ttl", "invalid-ttl")?.unwrap_or(default_ttl_ms);
@@ -59,11 +58,11 @@ async fn acquire(
 
 async fn release(
     State(api): State<Arc<Api>>,
-    headers: HeaderMap,
+    Credentials(authorization): Credentials,
     Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization(&headers))?;
+    let scope = api.authenticate(authorization.as_deref())?;
     let p = Parsed::new(&params, &["token"])?;
     let (name, fence) = locks::release(&api, &scope, name, p.token()?).await?;
     Ok(Json(json!({"name": name, "fence": fence, "released": true})).into_response())
@@ -71,11 +70,11 @@ async fn release(
 
 async fn renew(
     State(api): State<Arc<Api>>,
-    headers: HeaderMap,
+    Credentials(authorization): Credentials,
     Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization(&headers))?;
+    let scope = api.authenticate(authorization.as_deref())?;
     let p = Parsed::new(&params, &["token", "ttl"])?;
     let token = p.token()?;
     // Without a ttl, the leader renews for the TTL the hold already has.
@@ -86,18 +85,22 @@ async fn renew(
 
 async fn get_lock(
     State(api): State<Arc<Api>>,
-    headers: HeaderMap,
+    Credentials(authorization): Credentials,
     Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization(&headers))?;
+    let scope = api.authenticate(authorization.as_deref())?;
     Parsed::new(&params, &[])?;
     let view = locks::get(&api, &scope, name).await?;
     Ok(Json(lock_json(&view)).into_response())
 }
 
-async fn list(State(api): State<Arc<Api>>, headers: HeaderMap, params: Params) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization(&headers))?;
+async fn list(
+    State(api): State<Arc<Api>>,
+    Credentials(authorization): Credentials,
+    params: Params,
+) -> Result<Response, ApiError> {
+    let scope = api.authenticate(authorization.as_deref())?;
     let p = Parsed::new(&params, &["prefix", "after", "limit"])?;
     let prefix = p.get("prefix").unwrap_or("").to_owned();
     let after = p.get("after").map(str::to_owned);

@@ -16,8 +16,21 @@ use crate::api::error::ApiError;
 use crate::api::{admin, locks};
 use crate::front::problem::path_rejection;
 
+/// The `Authorization` header's value, if it is text.
 pub fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+}
+
+/// A request's `Authorization` header, taken alone: not the whole header map, which axum's `HeaderMap`
+/// extractor copies for every request.
+pub struct Credentials(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Credentials {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Credentials(authorization(&parts.headers).map(str::to_owned)))
+    }
 }
 
 /// What an admin check needs of an HTTP request: its `Authorization` header and where it came from.
