@@ -161,9 +161,10 @@ for round in $(seq 1 "$ROUNDS"); do
                 '{build: $build, workload: $workload, round: $round, rate: .rate_per_s, p50_ms: .p50_ms,
                   p99_ms: .p99_ms, errors: .errors, commands_per_entry: .commands_per_entry,
                   cpu_us_per_op: (if .ops > 0 then $ticks * 1e6 / $hz / .ops else null end),
-                  switches_per_op: (if .ops > 0 then $switches / .ops else null end)}' |
+                  switches_per_op: (if .ops > 0 then $switches / .ops else null end),
+                  generator_us_per_op: .bench_cpu_us_per_op}' |
                 tee -a "$RESULTS/results.jsonl" |
-                jq -r '"\(.build) \(.workload) round \(.round): \(.rate // 0 | floor)/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, errors \(.errors), nodes \(.cpu_us_per_op // 0 | floor) us CPU and \(.switches_per_op // 0 | . * 10 | floor / 10) switches per op"'
+                jq -r '"\(.build) \(.workload) round \(.round): \(.rate // 0 | floor)/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, errors \(.errors), nodes \(.cpu_us_per_op // 0 | floor) us CPU and \(.switches_per_op // 0 | . * 10 | floor / 10) switches per op\(if .generator_us_per_op then ", generator \(.generator_us_per_op | floor) us CPU per op" else "" end)"'
         done
     done
 done

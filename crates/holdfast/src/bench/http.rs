@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::loops::finish;
+use super::loops::{finish, Window};
 use super::{authority, progress, rate_line, Counters, Report, Samples};
 
 /// The longest one call may take, connecting included.
@@ -130,7 +130,8 @@ fn token(body: &[u8]) -> Option<&str> {
 /// the token) its own lock until `duration` is over.
 pub async fn uncontended(endpoints: &[String], run_id: u32, clients: usize, duration: Duration) -> Report {
     let counters = Counters::shared();
-    let started = Instant::now();
+    let window = Window::start();
+    let started = window.started;
     let deadline = started + duration;
     let _progress = progress(started, rate_line(counters.clone(), "cycles"));
     let mut tasks = Vec::new();
@@ -173,7 +174,7 @@ pub async fn uncontended(endpoints: &[String], run_id: u32, clients: usize, dura
         "uncontended acquire+release over HTTP",
         "cycles/s",
         clients,
-        started,
+        &window,
         &counters,
         &samples,
     );
@@ -186,8 +187,9 @@ pub async fn uncontended(endpoints: &[String], run_id: u32, clients: usize, dura
 /// latency (release sent → the next holder's grant read).
 pub async fn contended(endpoints: &[String], run_id: u32, clients: usize, duration: Duration) -> Report {
     let counters = Counters::shared();
+    let window = Window::start();
     let samples = Arc::new(Mutex::new(Samples::default()));
-    let started = Instant::now();
+    let started = window.started;
     let deadline = started + duration;
     let handoff = Arc::new(Mutex::new(None::<Instant>));
     let _progress = progress(started, rate_line(counters.clone(), "hand-overs"));
@@ -230,7 +232,7 @@ pub async fn contended(endpoints: &[String], run_id: u32, clients: usize, durati
         "contended hand-over over HTTP (wait=)",
         "handovers/s",
         clients,
-        started,
+        &window,
         &counters,
         &samples,
     );

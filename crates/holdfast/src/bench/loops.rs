@@ -5,13 +5,14 @@ use std::time::{Duration, Instant};
 
 use holdfast_client::{Client, Error};
 
-use super::{entry_commands, progress, rate_line, Counters, Report, Samples};
+use super::{entry_commands, progress, rate_line, Counters, CpuWindow, Report, Samples};
 
 /// Each client acquires and releases its own lock with one-shot calls until `duration` is over.
 pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
     let proposed_before = entry_commands(client).await;
     let counters = Counters::shared();
-    let started = Instant::now();
+    let window = Window::start();
+    let started = window.started;
     let deadline = started + duration;
     let _progress = progress(started, rate_line(counters.clone(), "cycles"));
     let mut tasks = Vec::new();
@@ -44,7 +45,7 @@ pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration:
         }
     }
     let mut report =
-        finish("uncontended", "uncontended acquire+release", "cycles/s", clients, started, &counters, &samples);
+        finish("uncontended", "uncontended acquire+release", "cycles/s", clients, &window, &counters, &samples);
     // How many client commands each log entry carried (the leader batches one-lock commands that queue up).
     match (proposed_before, entry_commands(client).await) {
         (Some((commands_before, entries_before)), Some((commands, entries))) if entries > entries_before => {
@@ -64,8 +65,9 @@ pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration:
 /// Every client's session wants one lock and lets go as soon as it holds it, until `duration` is over.
 pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
     let counters = Counters::shared();
+    let window = Window::start();
     let samples = Arc::new(Mutex::new(Samples::default()));
-    let started = Instant::now();
+    let started = window.started;
     let deadline = started + duration;
     let handoff = Arc::new(Mutex::new(None::<Instant>));
     let _progress = progress(started, rate_line(counters.clone(), "hand-overs"));
@@ -97,7 +99,7 @@ pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: D
         let _ = task.await;
     }
     let samples = samples.lock().unwrap().clone();
-    finish("contended", "contended hand-over", "handovers/s", clients, started, &counters, &samples)
+    finish("contended", "contended hand-over", "handovers/s", clients, &window, &counters, &samples)
 }
 
 /// Every client asks about one lock that another client holds, in a loop until `duration` is over: with
@@ -113,7 +115,8 @@ pub async fn reads(
     let name = format!("bench-{run_id:08x}-read");
     let hold = client.acquire(&name, duration + Duration::from_secs(30), Duration::ZERO).await?;
     let counters = Counters::shared();
-    let started = Instant::now();
+    let window = Window::start();
+    let started = window.started;
     let deadline = started + duration;
     let _progress = progress(started, rate_line(counters.clone(), "answers"));
     let mut tasks = Vec::new();
@@ -150,7 +153,7 @@ pub async fn reads(
     }
     let _ = client.release(&name, &hold.token).await;
     let (kind, what) = if busy { ("busy", "one-shot acquire of a held lock") } else { ("reads", "get of a held lock") };
-    Ok(finish(kind, what, "answers/s", clients, started, &counters, &samples))
+    Ok(finish(kind, what, "answers/s", clients, &window, &counters, &samples))
 }
 
 pub(super) fn finish(
@@ -158,11 +161,11 @@ pub(super) fn finish(
     what: &str,
     unit: &str,
     clients: usize,
-    started: Instant,
+    window: &Window,
     counters: &Counters,
     samples: &Samples,
 ) -> Report {
-    let elapsed = started.elapsed().as_secs_f64();
+    let elapsed = window.started.elapsed().as_secs_f64();
     let ops = counters.done();
     let rate = ops as f64 / elapsed;
     let mut report = Report::new(what, format!("{what}: {clients} clients, {elapsed:.1}s"));
@@ -177,5 +180,26 @@ pub(super) fn finish(
     report.row("done", format!("{ops}"));
     report.row("errors", format!("{}", counters.errors()));
     report.row("latency", samples.describe());
+    // The generator's own CPU, so that its cost is seen beside the nodes': it shares their cores.
+    let (_, used) = window.cpu.finish();
+    if let Some((seconds, cores)) = used.last().and_then(|own| own.seconds.zip(own.cores)) {
+        let per_op_us = (ops > 0).then(|| seconds * 1e6 / ops as f64);
+        report.field("bench_cpu_cores", cores);
+        report.field("bench_cpu_us_per_op", per_op_us);
+        let per_op = per_op_us.map_or_else(String::new, |us| format!(", {us:.0} µs per operation"));
+        report.row("generator CPU", format!("{cores:.2} cores{per_op}"));
+    }
     report
+}
+
+/// A loop's window: when it started, and the generator's own CPU since.
+pub(super) struct Window {
+    pub(super) started: Instant,
+    cpu: CpuWindow,
+}
+
+impl Window {
+    pub(super) fn start() -> Window {
+        Window { started: Instant::now(), cpu: CpuWindow::start(&[]) }
+    }
 }
