@@ -9,13 +9,13 @@
 //! [`CALL_TIMEOUT`], and a connection that failed is made anew.
 
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::loops::{finish, Window};
+use super::loops::{finish, HandOffs, Window};
 use super::{authority, progress, rate_line, Counters, Report, Samples};
 
 /// The longest one call may take, connecting included.
@@ -188,15 +188,14 @@ pub async fn uncontended(endpoints: &[String], run_id: u32, clients: usize, dura
 pub async fn contended(endpoints: &[String], run_id: u32, clients: usize, duration: Duration) -> Report {
     let counters = Counters::shared();
     let window = Window::start();
-    let samples = Arc::new(Mutex::new(Samples::default()));
     let started = window.started;
     let deadline = started + duration;
-    let handoff = Arc::new(Mutex::new(None::<Instant>));
+    let handoffs = Arc::new(HandOffs::default());
     let _progress = progress(started, rate_line(counters.clone(), "hand-overs"));
     let mut tasks = Vec::new();
     for i in 0..clients {
         let mut conn = Conn::new(&endpoints[i % endpoints.len()]);
-        let (counters, samples, handoff) = (counters.clone(), samples.clone(), handoff.clone());
+        let (counters, handoffs) = (counters.clone(), handoffs.clone());
         tasks.push(tokio::spawn(async move {
             let name = format!("bench-{run_id:08x}-contended");
             while Instant::now() < deadline {
@@ -212,11 +211,8 @@ pub async fn contended(endpoints: &[String], run_id: u32, clients: usize, durati
                     counters.add_error();
                     continue;
                 };
-                if let Some(released_at) = handoff.lock().unwrap().take() {
-                    samples.lock().unwrap().push(released_at.elapsed());
-                    counters.add_done();
-                }
-                *handoff.lock().unwrap() = Some(Instant::now());
+                handoffs.granted(&counters);
+                handoffs.releasing();
                 if !matches!(conn.call("DELETE", &release).await, Ok((200, _))) {
                     counters.add_error();
                 }
@@ -226,7 +222,7 @@ pub async fn contended(endpoints: &[String], run_id: u32, clients: usize, durati
     for task in tasks {
         let _ = task.await;
     }
-    let samples = samples.lock().unwrap().clone();
+    let samples = handoffs.samples();
     let mut report = finish(
         "contended",
         "contended hand-over over HTTP (wait=)",

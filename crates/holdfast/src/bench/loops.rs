@@ -66,14 +66,13 @@ pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration:
 pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
     let counters = Counters::shared();
     let window = Window::start();
-    let samples = Arc::new(Mutex::new(Samples::default()));
     let started = window.started;
     let deadline = started + duration;
-    let handoff = Arc::new(Mutex::new(None::<Instant>));
+    let handoffs = Arc::new(HandOffs::default());
     let _progress = progress(started, rate_line(counters.clone(), "hand-overs"));
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (client, counters, samples, handoff) = (client.clone(), counters.clone(), samples.clone(), handoff.clone());
+        let (client, counters, handoffs) = (client.clone(), counters.clone(), handoffs.clone());
         tasks.push(tokio::spawn(async move {
             let name = format!("bench-{run_id:08x}-contended");
             let Ok(session) = client.session(Duration::from_secs(5)).await else {
@@ -83,11 +82,8 @@ pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: D
             while Instant::now() < deadline {
                 let wait = deadline.saturating_duration_since(Instant::now());
                 let Ok(held) = session.lock(name.clone(), Some(wait)).await else { break };
-                if let Some(released_at) = handoff.lock().unwrap().take() {
-                    samples.lock().unwrap().push(released_at.elapsed());
-                    counters.add_done();
-                }
-                *handoff.lock().unwrap() = Some(Instant::now());
+                handoffs.granted(&counters);
+                handoffs.releasing();
                 if held.release().await.is_err() {
                     counters.add_error();
                 }
@@ -98,7 +94,7 @@ pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: D
     for task in tasks {
         let _ = task.await;
     }
-    let samples = samples.lock().unwrap().clone();
+    let samples = handoffs.samples();
     finish("contended", "contended hand-over", "handovers/s", clients, &window, &counters, &samples)
 }
 
@@ -190,6 +186,33 @@ pub(super) fn finish(
         report.row("generator CPU", format!("{cores:.2} cores{per_op}"));
     }
     report
+}
+
+/// The hand-overs of one contended lock, as its clients see them: when the last holder sent its release,
+/// and how long after it each next holder learned of its grant.
+#[derive(Default)]
+pub(super) struct HandOffs {
+    released_at: Mutex<Option<Instant>>,
+    samples: Mutex<Samples>,
+}
+
+impl HandOffs {
+    /// A client was granted the lock: a hand-over, if a holder had released it before.
+    pub(super) fn granted(&self, counters: &Counters) {
+        if let Some(released_at) = self.released_at.lock().unwrap().take() {
+            self.samples.lock().unwrap().push(released_at.elapsed());
+            counters.add_done();
+        }
+    }
+
+    /// The holder sends its release now.
+    pub(super) fn releasing(&self) {
+        *self.released_at.lock().unwrap() = Some(Instant::now());
+    }
+
+    pub(super) fn samples(&self) -> Samples {
+        self.samples.lock().unwrap().clone()
+    }
 }
 
 /// A loop's window: when it started, and the generator's own CPU since.
