@@ -119,12 +119,21 @@ cpu_ticks() {
     done
     echo "$total"
 }
-switches() {
-    local total=0 pid
+# Each node thread's switches so far, one "TID COUNT" line each.
+switches_by_thread() {
+    local pid status
     for pid in $(node_pids); do
-        total=$((total + $(cat /proc/"$pid"/task/*/status | awk '/ctxt_switches/ { s += $2 } END { print s }')))
+        for status in /proc/"$pid"/task/*/status; do
+            awk -v tid="${status%/status}" '/ctxt_switches/ { s += $2 } END { sub(".*/", "", tid); print tid, s }' \
+                "$status" 2>/dev/null || true
+        done
     done
-    echo "$total"
+}
+# The switches between two snapshots of switches_by_thread (files): a thread's count since the first, or
+# since it was born. A thread that ended in between (tokio's blocking pool lets idle ones go) is left out,
+# as its count is gone: the sum may miss a few, but never goes below zero.
+switches_between() {
+    awk 'NR == FNR { before[$1] = $2; next } { total += $2 - ($1 in before ? before[$1] : 0) } END { print total + 0 }' "$1" "$2"
 }
 
 ticks_per_s=$(getconf CLK_TCK)
@@ -145,7 +154,8 @@ for round in $(seq 1 "$ROUNDS"); do
             busy) args=(reads --busy --clients "$clients") ;;
             sessions) args=(sessions --sessions "$clients" --lease 2s --pids "$(node_pids | paste -sd,)") ;;
             esac
-            ticks_before=$(cpu_ticks) switches_before=$(switches)
+            ticks_before=$(cpu_ticks)
+            switches_by_thread >"$RESULTS/switches-before"
             generator=$GENERATOR
             [[ $generator != each ]] || generator=${binaries[$label]}
             out=$("$generator" bench --endpoints "$endpoints" --json "${args[@]}" \
@@ -155,7 +165,9 @@ for round in $(seq 1 "$ROUNDS"); do
                 rate_per_s: ((.heartbeats_acknowledged // 0) / (.window_seconds // 1)),
                 p50_ms: .heartbeat_p50_ms_at_most, p99_ms: .heartbeat_p99_ms_at_most,
                 errors: ((.spurious_lost // 0) + (.expirations // 0))} else . end')
-            ticks=$(($(cpu_ticks) - ticks_before)) switches=$(($(switches) - switches_before))
+            ticks=$(($(cpu_ticks) - ticks_before))
+            switches_by_thread >"$RESULTS/switches-after"
+            switches=$(switches_between "$RESULTS/switches-before" "$RESULTS/switches-after")
             echo "$out" | jq -c --arg build "$label" --arg workload "$workload" --argjson round "$round" \
                 --argjson ticks "$ticks" --argjson hz "$ticks_per_s" --argjson switches "$switches" \
                 '{build: $build, workload: $workload, round: $round, rate: .rate_per_s, p50_ms: .p50_ms,
