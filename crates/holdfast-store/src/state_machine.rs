@@ -175,12 +175,28 @@ fn read_stored(snapshots: &sled::Tree) -> Result<Stored, StoreError> {
     let file = snapshots.get(keys::SNAPSHOT_FILE)?;
     match (meta, file, snapshots.contains_key(keys::SNAPSHOT_DATA_FORMAT_3)?) {
         (None, None, false) => Ok(Stored::None),
-        (Some(meta), Some(file), false) => Ok(Stored::File(meta, bincode::deserialize(&file)?)),
+        (Some(meta), Some(file), false) => {
+            let file: StoredFile = bincode::deserialize(&file)?;
+            if !is_kept_name(&file.name) {
+                let detail =
+                    format!("the snapshot record names {:?}, which is no snapshot file of snapshots/", file.name);
+                return Err(StoreError::SnapshotCorrupt(detail));
+            }
+            Ok(Stored::File(meta, file))
+        }
         (Some(meta), None, true) => Ok(Stored::InTree(meta)),
         (Some(_), None, false) => Err(StoreError::SnapshotIncomplete("file")),
         (None, _, _) => Err(StoreError::SnapshotIncomplete("meta")),
         (Some(_), Some(_), true) => Err(StoreError::SnapshotCorrupt("both a file and bytes are recorded".into())),
     }
+}
+
+/// Whether `name` is one this store gives a kept snapshot's file (`N.snapshot`): a plain name in
+/// `snapshots/`. A record naming anything else (`../x`, an absolute path) is damage, and following it would
+/// read a file outside the directory, and the next save would remove that file as the replaced snapshot's.
+fn is_kept_name(name: &str) -> bool {
+    let number = name.strip_suffix(KEPT).and_then(|name| name.strip_suffix('.'));
+    number.is_some_and(|number| !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
 }
 
 impl SnapshotStore for DiskSnapshots {
@@ -260,3 +276,31 @@ impl SnapshotStore for DiskSnapshots {
 }
 
 crate::machine::raft_state_machine!(StateMachineStore, SnapshotBuilder);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `snapshot` tree recording a snapshot file named `name`.
+    fn tree_naming(db: &sled::Db, name: &str) -> sled::Tree {
+        let tree = db.open_tree(keys::SNAPSHOT_TREE).unwrap();
+        tree.insert(keys::SNAPSHOT_META, bincode::serialize(&Meta::default()).unwrap()).unwrap();
+        let file = StoredFile { name: name.to_owned(), summary: Summary { len: 4, crc: 0 } };
+        tree.insert(keys::SNAPSHOT_FILE, bincode::serialize(&file).unwrap()).unwrap();
+        tree
+    }
+
+    /// A record whose file name leads out of `snapshots/` (a damaged record) is refused when read, so that
+    /// nothing opens the file it names nor, on the next save, removes it.
+    #[test]
+    fn a_snapshot_record_naming_a_file_outside_snapshots_is_refused() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        for name in ["../victim", "/etc/passwd", "7.snapshot/../../victim", "x.snapshot", ".snapshot", "7.new", ""] {
+            let tree = tree_naming(&db, name);
+            let Err(StoreError::SnapshotCorrupt(what)) = read_stored(&tree) else { panic!("{name:?} was taken") };
+            assert!(what.contains(&format!("{name:?}")), "{what}");
+        }
+        let tree = tree_naming(&db, "42.snapshot");
+        assert!(matches!(read_stored(&tree), Ok(Stored::File(_, file)) if file.name == "42.snapshot"));
+    }
+}

@@ -194,6 +194,22 @@ pub(crate) fn decode(bytes: &[u8], seq: u64, at: u64) -> Result<Option<(Entry<Ty
     Ok(Some((entry, HEADER + len)))
 }
 
+/// The offset of the first byte of `file` that is not zero, if any: read a buffer at a time.
+fn first_written_byte(file: &File) -> Result<Option<u64>, StoreError> {
+    let size = file.metadata().map_err(StoreError::Io)?.len();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = 0u64;
+    while at < size {
+        let n = buf.len().min((size - at) as usize);
+        file.read_exact_at(&mut buf[..n], at).map_err(StoreError::Io)?;
+        if let Some(i) = buf[..n].iter().position(|&b| b != 0) {
+            return Ok(Some(at + i as u64));
+        }
+        at += n as u64;
+    }
+    Ok(None)
+}
+
 /// Reads a segment's records from its start: the segment and the last log id it holds. Stops at the first
 /// record that is not whole and intact or does not follow the one before; `torn` is set when that is
 /// something other than the zeros after the end. Reads record by record, not the allocated space after.
@@ -252,6 +268,13 @@ impl Wal {
             let Some(first) = segment.first else {
                 if is_last {
                     segments.push(segment);
+                } else if let Some(at) = first_written_byte(&segment.file)? {
+                    // A segment before the last was whole and synced before the next began: a first record
+                    // it does not start with, but bytes after it, is damage, not a rotation that crashed.
+                    return Err(corrupt(format!(
+                        "segment {seq} ({}) has no record at its start but bytes at offset {at}",
+                        segment.path.display()
+                    )));
                 } else {
                     // Made by a rotation that crashed before its first append; a later one took over.
                     std::fs::remove_file(&segment.path).map_err(StoreError::Io)?;
@@ -704,6 +727,32 @@ mod tests {
         bytes[end as usize..end as usize + record.len()].fill(0);
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(indexes(&Wal::open(dir.path(), None).unwrap(), 0, None), [1, 2, 3]);
+    }
+
+    /// A segment before the last whose first record's header was zeroed (a disk's damage) still holds
+    /// records after it: the log refuses to open, naming the segment and where its bytes are, and deletes
+    /// nothing. A segment before the last that is all zeros (a rotation that crashed before its first
+    /// append) is still removed.
+    #[test]
+    fn a_segment_before_the_last_without_a_first_record_but_with_bytes_is_refused_not_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(across_a_purge(dir.path()));
+        let first = segment_path(dir.path(), 0);
+        let mut bytes = std::fs::read(&first).unwrap();
+        bytes[..HEADER].fill(0);
+        std::fs::write(&first, &bytes).unwrap();
+        let purged = Some(entry(1, 9).log_id);
+        let Err(StoreError::LogCorrupt(what)) = Wal::open(dir.path(), purged) else { panic!("the log opened") };
+        let at = bytes.iter().position(|&b| b != 0).unwrap();
+        assert!(what.starts_with("segment 0 ("), "{what}");
+        assert!(what.ends_with(&format!("has no record at its start but bytes at offset {at}")), "{what}");
+        assert!(first.exists(), "the damaged segment was kept");
+
+        // All zeros: a rotation that crashed; removed, and the log opens with what the next one holds.
+        std::fs::write(&first, vec![0u8; bytes.len()]).unwrap();
+        let wal = Wal::open(dir.path(), purged).unwrap();
+        assert!(!first.exists());
+        assert_eq!(indexes(&wal, 0, None), [10, 11, 12]);
     }
 
     #[test]
