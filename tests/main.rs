@@ -14,6 +14,7 @@ mod admin_access;
 mod auth;
 mod cli_run;
 mod containers;
+mod disk_damage;
 mod http_cluster;
 mod membership;
 mod observability;

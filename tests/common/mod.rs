@@ -317,6 +317,30 @@ impl Cluster {
         std::fs::remove_dir_all(&node.data_dir).expect("remove the node's data directory");
     }
 
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: usize) -> &Path {
+        &self.node(id).data_dir
+    }
+
+    /// What node `id` has written to its log (stdout and stderr) over all its starts.
+    pub fn log(&self, id: usize) -> String {
+        std::fs::read_to_string(&self.node(id).log_path).unwrap_or_default()
+    }
+
+    /// Waits (bounded) for node `id`, started and expected to stop by itself, to exit.
+    pub fn wait_exited(&mut self, id: usize, bound: Duration) -> ExitStatus {
+        let node = self.node_mut(id);
+        let mut child = node.child.take().unwrap_or_else(|| panic!("node {id} is not running"));
+        match wait_exit(&mut child, bound) {
+            Some(status) => status,
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node {id} still ran {bound:?} after it started (killed it)");
+            }
+        }
+    }
+
     /// The ids of all nodes, 1..=n.
     pub fn ids(&self) -> std::ops::RangeInclusive<usize> {
         1..=self.nodes.len()

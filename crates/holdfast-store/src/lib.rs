@@ -279,7 +279,13 @@ pub fn open_with_cache(
             meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
         }
     }
-    let wal = wal::Wal::open(&wal_dir, purged)?;
+    // The last commit recorded here: entries through it were synced before it was (see `save_committed`).
+    let committed: Option<Option<LogId<NodeId>>> = match meta.get(keys::COMMITTED)? {
+        Some(bytes) => Some(bincode::deserialize(&bytes)?),
+        None => None,
+    };
+    let committed = committed.flatten().map_or(0, |committed| committed.index);
+    let wal = wal::Wal::open_committed(&wal_dir, purged, committed)?;
     let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
     let vote = match meta.get(keys::VOTE)? {
         Some(bytes) => Some(bincode::deserialize(&bytes)?),

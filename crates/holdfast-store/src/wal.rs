@@ -246,6 +246,17 @@ impl Wal {
     /// Opens the log under `dir` (creating it), given the last purged log id: a gap between two segments
     /// is allowed only where every entry before it was purged.
     pub(crate) fn open(dir: &Path, purged: Option<LogId<NodeId>>) -> Result<Self, StoreError> {
+        Self::open_committed(dir, purged, 0)
+    }
+
+    /// [`Wal::open`], knowing that entries through `committed` were committed and synced here before the
+    /// commit was recorded: a bad record that would cut the log below it is damage, not a torn tail (which
+    /// holds only entries not yet synced), and the log refuses to open, cutting nothing.
+    pub(crate) fn open_committed(
+        dir: &Path,
+        purged: Option<LogId<NodeId>>,
+        committed: u64,
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
         let mut seqs = Vec::new();
         for item in std::fs::read_dir(dir).map_err(StoreError::Io)? {
@@ -259,11 +270,15 @@ impl Wal {
         let mut segments: Vec<Segment> = Vec::new();
         let mut last = None::<LogId<NodeId>>;
         let count = seqs.len();
+        let mut torn_at = None;
         for (i, seq) in seqs.into_iter().enumerate() {
             let (segment, segment_last, torn) = scan(seq, segment_path(dir, seq))?;
             let is_last = i + 1 == count;
             if torn && !is_last {
                 return Err(corrupt(format!("segment {seq} has a bad record at byte {}", segment.end())));
+            }
+            if torn {
+                torn_at = Some((segment.path.clone(), segment.end()));
             }
             let Some(first) = segment.first else {
                 if is_last {
@@ -291,6 +306,17 @@ impl Wal {
             }
             last = segment_last;
             segments.push(segment);
+        }
+        let end = last.map_or(0, |last| last.index).max(purged.map_or(0, |purged| purged.index));
+        if end < committed {
+            let found = match &torn_at {
+                Some((path, at)) => format!("{} has a bad record at byte {at}", path.display()),
+                None => "its segments end there".to_owned(),
+            };
+            return Err(corrupt(format!(
+                "the log ends at entry {end} ({found}), but entries through {committed} were committed and \
+                 synced here: damage, not a torn write; nothing was cut"
+            )));
         }
         // A process that stopped before its background sync leaves written entries that the kernel
         // holds but may not have on disk: they are synced before anything counts them as durable.
@@ -700,6 +726,30 @@ mod tests {
         bytes[second as usize + HEADER + 3] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
+        assert_eq!(indexes(&wal, 0, None), [1]);
+    }
+
+    /// A bad record among entries this node synced and recorded as committed is damage, not a torn tail:
+    /// the log refuses to open, naming the file and the byte, and cuts nothing. Below the commit, the
+    /// same bad record is a tail that may be cut.
+    #[test]
+    fn a_bad_record_among_committed_entries_is_refused_not_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), None).unwrap();
+        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        let second = wal.inner().segments[0].records[1];
+        drop(wal);
+        let path = only_segment(dir.path());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[second as usize + HEADER + 3] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let Err(StoreError::LogCorrupt(what)) = Wal::open_committed(dir.path(), None, 3) else { panic!("opened") };
+        let expected = format!("the log ends at entry 1 ({} has a bad record at byte {second})", path.display());
+        assert!(what.starts_with(&expected), "{what}");
+        assert!(what.contains("entries through 3 were committed"), "{what}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing was cut");
+        // Committed only through 1: what follows may be a torn tail, and is cut.
+        let wal = Wal::open_committed(dir.path(), None, 1).unwrap();
         assert_eq!(indexes(&wal, 0, None), [1]);
     }
 
