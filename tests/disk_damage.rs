@@ -76,3 +76,49 @@ async fn a_follower_with_flipped_bits_among_committed_entries_stops_naming_the_f
     let after = Grant::from_reply(&cluster.acquire(other, "damage-after", "later", "60s").await, "an acquire after");
     assert!(after.fence > newest, "fence {} after {newest}", after.fence);
 }
+
+/// The snapshot file of a stopped follower with bits flipped in its middle: restarted, the follower refuses
+/// to restore it, with an error naming the file, and exits; the others keep serving every lock.
+#[tokio::test]
+async fn a_follower_with_a_damaged_snapshot_file_stops_naming_the_file() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let mut grants = Vec::new();
+    for i in 0..40 {
+        let reply = cluster.acquire(leader, &format!("snap-{i}"), "holder", "300s").await;
+        grants.push(Grant::from_reply(&reply, "an acquire before the damage"));
+    }
+    cluster.get(follower, "/v1/locks/snap-39").await.ok("a read through the follower");
+    cluster.post(follower, "/v1/cluster/snapshot").await.ok("a snapshot of the follower");
+    cluster.stop(follower);
+
+    let snapshots = cluster.data_dir(follower).join("snapshots");
+    let files: Vec<PathBuf> =
+        std::fs::read_dir(&snapshots).expect("read snapshots/").map(|entry| entry.expect("an entry").path()).collect();
+    let [file] = &files[..] else { panic!("one snapshot file, found {files:?}") };
+    let mut bytes = std::fs::read(file).expect("read the snapshot file");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(file, &bytes).expect("write the damaged snapshot file");
+
+    cluster.respawn(follower);
+    let status = cluster.wait_exited(follower, EXIT_BOUND);
+    assert!(!status.success(), "the damaged follower exited with {status}");
+    let log = cluster.log(follower);
+    let name = file.file_name().expect("a file name").to_string_lossy().into_owned();
+    let refused = log.lines().find(|line| line.contains("the stored snapshot is corrupt")).unwrap_or_else(|| {
+        panic!(
+            "the follower's log does not say the snapshot is damaged: {}",
+            log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        )
+    });
+    assert!(refused.contains(&name), "the error names the snapshot's file: {refused}");
+
+    let other = cluster.other_than(&[leader, follower]);
+    for grant in &grants {
+        let held = cluster.get(other, &format!("/v1/locks/{}", grant.name)).await;
+        let fence = held.ok("a read of a lock granted before the damage")["holder"]["fence"].as_u64();
+        assert_eq!(fence, Some(grant.fence), "{} is still held under its fence", grant.name);
+    }
+}

@@ -144,10 +144,16 @@ fn restore(snapshots: &sled::Tree, dir: &Path, stored: Stored) -> Result<Option<
             // checked (asserted) only once its bytes are known to be the ones written: bytes the disk changed
             // can still decode, to a state that breaks one (a flipped bit in a fence panicked the open;
             // tests/fuzz_records.rs).
-            let (state, summary) = snapshot::decode_unchecked(input, file.summary.len)?;
+            // A decode that fails before the end is damage too: said with the file, as a CRC mismatch is.
+            let recorded = format!("{} bytes with CRC {:08x}", file.summary.len, file.summary.crc);
+            let (state, summary) = snapshot::decode_unchecked(input, file.summary.len).map_err(|e| {
+                StoreError::SnapshotCorrupt(format!(
+                    "{} does not read back ({e}), where {recorded} were stored",
+                    path.display()
+                ))
+            })?;
             if summary != file.summary {
                 let found = format!("{} has {} bytes with CRC {:08x}", path.display(), summary.len, summary.crc);
-                let recorded = format!("{} bytes with CRC {:08x}", file.summary.len, file.summary.crc);
                 return Err(StoreError::SnapshotCorrupt(format!("{found}, where {recorded} were stored")));
             }
             state.check_invariants();

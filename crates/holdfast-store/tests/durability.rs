@@ -519,7 +519,8 @@ async fn a_snapshot_file_that_changed_on_disk_refuses_the_open() -> Result {
 
     std::fs::write(&path, &bytes[..bytes.len() - 1])?;
     let refused = open_quiet(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(refused.starts_with("snapshot: snapshot does not decode"), "{refused}");
+    assert!(refused.starts_with("the stored snapshot is corrupt: "), "{refused}");
+    assert!(refused.contains(name.as_str()) && refused.contains("does not read back"), "{refused}");
 
     std::fs::write(&path, &bytes)?;
     open_quiet(dir.path())?;
