@@ -122,3 +122,36 @@ async fn a_follower_with_a_damaged_snapshot_file_stops_naming_the_file() {
         assert_eq!(fence, Some(grant.fence), "{} is still held under its fence", grant.name);
     }
 }
+
+/// The vote's file of a stopped follower with a bit flipped: restarted, the follower refuses to start
+/// rather than vote without knowing what it voted, with an error naming the file; the others serve.
+#[tokio::test]
+async fn a_follower_with_a_damaged_vote_file_stops_naming_the_file() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let grant = Grant::from_reply(&cluster.acquire(leader, "vote-damage", "holder", "300s").await, "an acquire");
+    cluster.stop(follower);
+
+    let file = cluster.data_dir(follower).join("vote");
+    let mut bytes = std::fs::read(&file).expect("the follower has a vote file");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&file, &bytes).expect("write the damaged vote file");
+
+    cluster.respawn(follower);
+    let status = cluster.wait_exited(follower, EXIT_BOUND);
+    assert!(!status.success(), "the damaged follower exited with {status}");
+    let log = cluster.log(follower);
+    let refused = log.lines().find(|line| line.contains("vote file:")).unwrap_or_else(|| {
+        panic!(
+            "the follower's log does not say its vote is damaged: {}",
+            log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        )
+    });
+    assert!(refused.contains(&file.display().to_string()), "the error names the file: {refused}");
+
+    let other = cluster.other_than(&[leader, follower]);
+    let held = cluster.get(other, "/v1/locks/vote-damage").await;
+    assert_eq!(held.ok("a read of the lock")["holder"]["fence"].as_u64(), Some(grant.fence));
+}

@@ -55,6 +55,10 @@ pub enum StoreError {
     /// The node's state machine is gone (the node is stopping) while a purge waited for its snapshot.
     #[error("the state machine is gone")]
     MachineGone,
+    /// The vote's file could not be read or written, or is damaged (its length or checksum does not
+    /// match): the node must not vote without knowing what it voted before.
+    #[error("vote file: {0}")]
+    Vote(String),
     /// A flush did not run to its end (the runtime is shutting down, or the flush panicked).
     #[error("flush task: {0}")]
     FlushTask(#[from] tokio::task::JoinError),

@@ -1,4 +1,4 @@
-//! holdfast's openraft storage: the Raft log and snapshots in files of their own, the vote and the rest on
+//! holdfast's openraft storage: the Raft log, snapshots and the vote in files of their own, the rest on
 //! sled, for nodes; everything in memory for simulations; and the async runtime holdfast runs openraft on.
 //!
 //! CONTRACT (used by holdfast-server and holdfast-sim; keep these names and signatures):
@@ -37,8 +37,10 @@
 //! - `snapshots/`: the current snapshot's bytes (those of [`holdfast_core::LockState::snapshot`]), as one
 //!   file, `<n>.snapshot`; while a snapshot is built or received from the leader, its file `<n>.new` beside
 //!   it. Any other file there is left from a crash and removed when the directory is opened.
+//! - `vote`: the vote, with its length and CRC-32 (see the `vote` module); `vote.new` while one is saved.
 //! - one `sled::Db` with two trees, every value bincode 1:
-//!   - `meta`: `format` (this layout's version, checked on open), `vote`, `committed` and
+//!   - `meta`: `format` (this layout's version, checked on open), `vote` (a copy, read only where there is
+//!     no `vote` file, for and from builds before it), `committed` and
 //!     `last_purged` (the log id of the last entry removed by a purge);
 //!   - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `file` (its file's name, and
 //!     the length and CRC-32 of its bytes, checked when it is read at open), written together in one
@@ -117,6 +119,7 @@ pub mod memory;
 mod runtime;
 mod snapshot;
 mod state_machine;
+mod vote;
 mod wal;
 
 use std::path::Path;
@@ -287,12 +290,17 @@ pub fn open_with_cache(
     let committed = committed.flatten().map_or(0, |committed| committed.index);
     let wal = wal::Wal::open_committed(&wal_dir, purged, committed)?;
     let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
-    let vote = match meta.get(keys::VOTE)? {
-        Some(bytes) => Some(bincode::deserialize(&bytes)?),
-        None => None,
+    // The vote's own file, and sled's copy only where there is none (a directory of a build from before
+    // the file); see the `vote` module.
+    let vote = match vote::read(dir)? {
+        Some(vote) => Some(vote),
+        None => match meta.get(keys::VOTE)? {
+            Some(bytes) => Some(bincode::deserialize(&bytes)?),
+            None => None,
+        },
     };
     let (covered_sender, covered) = covered::covered();
-    let log_store = LogStore::new(db.clone(), wal, meta, purged, observer.clone(), vote, covered);
+    let log_store = LogStore::new(db.clone(), dir, wal, meta, purged, observer.clone(), vote, covered);
     let state_machine = StateMachineStore::open(
         db,
         snapshots,

@@ -3,6 +3,7 @@
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -20,6 +21,8 @@ use crate::{flush, keys, log, ApplyObserver, NodeId, StoreError, TypeConfig};
 #[derive(Clone)]
 pub struct LogStore {
     db: sled::Db,
+    /// The store's directory, where the vote's file is.
+    dir: PathBuf,
     wal: Arc<Wal>,
     meta: sled::Tree,
     /// The last purged log id, as recorded in `meta` (read on every log read, so kept here too).
@@ -41,8 +44,10 @@ pub struct LogStore {
 }
 
 impl LogStore {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         db: sled::Db,
+        dir: &Path,
         wal: Wal,
         meta: sled::Tree,
         purged: Option<LogId<NodeId>>,
@@ -52,6 +57,7 @@ impl LogStore {
     ) -> Self {
         Self {
             db,
+            dir: dir.to_owned(),
             durable: wal.durable(),
             wal: Arc::new(wal),
             meta,
@@ -149,6 +155,10 @@ impl LogStore {
     }
 
     async fn save_vote_flushed(&self, vote: &Vote<NodeId>) -> Result<(), StoreError> {
+        // The file first, durably: it is what the next open reads. Then sled's copy, for a build from
+        // before the file.
+        let (dir, saved) = (self.dir.clone(), *vote);
+        tokio::task::spawn_blocking(move || crate::vote::write(&dir, &saved)).await??;
         self.write_meta(keys::VOTE, vote)?;
         flush(&self.db, self.observer.as_ref()).await?;
         *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(*vote);
@@ -181,7 +191,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        let vote: Option<Vote<NodeId>> = self.read_meta(keys::VOTE).map_err(|e| StorageIOError::read_vote(&e))?;
+        // The vote the open read (from its file, or sled's copy) or the last one saved since.
+        let vote = *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Ok(vote.map(|vote| log::restarted_vote(self.own, vote)))
     }
 

@@ -147,7 +147,7 @@ fn segment_path(dir: &Path, seq: u64) -> PathBuf {
 }
 
 /// Makes the directory's entries (files created or removed) durable.
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

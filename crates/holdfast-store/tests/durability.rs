@@ -549,3 +549,44 @@ async fn purge_deletes_log_files_it_covers() -> Result {
     assert_eq!(ids, [log_id(1, last)]);
     Ok(())
 }
+
+/// The vote survives a restart in its own file, and sled keeps a copy for a build from before the file;
+/// a directory of such a build (a vote in sled, no file) opens with sled's vote; a vote file whose bytes
+/// changed refuses the open, naming the file.
+#[tokio::test]
+async fn the_vote_is_kept_in_its_own_file_and_a_damaged_one_refuses_the_open() -> Result {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.save_vote(&Vote::new_committed(5, 2)).await?;
+    }
+    let file = dir.path().join("vote");
+    assert!(file.exists(), "the vote has a file of its own");
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        assert_eq!(log.read_vote().await?, Some(Vote::new_committed(5, 2)));
+        log.save_vote(&Vote::new(6, 3)).await?;
+    }
+    // As a build from before the file finds it: sled's copy is the newest vote too.
+    {
+        let db = sled_open(dir.path())?;
+        let copy = db.open_tree("meta")?.get("vote")?.expect("sled keeps a copy of the vote");
+        assert_eq!(bincode::deserialize::<Vote<NodeId>>(&copy)?, Vote::new(6, 3));
+    }
+    // A directory of such a build: the vote in sled only.
+    let bytes = std::fs::read(&file)?;
+    std::fs::remove_file(&file)?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        assert_eq!(log.read_vote().await?, Some(Vote::new(6, 3)));
+    }
+    // A flipped bit in the file: refused, not read, and not replaced by sled's copy.
+    let mut damaged = bytes;
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0x01;
+    std::fs::write(&file, &damaged)?;
+    let refused = open_quiet(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.starts_with("vote file: ") && refused.contains("damaged"), "{refused}");
+    assert!(refused.contains(&file.display().to_string()), "{refused}");
+    Ok(())
+}
