@@ -39,8 +39,8 @@
 //!   it. Any other file there is left from a crash and removed when the directory is opened.
 //! - `vote`: the vote, with its length and CRC-32 (see the `vote` module); `vote.new` while one is saved.
 //! - one `sled::Db` with two trees, every value bincode 1:
-//!   - `meta`: `format` (this layout's version, checked on open), `vote` (a copy, read only where there is
-//!     no `vote` file, for and from builds before it), `committed` and
+//!   - `meta`: `format` (this layout's version, checked on open), `vote` (a copy, for builds before the
+//!     file, taken where there is no `vote` file or where it is the later vote), `committed` and
 //!     `last_purged` (the log id of the last entry removed by a purge);
 //!   - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `file` (its file's name, and
 //!     the length and CRC-32 of its bytes, checked when it is read at open), written together in one
@@ -126,7 +126,7 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use holdfast_core::{Applied, LockState, Outcome};
-use openraft::LogId;
+use openraft::{LogId, Vote};
 use serde::{Deserialize, Serialize};
 
 pub use durable::Durable;
@@ -290,14 +290,17 @@ pub fn open_with_cache(
     let committed = committed.flatten().map_or(0, |committed| committed.index);
     let wal = wal::Wal::open_committed(&wal_dir, purged, committed)?;
     let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
-    // The vote's own file, and sled's copy only where there is none (a directory of a build from before
-    // the file); see the `vote` module.
-    let vote = match vote::read(dir)? {
-        Some(vote) => Some(vote),
-        None => match meta.get(keys::VOTE)? {
-            Some(bytes) => Some(bincode::deserialize(&bytes)?),
-            None => None,
-        },
+    // The vote's own file, and sled's copy where there is none (a directory of a build from before the
+    // file) or where it is the later one (a build from before the file ran on this directory since, and
+    // voted only in sled): a vote only ever grows, so the later of the two never goes back. See `vote`.
+    let copy: Option<Vote<NodeId>> = match meta.get(keys::VOTE)? {
+        Some(bytes) => Some(bincode::deserialize(&bytes)?),
+        None => None,
+    };
+    let vote = match (vote::read(dir)?, copy) {
+        (Some(file), Some(copy)) if copy > file => Some(copy),
+        (Some(file), _) => Some(file),
+        (None, copy) => copy,
     };
     let (covered_sender, covered) = covered::covered();
     let log_store = LogStore::new(db.clone(), dir, wal, meta, purged, observer.clone(), vote, covered);

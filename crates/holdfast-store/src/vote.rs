@@ -7,8 +7,9 @@
 //! bincode of the vote after its length and its CRC-32, written whole to `vote.new`, synced, renamed over
 //! `vote` and the directory synced, so that a crash leaves the old vote or the new one, never a mix. A file
 //! whose length or CRC does not match refuses the open, naming the file. sled's copy is still written after
-//! the file's, for a build from before the file to read, and read only when there is no file (a directory
-//! from such a build).
+//! the file's, for a build from before the file to read; the open takes it where there is no file (a
+//! directory from such a build) or where it is the later vote (such a build ran on the directory since and
+//! voted in sled alone): a vote only grows, so the later of the two never goes back.
 
 use std::fs::OpenOptions;
 use std::io::Write;
