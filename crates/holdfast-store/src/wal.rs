@@ -714,17 +714,24 @@ mod tests {
         assert_eq!(wal.last(), Some(entry(2, 4).log_id));
     }
 
-    #[test]
-    fn a_flipped_bit_ends_the_log_at_the_record_before() {
-        let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(dir.path(), None).unwrap();
+    /// A log of entries 1..=3 in `dir` with a bit flipped in the second record's payload: its segment's
+    /// path, its bytes as left, and where the second record starts.
+    fn second_record_flipped(dir: &Path) -> (PathBuf, Vec<u8>, u64) {
+        let wal = Wal::open(dir, None).unwrap();
         wal.append((1..=3).map(|i| entry(1, i))).unwrap();
         let second = wal.inner().segments[0].records[1];
         drop(wal);
-        let path = only_segment(dir.path());
+        let path = only_segment(dir);
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[second as usize + HEADER + 3] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
+        (path, bytes, second)
+    }
+
+    #[test]
+    fn a_flipped_bit_ends_the_log_at_the_record_before() {
+        let dir = tempfile::tempdir().unwrap();
+        second_record_flipped(dir.path());
         let wal = Wal::open(dir.path(), None).unwrap();
         assert_eq!(indexes(&wal, 0, None), [1]);
     }
@@ -735,14 +742,7 @@ mod tests {
     #[test]
     fn a_bad_record_among_committed_entries_is_refused_not_cut() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(dir.path(), None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
-        let second = wal.inner().segments[0].records[1];
-        drop(wal);
-        let path = only_segment(dir.path());
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[second as usize + HEADER + 3] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
+        let (path, bytes, second) = second_record_flipped(dir.path());
         let Err(StoreError::LogCorrupt(what)) = Wal::open_committed(dir.path(), None, 3) else { panic!("opened") };
         let expected = format!("the log ends at entry 1 ({} has a bad record at byte {second})", path.display());
         assert!(what.starts_with(&expected), "{what}");

@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::loops::{finish, HandOffs, Window};
-use super::{authority, progress, rate_line, Counters, Report, Samples};
+use super::{authority, Report, Samples};
 
 /// The longest one call may take, connecting included.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -129,11 +129,8 @@ fn token(body: &[u8]) -> Option<&str> {
 /// The HTTP twin of `uncontended`: each client acquires (`POST`, a 30 s TTL) and releases (`DELETE` with
 /// the token) its own lock until `duration` is over.
 pub async fn uncontended(endpoints: &[String], run_id: u32, clients: usize, duration: Duration) -> Report {
-    let counters = Counters::shared();
-    let window = Window::start();
-    let started = window.started;
-    let deadline = started + duration;
-    let _progress = progress(started, rate_line(counters.clone(), "cycles"));
+    let window = Window::start(duration, "cycles");
+    let (counters, deadline) = (window.counters.clone(), window.deadline);
     let mut tasks = Vec::new();
     for i in 0..clients {
         let (mut conn, counters) = (Conn::new(&endpoints[i % endpoints.len()]), counters.clone());
@@ -169,15 +166,8 @@ pub async fn uncontended(endpoints: &[String], run_id: u32, clients: usize, dura
             samples.extend(s);
         }
     }
-    let mut report = finish(
-        "uncontended",
-        "uncontended acquire+release over HTTP",
-        "cycles/s",
-        clients,
-        &window,
-        &counters,
-        &samples,
-    );
+    let mut report =
+        finish("uncontended", "uncontended acquire+release over HTTP", "cycles/s", clients, &window, &samples);
     http_fields(&mut report, endpoints);
     report
 }
@@ -186,12 +176,9 @@ pub async fn uncontended(endpoints: &[String], run_id: u32, clients: usize, dura
 /// (what is left of `duration`), and releases it as soon as it holds it. Hand-overs/s and the hand-over
 /// latency (release sent → the next holder's grant read).
 pub async fn contended(endpoints: &[String], run_id: u32, clients: usize, duration: Duration) -> Report {
-    let counters = Counters::shared();
-    let window = Window::start();
-    let started = window.started;
-    let deadline = started + duration;
+    let window = Window::start(duration, "hand-overs");
+    let (counters, deadline) = (window.counters.clone(), window.deadline);
     let handoffs = Arc::new(HandOffs::default());
-    let _progress = progress(started, rate_line(counters.clone(), "hand-overs"));
     let mut tasks = Vec::new();
     for i in 0..clients {
         let mut conn = Conn::new(&endpoints[i % endpoints.len()]);
@@ -223,15 +210,8 @@ pub async fn contended(endpoints: &[String], run_id: u32, clients: usize, durati
         let _ = task.await;
     }
     let samples = handoffs.samples();
-    let mut report = finish(
-        "contended",
-        "contended hand-over over HTTP (wait=)",
-        "handovers/s",
-        clients,
-        &window,
-        &counters,
-        &samples,
-    );
+    let mut report =
+        finish("contended", "contended hand-over over HTTP (wait=)", "handovers/s", clients, &window, &samples);
     http_fields(&mut report, endpoints);
     report
 }

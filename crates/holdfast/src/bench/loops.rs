@@ -5,16 +5,13 @@ use std::time::{Duration, Instant};
 
 use holdfast_client::{Client, Error};
 
-use super::{entry_commands, progress, rate_line, Counters, CpuWindow, Report, Samples};
+use super::{entry_commands, progress, rate_line, Counters, CpuWindow, ProgressGuard, Report, Samples};
 
 /// Each client acquires and releases its own lock with one-shot calls until `duration` is over.
 pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
     let proposed_before = entry_commands(client).await;
-    let counters = Counters::shared();
-    let window = Window::start();
-    let started = window.started;
-    let deadline = started + duration;
-    let _progress = progress(started, rate_line(counters.clone(), "cycles"));
+    let window = Window::start(duration, "cycles");
+    let (counters, deadline) = (window.counters.clone(), window.deadline);
     let mut tasks = Vec::new();
     for i in 0..clients {
         let (client, counters) = (client.clone(), counters.clone());
@@ -44,8 +41,7 @@ pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration:
             samples.extend(s);
         }
     }
-    let mut report =
-        finish("uncontended", "uncontended acquire+release", "cycles/s", clients, &window, &counters, &samples);
+    let mut report = finish("uncontended", "uncontended acquire+release", "cycles/s", clients, &window, &samples);
     // How many client commands each log entry carried (the leader batches one-lock commands that queue up).
     match (proposed_before, entry_commands(client).await) {
         (Some((commands_before, entries_before)), Some((commands, entries))) if entries > entries_before => {
@@ -64,12 +60,9 @@ pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration:
 
 /// Every client's session wants one lock and lets go as soon as it holds it, until `duration` is over.
 pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
-    let counters = Counters::shared();
-    let window = Window::start();
-    let started = window.started;
-    let deadline = started + duration;
+    let window = Window::start(duration, "hand-overs");
+    let (counters, deadline) = (window.counters.clone(), window.deadline);
     let handoffs = Arc::new(HandOffs::default());
-    let _progress = progress(started, rate_line(counters.clone(), "hand-overs"));
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let (client, counters, handoffs) = (client.clone(), counters.clone(), handoffs.clone());
@@ -95,7 +88,7 @@ pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: D
         let _ = task.await;
     }
     let samples = handoffs.samples();
-    finish("contended", "contended hand-over", "handovers/s", clients, &window, &counters, &samples)
+    finish("contended", "contended hand-over", "handovers/s", clients, &window, &samples)
 }
 
 /// Every client asks about one lock that another client holds, in a loop until `duration` is over: with
@@ -110,11 +103,8 @@ pub async fn reads(
 ) -> anyhow::Result<Report> {
     let name = format!("bench-{run_id:08x}-read");
     let hold = client.acquire(&name, duration + Duration::from_secs(30), Duration::ZERO).await?;
-    let counters = Counters::shared();
-    let window = Window::start();
-    let started = window.started;
-    let deadline = started + duration;
-    let _progress = progress(started, rate_line(counters.clone(), "answers"));
+    let window = Window::start(duration, "answers");
+    let (counters, deadline) = (window.counters.clone(), window.deadline);
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let (client, counters, name) = (client.clone(), counters.clone(), name.clone());
@@ -149,18 +139,11 @@ pub async fn reads(
     }
     let _ = client.release(&name, &hold.token).await;
     let (kind, what) = if busy { ("busy", "one-shot acquire of a held lock") } else { ("reads", "get of a held lock") };
-    Ok(finish(kind, what, "answers/s", clients, &window, &counters, &samples))
+    Ok(finish(kind, what, "answers/s", clients, &window, &samples))
 }
 
-pub(super) fn finish(
-    kind: &str,
-    what: &str,
-    unit: &str,
-    clients: usize,
-    window: &Window,
-    counters: &Counters,
-    samples: &Samples,
-) -> Report {
+pub(super) fn finish(kind: &str, what: &str, unit: &str, clients: usize, window: &Window, samples: &Samples) -> Report {
+    let counters = &window.counters;
     let elapsed = window.started.elapsed().as_secs_f64();
     let ops = counters.done();
     let rate = ops as f64 / elapsed;
@@ -215,14 +198,20 @@ impl HandOffs {
     }
 }
 
-/// A loop's window: when it started, and the generator's own CPU since.
+/// A loop's run: when it started and ends, what its clients counted (shown as `unit`s a second while it
+/// runs), and the generator's own CPU since it started.
 pub(super) struct Window {
     pub(super) started: Instant,
+    pub(super) deadline: Instant,
+    pub(super) counters: Arc<Counters>,
     cpu: CpuWindow,
+    _progress: ProgressGuard,
 }
 
 impl Window {
-    pub(super) fn start() -> Window {
-        Window { started: Instant::now(), cpu: CpuWindow::start(&[]) }
+    pub(super) fn start(duration: Duration, unit: &'static str) -> Window {
+        let (started, counters) = (Instant::now(), Counters::shared());
+        let progress = progress(started, rate_line(counters.clone(), unit));
+        Window { started, deadline: started + duration, counters, cpu: CpuWindow::start(&[]), _progress: progress }
     }
 }
