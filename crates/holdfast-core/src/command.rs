@@ -175,6 +175,15 @@ pub enum Command {
     /// takes the secret whose digest is `secret`. (Last, so that the variants before it keep their
     /// encoding in stored logs.)
     OpenSession { id: SessionId, owner: String, lease_ms: u64, secret: SecretDigest },
+    /// Take a lock, or queue for it, as [`Command::Acquire`] does, with a value the grant publishes (an
+    /// elected leader's address): reads show it beside the holder until the holder changes it or lets go.
+    /// At most [`limits::VALUE_LEN_MAX`](crate::limits::VALUE_LEN_MAX) bytes. A plain `Acquire` is an
+    /// acquire with an empty value. (After `OpenSession`, so that the variants before it keep their
+    /// encoding in stored logs.)
+    AcquireValued { acquire: Acquire, value: Vec<u8> },
+    /// The holder `token` of `name` publishes `value` in place of the lock's value: the fence stays, the
+    /// lock's revision moves to this entry.
+    SetValue { name: String, token: Token, value: Vec<u8> },
 }
 
 impl Command {
@@ -182,6 +191,8 @@ impl Command {
     pub fn lock_name(&self) -> Option<&str> {
         match self {
             Command::Acquire(Acquire { name, .. })
+            | Command::AcquireValued { acquire: Acquire { name, .. }, .. }
+            | Command::SetValue { name, .. }
             | Command::Release { name, .. }
             | Command::Renew { name, .. }
             | Command::RenewKeepingTtl { name, .. }
@@ -199,7 +210,17 @@ impl Command {
     /// Whether the command is an `Acquire`: in a [`Command::Group`], a lock's acquires may follow one
     /// other command on it.
     pub fn is_acquire(&self) -> bool {
-        matches!(self, Command::Acquire(_))
+        self.acquire().is_some()
+    }
+
+    /// The acquire a [`Command::Acquire`] or [`Command::AcquireValued`] makes, with the value its grant
+    /// publishes (empty for a plain `Acquire`).
+    pub fn acquire(&self) -> Option<(&Acquire, &[u8])> {
+        match self {
+            Command::Acquire(acquire) => Some((acquire, &[])),
+            Command::AcquireValued { acquire, value } => Some((acquire, value)),
+            _ => None,
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
@@ -39,6 +39,8 @@ pub struct Grant {
     pub fence: u64,
     pub granted_at_ms: u64,
     pub lease: Lease,
+    /// What the holder publishes (empty: nothing).
+    pub value: Vec<u8>,
 }
 
 /// What anyone may see of a holder (no token).
@@ -48,6 +50,8 @@ pub struct HolderView {
     pub fence: u64,
     pub granted_at_ms: u64,
     pub lease: Lease,
+    /// What the holder publishes (empty: nothing).
+    pub value: Vec<u8>,
 }
 
 /// What anyone may see of a waiter (no token).
@@ -64,6 +68,9 @@ pub struct LockView {
     pub name: String,
     pub holder: HolderView,
     pub waiters: Vec<WaiterView>,
+    /// The log index of the lock's last change: a grant, release, expiry, hand-over, value change,
+    /// renewal, or a waiter joining or leaving.
+    pub revision: u64,
 }
 
 /// The answer to the proposer of an entry.
@@ -114,6 +121,8 @@ pub enum Outcome {
     Rejected(Reject),
     /// A [`Command::Batch`] or [`Command::Group`]: each command's outcome, in order.
     Batch(Vec<Outcome>),
+    /// The holder's value is now the one given (same fence).
+    ValueSet(Grant),
 }
 
 /// Why an entry changed nothing.
@@ -179,6 +188,9 @@ pub enum Reject {
     /// its commands is applied.
     #[error("invalid batch of commands")]
     InvalidBatch,
+    /// A value longer than [`limits::VALUE_LEN_MAX`] bytes.
+    #[error("a value of {0} bytes is longer than {max} bytes", max = limits::VALUE_LEN_MAX)]
+    ValueTooLong(usize),
 }
 
 /// An open session and its claims.
@@ -264,6 +276,7 @@ struct Holder {
     fence: u64,
     granted_at_ms: u64,
     lease: Lease,
+    value: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -276,6 +289,8 @@ struct Waiter {
     /// Past this time the waiter is gone; `u64::MAX` for a session's waiter.
     wait_until_ms: u64,
     session: Option<SessionId>,
+    /// The value its grant will publish.
+    value: Vec<u8>,
 }
 
 /// A lock exists while it is held; a lock with waiters is always held (a release hands it over in the
@@ -284,6 +299,8 @@ struct Waiter {
 struct Lock {
     holder: Holder,
     waiters: VecDeque<Waiter>,
+    /// The index of the entry that last changed it.
+    revision: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -318,6 +335,14 @@ pub struct LockState {
     /// API keys: tenant id to the key's hash and creation time; and the reverse.
     keys: BTreeMap<u64, ([u8; 32], u64)>,
     key_tenants: BTreeMap<[u8; 32], u64>,
+    /// Locks freed in the last [`limits::FREED_KEEP_MS`] (at most [`limits::FREED_MAX`] of them): the
+    /// revision and time of the entry that freed each, so that a watcher that looks again soon after sees
+    /// that the lock changed even if it was taken and freed again meanwhile. A lock taken again leaves it.
+    #[serde(deserialize_with = "ordered::deserialize")]
+    freed: OrdMap<String, (u64, u64)>,
+    /// The same, ordered by revision (oldest first, to forget). Rebuilt from `freed` on restore.
+    #[serde(skip)]
+    freed_order: OrdSet<(u64, String)>,
     /// Time of the last applied entry.
     now_ms: u64,
     /// Index of the last applied entry.
@@ -380,10 +405,93 @@ pub enum SnapshotError {
     Write(#[source] bincode::Error),
 }
 
-/// Format 3: the state as format 2 encoded it, then the sessions' secret digests ([`SessionSecrets`]).
-/// Format 2 still restores, its sessions without secrets.
-const SNAPSHOT_FORMAT: u32 = 3;
+/// Format 4: the state with values, revisions and freed locks, then the sessions' secret digests
+/// ([`SessionSecrets`]). Format 3 (the state without values, revisions or freed locks, then the digests)
+/// and format 2 (without digests) still restore, through [`before_values`].
+const SNAPSHOT_FORMAT: u32 = 4;
+const SNAPSHOT_FORMAT_WITHOUT_VALUES: u32 = 3;
 const SNAPSHOT_FORMAT_WITHOUT_SECRETS: u32 = 2;
+
+/// The state as snapshot formats 2 and 3 encoded it: no values, no revisions, no freed locks.
+mod before_values {
+    use std::collections::{BTreeMap, VecDeque};
+    use std::sync::Arc;
+
+    use serde::Deserialize;
+
+    use super::{Lease, Lock, SessionId, Token};
+
+    #[derive(Deserialize)]
+    struct Holder {
+        owner: String,
+        token: Token,
+        fence: u64,
+        granted_at_ms: u64,
+        lease: Lease,
+    }
+
+    #[derive(Deserialize)]
+    struct Waiter {
+        owner: String,
+        token: Token,
+        ttl_ms: u64,
+        queued_at_ms: u64,
+        wait_until_ms: u64,
+        session: Option<SessionId>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct LockState {
+        locks: BTreeMap<String, (Holder, VecDeque<Waiter>)>,
+        sessions: BTreeMap<SessionId, super::Session>,
+        keys: BTreeMap<u64, ([u8; 32], u64)>,
+        key_tenants: BTreeMap<[u8; 32], u64>,
+        now_ms: u64,
+        applied_index: u64,
+    }
+
+    impl LockState {
+        /// The state as this build keeps it. The changes before the snapshot were not recorded: each lock's
+        /// revision is the snapshot's index, which no change to it after the snapshot can be at or below, so
+        /// a watcher may be told of a change that did not happen, never left unaware of one that did.
+        pub(super) fn into_current(self) -> super::LockState {
+            let revision = self.applied_index;
+            let lock = |(holder, waiters): (Holder, VecDeque<Waiter>)| {
+                let holder = super::Holder {
+                    owner: holder.owner,
+                    token: holder.token,
+                    fence: holder.fence,
+                    granted_at_ms: holder.granted_at_ms,
+                    lease: holder.lease,
+                    value: Vec::new(),
+                };
+                let waiters = waiters
+                    .into_iter()
+                    .map(|w| super::Waiter {
+                        owner: w.owner,
+                        token: w.token,
+                        ttl_ms: w.ttl_ms,
+                        queued_at_ms: w.queued_at_ms,
+                        wait_until_ms: w.wait_until_ms,
+                        session: w.session,
+                        value: Vec::new(),
+                    })
+                    .collect();
+                Arc::new(Lock { holder, waiters, revision })
+            };
+            super::LockState {
+                locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
+                sessions: self.sessions.into_iter().collect(),
+                keys: self.keys,
+                key_tenants: self.key_tenants,
+                now_ms: self.now_ms,
+                applied_index: self.applied_index,
+                freed: Default::default(),
+                freed_order: Default::default(),
+            }
+        }
+    }
+}
 
 /// The sessions' secret digests, by session id in id order, as a snapshot encodes them after the state.
 struct SessionSecrets<'a>(&'a OrdMap<SessionId, Session>);
@@ -442,18 +550,22 @@ impl LockState {
         );
         self.applied_index = index;
         self.now_ms = self.now_ms.max(entry.at_ms);
-        let (cmds, valid) = match &entry.cmd {
-            Command::Batch(cmds) => (cmds, valid_batch(cmds)),
-            Command::Group(cmds) => (cmds, valid_group(cmds)),
+        let outcome = match &entry.cmd {
+            Command::Batch(cmds) if valid_batch(cmds) => self.apply_all(cmds, each),
+            Command::Group(cmds) if valid_group(cmds) => self.apply_all(cmds, each),
+            Command::Batch(_) | Command::Group(_) => Outcome::Rejected(Reject::InvalidBatch),
             cmd => {
                 let applied = self.apply_command(cmd);
                 each(self, cmd, &applied);
-                return applied.outcome;
+                applied.outcome
             }
         };
-        if !valid {
-            return Outcome::Rejected(Reject::InvalidBatch);
-        }
+        self.forget_old_frees();
+        outcome
+    }
+
+    /// Applies the commands of a valid batch or group, in order.
+    fn apply_all(&mut self, cmds: &[Command], mut each: impl FnMut(&LockState, &Command, &Applied)) -> Outcome {
         let mut outcomes = Vec::with_capacity(cmds.len());
         for cmd in cmds {
             let applied = self.apply_command(cmd);
@@ -461,6 +573,33 @@ impl LockState {
             outcomes.push(applied.outcome);
         }
         Outcome::Batch(outcomes)
+    }
+
+    /// Forgets the revisions of locks freed longer than [`limits::FREED_KEEP_MS`] ago, and of the oldest
+    /// past [`limits::FREED_MAX`]: decided by the entry's time, the same on every replica.
+    fn forget_old_frees(&mut self) {
+        while let Some((revision, name)) = self.freed_order.get_min().cloned() {
+            let (_, freed_at_ms) = self.freed[&name];
+            let old = freed_at_ms.saturating_add(limits::FREED_KEEP_MS) <= self.now_ms;
+            if !old && self.freed.len() <= limits::FREED_MAX {
+                return;
+            }
+            self.freed_order.remove(&(revision, name.clone()));
+            self.freed.remove(&name);
+        }
+    }
+
+    /// Remembers that `name` was freed by the current entry.
+    fn note_freed(&mut self, name: &str) {
+        self.freed.insert(name.to_owned(), (self.applied_index, self.now_ms));
+        self.freed_order.insert((self.applied_index, name.to_owned()));
+    }
+
+    /// `name` is taken again: its revision is the lock's own from now on.
+    fn forget_freed(&mut self, name: &str) {
+        if let Some((revision, _)) = self.freed.remove(name) {
+            self.freed_order.remove(&(revision, name.to_owned()));
+        }
     }
 
     /// Apply one command (not a batch) at the current index and time.
@@ -494,7 +633,9 @@ impl LockState {
                 }
                 None => Outcome::Rejected(Reject::NoKey(*tenant)),
             },
-            Command::Acquire(acquire) => self.acquire(acquire, &mut applied),
+            Command::Acquire(acquire) => self.acquire(acquire, &[], &mut applied),
+            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, &mut applied),
+            Command::SetValue { name, token, value } => self.set_value(name, *token, value),
             Command::Release { name, token } => {
                 match self.locks.get(name.as_str()).map(|l| (l.holder.token, l.holder.lease)) {
                     // A session lets go through its stream (a Cancel); a one-shot release must not end a session's
@@ -527,12 +668,15 @@ impl LockState {
         applied
     }
 
-    fn acquire(&mut self, a: &Acquire, applied: &mut Applied) -> Outcome {
+    fn acquire(&mut self, a: &Acquire, value: &[u8], applied: &mut Applied) -> Outcome {
         if !limits::valid_name(&a.name) {
             return Outcome::Rejected(Reject::InvalidName);
         }
         if !limits::valid_owner(&a.owner) {
             return Outcome::Rejected(Reject::InvalidOwner);
+        }
+        if value.len() > limits::VALUE_LEN_MAX {
+            return Outcome::Rejected(Reject::ValueTooLong(value.len()));
         }
         if a.session.is_none() && !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&a.ttl_ms) {
             return Outcome::Rejected(Reject::InvalidTtl(a.ttl_ms));
@@ -558,7 +702,7 @@ impl LockState {
                 return Outcome::Rejected(Reject::TooManyClaims);
             }
         }
-        let at = self.now_ms;
+        let (at, index) = (self.now_ms, self.applied_index);
         let outcome = match lock_mut(&mut self.locks, &a.name) {
             None => {
                 if self.locks.len() >= limits::LOCKS_MAX {
@@ -571,12 +715,14 @@ impl LockState {
                 let holder = Holder {
                     owner: a.owner.clone(),
                     token: a.token,
-                    fence: self.applied_index,
+                    fence: index,
                     granted_at_ms: at,
                     lease,
+                    value: value.to_vec(),
                 };
                 let grant = grant_of(&a.name, &holder);
-                self.locks.insert(a.name.clone(), Arc::new(Lock { holder, waiters: VecDeque::new() }));
+                self.locks.insert(a.name.clone(), Arc::new(Lock { holder, waiters: VecDeque::new(), revision: index }));
+                self.forget_freed(&a.name);
                 applied.grants.push(grant.clone());
                 Outcome::Granted(grant)
             }
@@ -600,7 +746,9 @@ impl LockState {
                         None => at.saturating_add(a.wait_ms),
                     },
                     session: a.session,
+                    value: value.to_vec(),
                 });
+                lock.revision = index;
                 Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
             }
         };
@@ -629,7 +777,7 @@ impl LockState {
         if let Some(ttl_ms) = ttl_ms.filter(|ttl| !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(ttl)) {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
-        let at = self.now_ms;
+        let (at, index) = (self.now_ms, self.applied_index);
         let lock = match lock_mut(&mut self.locks, name) {
             Some(lock) if lock.holder.token == token => lock,
             lock => {
@@ -649,12 +797,38 @@ impl LockState {
             Lease::Ttl { ttl_ms: held, .. } => {
                 let ttl_ms = ttl_ms.unwrap_or(held);
                 lock.holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: at.saturating_add(ttl_ms) };
+                lock.revision = index;
                 Outcome::Renewed(grant_of(name, &lock.holder))
             }
         }
     }
 
+    /// The holder `token` of `name` publishes `value`. A TTL hold past its advertised end is refused, as
+    /// its renewal is: its holder already counts it lost.
+    fn set_value(&mut self, name: &str, token: Token, value: &[u8]) -> Outcome {
+        if value.len() > limits::VALUE_LEN_MAX {
+            return Outcome::Rejected(Reject::ValueTooLong(value.len()));
+        }
+        let (at, index) = (self.now_ms, self.applied_index);
+        let lock = match lock_mut(&mut self.locks, name) {
+            Some(lock) if lock.holder.token == token => lock,
+            lock => {
+                return Outcome::Rejected(Reject::NotHolder {
+                    name: name.to_owned(),
+                    holder: lock.map(|l| view_of(&l.holder)),
+                })
+            }
+        };
+        if lock.holder.lease.expires_at_ms().is_some_and(|end| at >= end) {
+            return Outcome::Rejected(Reject::Expired { name: name.to_owned() });
+        }
+        lock.holder.value = value.to_vec();
+        lock.revision = index;
+        Outcome::ValueSet(grant_of(name, &lock.holder))
+    }
+
     fn cancel(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
+        let index = self.applied_index;
         let Some(lock) = lock_mut(&mut self.locks, name) else {
             return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: None });
         };
@@ -665,6 +839,7 @@ impl LockState {
             return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: Some(view_of(&lock.holder)) });
         };
         let waiter = lock.waiters.remove(i).expect("position is in range");
+        lock.revision = index;
         if let Some(id) = waiter.session {
             self.sessions.get_mut(&id).expect("a claim's session is open").claims.remove(name);
         }
@@ -696,6 +871,7 @@ impl LockState {
         let Some(claims) = self.sessions.get(&id).map(|s| s.claims.clone()) else {
             return false;
         };
+        let index = self.applied_index;
         for name in &claims {
             let lock = lock_mut(&mut self.locks, name).expect("a session's claim names an existing lock");
             if lock.holder.lease == Lease::Session(id) {
@@ -703,6 +879,7 @@ impl LockState {
             } else {
                 let i = lock.waiters.iter().position(|w| w.session == Some(id));
                 let waiter = lock.waiters.remove(i.expect("a claim that is not a hold is a wait"));
+                lock.revision = index;
                 applied.dropped.push((name.clone(), waiter.expect("in range").token));
             }
         }
@@ -714,7 +891,7 @@ impl LockState {
         if expire.len() > limits::EXPIRE_BATCH_MAX {
             return Outcome::Rejected(Reject::BatchTooLarge(expire.len()));
         }
-        let at = self.now_ms;
+        let (at, index) = (self.now_ms, self.applied_index);
         // Sessions that end in this entry must not be handed a lock in it: closing them would end that
         // hold again and grant the next waiter the same fence.
         let ending: BTreeSet<SessionId> =
@@ -737,6 +914,7 @@ impl LockState {
             let due = lock.waiters.iter().position(|w| w.session.is_none() && w.token == *token);
             if let Some(i) = due {
                 lock.waiters.remove(i);
+                lock.revision = index;
                 applied.dropped.push((name.clone(), *token));
                 waiters += 1;
             }
@@ -755,6 +933,7 @@ impl LockState {
         let (at, index) = (self.now_ms, self.applied_index);
         let lock = lock_mut(&mut self.locks, name).expect("ending a hold on an existing lock");
         let old = lock.holder.fence;
+        lock.revision = index;
         applied.ended.push((name.to_owned(), old));
         if let Lease::Session(id) = lock.holder.lease {
             self.sessions.get_mut(&id).expect("a holder's session is open").claims.remove(name);
@@ -773,12 +952,14 @@ impl LockState {
                 Some(id) => Lease::Session(id),
                 None => Lease::Ttl { ttl_ms: waiter.ttl_ms, expires_at_ms: at.saturating_add(waiter.ttl_ms) },
             };
-            lock.holder = Holder { owner: waiter.owner, token: waiter.token, fence: index, granted_at_ms: at, lease };
+            let (owner, token, value) = (waiter.owner, waiter.token, waiter.value);
+            lock.holder = Holder { owner, token, fence: index, granted_at_ms: at, lease, value };
             assert!(index > old, "fences of lock {name:?} went from {old} to {index}");
             applied.grants.push(grant_of(name, &lock.holder));
             return;
         }
         self.locks.remove(name);
+        self.note_freed(name);
     }
 
     // --- queries ---
@@ -796,6 +977,16 @@ impl LockState {
     /// The lock called `name`, if held.
     pub fn get(&self, name: &str) -> Option<LockView> {
         self.locks.get(name).map(|lock| lock_view(name, lock))
+    }
+
+    /// The revision of `name`: the index of the entry that last changed it. For a lock nobody holds, the
+    /// entry that freed it if that was within [`limits::FREED_KEEP_MS`] (and among the last
+    /// [`limits::FREED_MAX`] freed); else 0, as for a lock that never existed.
+    pub fn revision(&self, name: &str) -> u64 {
+        match self.locks.get(name) {
+            Some(lock) => lock.revision,
+            None => self.freed.get(name).map_or(0, |(revision, _)| *revision),
+        }
     }
 
     /// Up to `limit` locks whose names start with `prefix`, after `after` (exclusive), in name order.
@@ -966,11 +1157,19 @@ impl LockState {
         use bincode::Options;
         let bounded = || bincode::options().with_fixint_encoding().allow_trailing_bytes().with_limit(len_bytes);
         let format: u32 = bounded().deserialize_from(&mut input)?;
-        if format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_WITHOUT_SECRETS {
-            return Err(SnapshotError::Format(format));
-        }
-        let mut state: LockState = bounded().deserialize_from(&mut input)?;
-        if format == SNAPSHOT_FORMAT {
+        let mut state = match format {
+            SNAPSHOT_FORMAT => {
+                let mut state: LockState = bounded().deserialize_from(&mut input)?;
+                state.freed_order = state.freed.iter().map(|(name, (revision, _))| (*revision, name.clone())).collect();
+                state
+            }
+            SNAPSHOT_FORMAT_WITHOUT_VALUES | SNAPSHOT_FORMAT_WITHOUT_SECRETS => {
+                let state: before_values::LockState = bounded().deserialize_from(&mut input)?;
+                state.into_current()
+            }
+            _ => return Err(SnapshotError::Format(format)),
+        };
+        if format != SNAPSHOT_FORMAT_WITHOUT_SECRETS {
             let secrets: BTreeMap<SessionId, SecretDigest> = bounded().deserialize_from(input)?;
             for (id, secret) in secrets {
                 let Some(session) = state.sessions.get_mut(&id) else {
@@ -992,9 +1191,19 @@ impl LockState {
             assert!(*created_at_ms <= self.now_ms, "keys were made in the past");
         }
         let mut claims: BTreeMap<SessionId, BTreeSet<String>> = BTreeMap::new();
+        assert_eq!(self.freed.len(), self.freed_order.len(), "every freed lock is in the order once");
+        for (revision, name) in &self.freed_order {
+            assert_eq!(self.freed.get(name).map(|(r, _)| r), Some(revision), "freed {name:?} is ordered by its revision");
+            assert!(!self.locks.contains_key(name), "a freed lock {name:?} is not held");
+            assert!(*revision <= self.applied_index, "freed {name:?} is not from the future");
+        }
+        assert!(self.freed.len() <= limits::FREED_MAX);
         for (name, lock) in &self.locks {
             assert!(limits::valid_name(name), "stored name {name:?} is valid");
             assert!(lock.holder.fence <= self.applied_index, "fence of {name:?} is not from the future");
+            assert!(lock.holder.fence <= lock.revision, "revision of {name:?} is at or after its grant");
+            assert!(lock.revision <= self.applied_index, "revision of {name:?} is not from the future");
+            assert!(lock.holder.value.len() <= limits::VALUE_LEN_MAX);
             assert!(lock.waiters.len() <= limits::WAITERS_PER_LOCK_MAX);
             let mut tokens = BTreeSet::from([lock.holder.token]);
             for w in &lock.waiters {
@@ -1023,11 +1232,18 @@ fn grant_of(name: &str, h: &Holder) -> Grant {
         fence: h.fence,
         granted_at_ms: h.granted_at_ms,
         lease: h.lease,
+        value: h.value.clone(),
     }
 }
 
 fn view_of(h: &Holder) -> HolderView {
-    HolderView { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, lease: h.lease }
+    HolderView {
+        owner: h.owner.clone(),
+        fence: h.fence,
+        granted_at_ms: h.granted_at_ms,
+        lease: h.lease,
+        value: h.value.clone(),
+    }
 }
 
 fn lock_view(name: &str, lock: &Lock) -> LockView {
@@ -1039,6 +1255,7 @@ fn lock_view(name: &str, lock: &Lock) -> LockView {
             .iter()
             .map(|w| WaiterView { owner: w.owner.clone(), queued_at_ms: w.queued_at_ms, session: w.session })
             .collect(),
+        revision: lock.revision,
     }
 }
 
@@ -1053,6 +1270,7 @@ mod tests {
         sessions: BTreeMap<&'a SessionId, &'a Session>,
         keys: &'a BTreeMap<u64, ([u8; 32], u64)>,
         key_tenants: &'a BTreeMap<[u8; 32], u64>,
+        freed: BTreeMap<&'a String, &'a (u64, u64)>,
         now_ms: u64,
         applied_index: u64,
     }
@@ -1092,6 +1310,7 @@ mod tests {
             sessions: state.sessions.iter().collect(),
             keys: &state.keys,
             key_tenants: &state.key_tenants,
+            freed: state.freed.iter().collect(),
             now_ms: state.now_ms,
             applied_index: state.applied_index,
         };
@@ -1123,9 +1342,87 @@ mod tests {
         let mut other_format = state.snapshot();
         other_format[0] ^= 0x10;
         let refused = LockState::read_snapshot(other_format.as_slice(), other_format.len() as u64);
-        assert!(matches!(refused, Err(SnapshotError::Format(19))));
+        assert!(matches!(refused, Err(SnapshotError::Format(20))));
         let cut = &state.snapshot()[..10];
         assert!(matches!(LockState::read_snapshot(cut, 10), Err(SnapshotError::Decode(_))));
+    }
+
+    /// A snapshot of format 3 (no values, revisions or freed locks) restores: every lock with an empty
+    /// value, its revision the snapshot's index; and one of format 2, without the sessions' secrets.
+    #[test]
+    fn snapshots_of_formats_3_and_2_restore_with_revisions_at_their_index() {
+        let mut state = LockState::new();
+        let acquire = |name: &str, token: u128, session: Option<SessionId>| {
+            Command::Acquire(Acquire {
+                name: name.into(),
+                owner: "w".into(),
+                token: Token(token),
+                ttl_ms: 5_000,
+                wait_ms: 60_000,
+                session,
+            })
+        };
+        let open = Command::OpenSession { id: 7, owner: "s".into(), lease_ms: 2_000, secret: SessionSecret(Token(5)).digest() };
+        let commands = [open, acquire("a", 1, None), acquire("a", 2, Some(7)), acquire("b", 3, None)];
+        for (i, cmd) in commands.into_iter().enumerate() {
+            state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
+        }
+        state.apply(9, &Entry { at_ms: 2_000, cmd: Command::Release { name: "b".into(), token: Token(3) } });
+        // Format 3's encoding: each lock its holder and waiters, without values or revisions.
+        #[derive(Serialize)]
+        struct Format3<'a> {
+            locks: BTreeMap<&'a String, (OldHolder<'a>, Vec<OldWaiter<'a>>)>,
+            sessions: BTreeMap<&'a SessionId, &'a Session>,
+            keys: &'a BTreeMap<u64, ([u8; 32], u64)>,
+            key_tenants: &'a BTreeMap<[u8; 32], u64>,
+            now_ms: u64,
+            applied_index: u64,
+        }
+        #[derive(Serialize)]
+        struct OldHolder<'a>(&'a String, Token, u64, u64, Lease);
+        #[derive(Serialize)]
+        struct OldWaiter<'a>(&'a String, Token, u64, u64, u64, Option<SessionId>);
+        let old = Format3 {
+            locks: state
+                .locks
+                .iter()
+                .map(|(name, lock)| {
+                    let h = &lock.holder;
+                    let holder = OldHolder(&h.owner, h.token, h.fence, h.granted_at_ms, h.lease);
+                    let waiters = lock
+                        .waiters
+                        .iter()
+                        .map(|w| OldWaiter(&w.owner, w.token, w.ttl_ms, w.queued_at_ms, w.wait_until_ms, w.session))
+                        .collect();
+                    (name, (holder, waiters))
+                })
+                .collect(),
+            sessions: state.sessions.iter().collect(),
+            keys: &state.keys,
+            key_tenants: &state.key_tenants,
+            now_ms: state.now_ms,
+            applied_index: state.applied_index,
+        };
+        let secrets = BTreeMap::from([(7u64, SessionSecret(Token(5)).digest())]);
+        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_VALUES, &old, secrets)).unwrap();
+        let restored = LockState::restore(&bytes).expect("format 3 restores");
+        restored.check_invariants();
+        let mut expected = state.clone();
+        for name in ["a"] {
+            lock_mut(&mut expected.locks, name).expect("held").revision = 9;
+        }
+        expected.freed = OrdMap::new();
+        expected.freed_order = OrdSet::new();
+        assert_eq!(restored, expected);
+        assert_eq!(state.revision("a"), 3, "a waiter joined at 3");
+        assert_eq!((restored.revision("a"), restored.revision("b")), (9, 0), "b was freed before the snapshot");
+
+        // Format 2: the same state without the secrets that follow it.
+        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_SECRETS, &old)).unwrap();
+        let restored = LockState::restore(&bytes).expect("format 2 restores");
+        restored.check_invariants();
+        let view = state.session(7).expect("open");
+        assert_eq!(restored.session(7), Some(SessionView { secret: None, ..view }));
     }
 
     #[test]

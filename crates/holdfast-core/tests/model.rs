@@ -6,11 +6,14 @@
 //! time monotonic), and replace the state by a restore of its own snapshot (a replica that restarted or
 //! installed a snapshot must go on exactly as the one that did not).
 //!
+//! The model keeps no revisions of its own making: after every command it compares each lock with what
+//! it was before, and a lock that differs (or was renewed, or had its value set) gets the entry's index.
+//!
 //! The model encodes the intended rule for an `Expire` that ends sessions: a session that ends in an
 //! entry is never handed a lock in that same entry (its wait is dropped at the hand-over instead). See
 //! the `bug_expire_…` tests in `outcomes.rs`.
 
-use holdfast_core::limits::{TTL_MS_MAX, TTL_MS_MIN};
+use holdfast_core::limits::{FREED_KEEP_MS, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX};
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
     SessionId, SessionSecret, Token, WaiterView,
@@ -24,6 +27,8 @@ const NAMES: [&str; 4] = ["a", "a.1", "b", "c"];
 const TTLS: [u64; 5] = [5, 10, 40, 150, 600];
 const WAITS: [u64; 5] = [0, 20, 200, 2_000, 2_000];
 const TOKENS: u8 = 5;
+/// Values an acquire (one past the end: a plain `Acquire`) or a value change gives; the last is too long.
+const VALUES: [&[u8]; 4] = [b"", b"10.0.0.1:7070", &[0xff, 0, 7], &[b'x'; VALUE_LEN_MAX + 1]];
 const SESSIONS: SessionId = 3;
 
 fn token(t: u8) -> Token {
@@ -32,16 +37,17 @@ fn token(t: u8) -> Token {
 
 // --- the model ---
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct MHolder {
     owner: String,
     token: Token,
     fence: u64,
     granted_at_ms: u64,
     lease: Lease,
+    value: Vec<u8>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct MWaiter {
     owner: String,
     token: Token,
@@ -50,6 +56,7 @@ struct MWaiter {
     /// `None`: a session's waiter, which waits as long as its session lives.
     wait_until_ms: Option<u64>,
     session: Option<SessionId>,
+    value: Vec<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +64,7 @@ struct MLock {
     name: String,
     holder: MHolder,
     waiters: Vec<MWaiter>,
+    revision: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -67,6 +75,8 @@ struct Model {
     sessions: Vec<(SessionId, u64)>,
     now_ms: u64,
     index: u64,
+    /// Locks freed, with the index and time of the entry that freed them.
+    freed: Vec<(String, u64, u64)>,
 }
 
 /// What an entry did besides its outcome.
@@ -85,11 +95,18 @@ fn grant_of(name: &str, h: &MHolder) -> Grant {
         fence: h.fence,
         granted_at_ms: h.granted_at_ms,
         lease: h.lease,
+        value: h.value.clone(),
     }
 }
 
 fn view_of(h: &MHolder) -> HolderView {
-    HolderView { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, lease: h.lease }
+    HolderView {
+        owner: h.owner.clone(),
+        fence: h.fence,
+        granted_at_ms: h.granted_at_ms,
+        lease: h.lease,
+        value: h.value.clone(),
+    }
 }
 
 fn lock_view(l: &MLock) -> LockView {
@@ -101,6 +118,7 @@ fn lock_view(l: &MLock) -> LockView {
             .iter()
             .map(|w| WaiterView { owner: w.owner.clone(), queued_at_ms: w.queued_at_ms, session: w.session })
             .collect(),
+        revision: l.revision,
     }
 }
 
@@ -128,6 +146,13 @@ impl Model {
         })
     }
 
+    fn revision(&self, name: &str) -> u64 {
+        match self.lock(name) {
+            Some(l) => l.revision,
+            None => self.freed.iter().find(|(n, _, _)| n == name).map_or(0, |(_, revision, _)| *revision),
+        }
+    }
+
     fn apply(&mut self, index: u64, entry: &Entry) -> Applied {
         assert!(index > self.index);
         self.index = index;
@@ -143,12 +168,43 @@ impl Model {
             Command::Group(_) => Outcome::Rejected(Reject::InvalidBatch),
             cmd => self.apply_cmd(cmd, &mut fx),
         };
+        let now = self.now_ms;
+        self.freed.retain(|(_, _, freed_at_ms)| freed_at_ms + FREED_KEEP_MS > now);
         Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
     }
 
+    /// Applies one command, then gives every lock it changed (or renewed, or set the value of) this
+    /// entry's revision, and remembers the locks it freed.
     fn apply_cmd(&mut self, cmd: &Command, fx: &mut Effects) -> Outcome {
+        let before = self.locks.clone();
+        let outcome = self.apply_one(cmd, fx);
+        let written = match &outcome {
+            Outcome::Renewed(grant) | Outcome::ValueSet(grant) => Some(grant.name.clone()),
+            _ => None,
+        };
+        let index = self.index;
+        for lock in &mut self.locks {
+            let old = before.iter().find(|l| l.name == lock.name);
+            let same = old.is_some_and(|old| old.holder == lock.holder && old.waiters == lock.waiters);
+            if !same || written.as_ref() == Some(&lock.name) {
+                lock.revision = index;
+            }
+        }
+        for old in &before {
+            if self.lock(&old.name).is_none() {
+                self.freed.push((old.name.clone(), index, self.now_ms));
+            }
+        }
+        let locks = &self.locks;
+        self.freed.retain(|(name, _, _)| locks.iter().all(|l| l.name != *name));
+        outcome
+    }
+
+    fn apply_one(&mut self, cmd: &Command, fx: &mut Effects) -> Outcome {
         match cmd {
-            Command::Acquire(a) => self.acquire(a, fx),
+            Command::Acquire(a) => self.acquire(a, &[], fx),
+            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, fx),
+            Command::SetValue { name, token, value } => self.set_value(name, *token, value),
             Command::Release { name, token } => match self.lock(name) {
                 Some(l) if l.holder.token == *token && matches!(l.holder.lease, Lease::Session(_)) => {
                     Outcome::Rejected(Reject::SessionHold { name: name.clone() })
@@ -182,8 +238,11 @@ impl Model {
         }
     }
 
-    fn acquire(&mut self, a: &Acquire, fx: &mut Effects) -> Outcome {
+    fn acquire(&mut self, a: &Acquire, value: &[u8], fx: &mut Effects) -> Outcome {
         // The generator only makes valid names, owners and waits.
+        if value.len() > VALUE_LEN_MAX {
+            return Outcome::Rejected(Reject::ValueTooLong(value.len()));
+        }
         if a.session.is_none() && !valid_ttl(a.ttl_ms) {
             return Outcome::Rejected(Reject::InvalidTtl(a.ttl_ms));
         }
@@ -212,10 +271,12 @@ impl Model {
                         Some(id) => Lease::Session(id),
                         None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: now + a.ttl_ms },
                     },
+                    value: value.to_vec(),
                 };
                 let grant = grant_of(&a.name, &holder);
                 let at = self.locks.partition_point(|l| l.name < a.name);
-                self.locks.insert(at, MLock { name: a.name.clone(), holder, waiters: vec![] });
+                let revision = self.index;
+                self.locks.insert(at, MLock { name: a.name.clone(), holder, waiters: vec![], revision });
                 fx.grants.push(grant.clone());
                 Outcome::Granted(grant)
             }
@@ -234,6 +295,7 @@ impl Model {
                     queued_at_ms: now,
                     wait_until_ms: a.session.is_none().then(|| now + a.wait_ms),
                     session: a.session,
+                    value: value.to_vec(),
                 });
                 Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
             }
@@ -271,6 +333,22 @@ impl Model {
                 Outcome::Renewed(grant_of(name, holder))
             }
         }
+    }
+
+    fn set_value(&mut self, name: &str, token: Token, value: &[u8]) -> Outcome {
+        if value.len() > VALUE_LEN_MAX {
+            return Outcome::Rejected(Reject::ValueTooLong(value.len()));
+        }
+        let now = self.now_ms;
+        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.token == token) else {
+            return self.not_holder(name);
+        };
+        let holder = &mut self.locks[i].holder;
+        if matches!(holder.lease, Lease::Ttl { expires_at_ms, .. } if now >= expires_at_ms) {
+            return Outcome::Rejected(Reject::Expired { name: name.to_owned() });
+        }
+        holder.value = value.to_vec();
+        Outcome::ValueSet(grant_of(name, holder))
     }
 
     fn cancel(&mut self, name: &str, token: Token, fx: &mut Effects) -> Outcome {
@@ -361,6 +439,7 @@ impl Model {
                     Some(id) => Lease::Session(id),
                     None => Lease::Ttl { ttl_ms: w.ttl_ms, expires_at_ms: now + w.ttl_ms },
                 },
+                value: w.value,
             };
             fx.grants.push(grant_of(name, &lock.holder));
             return;
@@ -446,6 +525,7 @@ enum Op {
         token: u8,
         ttl: usize,
         wait: usize,
+        value: usize,
     },
     SessionAcquire {
         name: usize,
@@ -465,6 +545,11 @@ enum Op {
     Cancel {
         target: Target,
         who: Who,
+    },
+    SetValue {
+        target: Target,
+        who: Who,
+        value: usize,
     },
     OpenSession {
         id: SessionId,
@@ -526,14 +611,15 @@ fn owner() -> impl Strategy<Value = Owner> {
 fn lock_op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
-        5 => (name.clone(), 1..=TOKENS, 0..TTLS.len(), 0..WAITS.len())
-            .prop_map(|(name, token, ttl, wait)| Op::Acquire { name, token, ttl, wait }),
+        5 => (name.clone(), 1..=TOKENS, 0..TTLS.len(), 0..WAITS.len(), 0..VALUES.len() + 1)
+            .prop_map(|(name, token, ttl, wait, value)| Op::Acquire { name, token, ttl, wait, value }),
         3 => (name.clone(), 1..=TOKENS, owner(), 0..WAITS.len())
             .prop_map(|(name, token, session, wait)| Op::SessionAcquire { name, token, session, wait }),
         3 => (target(), who([4, 1, 1])).prop_map(|(target, who)| Op::Release { target, who }),
         2 => (target(), who([4, 1, 1]), 0..=TTLS.len())
             .prop_map(|(target, who, ttl)| Op::Renew { target, who, ttl }),
         2 => (target(), who([1, 3, 1])).prop_map(|(target, who)| Op::Cancel { target, who }),
+        2 => (target(), who([4, 1, 1]), 0..VALUES.len()).prop_map(|(target, who, value)| Op::SetValue { target, who, value }),
     ]
 }
 
@@ -564,6 +650,8 @@ fn op() -> impl Strategy<Value = Op> {
                 turn,
             }),
         3 => (-300i64..800).prop_map(Op::Clock),
+        // Far enough that every freed lock's revision is forgotten (and every hold and wait runs out).
+        1 => Just(Op::Clock(FREED_KEEP_MS as i64)),
         3 => (any::<usize>(), -1i64..=1).prop_map(|(n, by)| Op::ClockToDeadline(n, by)),
         1 => Just(Op::SnapshotRestore),
     ]
@@ -606,14 +694,20 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
         (_, Who::Any(t)) => token(*t),
     };
     match op {
-        Op::Acquire { name: n, token: t, ttl, wait } => Command::Acquire(Acquire {
-            name: name(*n),
-            owner: format!("worker-{t}"),
-            token: token(*t),
-            ttl_ms: TTLS[*ttl],
-            wait_ms: WAITS[*wait],
-            session: None,
-        }),
+        Op::Acquire { name: n, token: t, ttl, wait, value } => {
+            let acquire = Acquire {
+                name: name(*n),
+                owner: format!("worker-{t}"),
+                token: token(*t),
+                ttl_ms: TTLS[*ttl],
+                wait_ms: WAITS[*wait],
+                session: None,
+            };
+            match VALUES.get(*value) {
+                Some(value) => Command::AcquireValued { acquire, value: value.to_vec() },
+                None => Command::Acquire(acquire),
+            }
+        }
         Op::SessionAcquire { name: n, token: t, session, wait } => {
             let id = match session {
                 Owner::Open(n) if !model.sessions.is_empty() => model.sessions[*n as usize % model.sessions.len()].0,
@@ -646,6 +740,11 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
             let name = target(n);
             let token = token_of(&name, who);
             Command::Cancel { name, token }
+        }
+        Op::SetValue { target: n, who, value } => {
+            let name = target(n);
+            let token = token_of(&name, who);
+            Command::SetValue { name, token, value: VALUES[*value].to_vec() }
         }
         Op::OpenSession { id, lease } => {
             let secret = SessionSecret(Token(u128::from(*id))).digest();
@@ -711,6 +810,7 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(real.now_ms(), model.now_ms);
     for name in NAMES {
         prop_assert_eq!(real.get(name), model.lock(name).map(lock_view));
+        prop_assert_eq!(real.revision(name), model.revision(name), "revision of {:?}", name);
         for t in 0..=TOKENS {
             prop_assert_eq!(real.grant(name, token(t)), model.grant(name, token(t)));
             let waiting = model.lock(name).is_some_and(|l| l.waiters.iter().any(|w| w.token == token(t)));

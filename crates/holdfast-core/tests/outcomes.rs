@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use holdfast_core::limits::{
-    CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, NAME_LEN_MAX, OWNER_LEN_MAX, SESSIONS_MAX, TTL_MS_MAX, TTL_MS_MIN,
-    WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
+    CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, FREED_KEEP_MS, FREED_MAX, NAME_LEN_MAX, OWNER_LEN_MAX, SESSIONS_MAX,
+    TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX, WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
 };
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
@@ -90,6 +90,7 @@ fn ttl_grant(name: &str, owner: &str, token: Token, fence: u64, at_ms: u64, ttl_
         fence,
         granted_at_ms: at_ms,
         lease: Lease::Ttl { ttl_ms, expires_at_ms: at_ms + ttl_ms },
+        value: vec![],
     }
 }
 
@@ -101,19 +102,32 @@ fn session_grant(name: &str, owner: &str, token: Token, fence: u64, at_ms: u64, 
         fence,
         granted_at_ms: at_ms,
         lease: Lease::Session(id),
+        value: vec![],
     }
 }
 
 fn holder(g: &Grant) -> HolderView {
-    HolderView { owner: g.owner.clone(), fence: g.fence, granted_at_ms: g.granted_at_ms, lease: g.lease }
+    HolderView {
+        owner: g.owner.clone(),
+        fence: g.fence,
+        granted_at_ms: g.granted_at_ms,
+        lease: g.lease,
+        value: g.value.clone(),
+    }
 }
 
 fn waiter(owner: &str, queued_at_ms: u64, session: Option<SessionId>) -> WaiterView {
     WaiterView { owner: owner.to_owned(), queued_at_ms, session }
 }
 
+/// The view of a lock last changed by its grant.
 fn view(g: &Grant, waiters: Vec<WaiterView>) -> LockView {
-    LockView { name: g.name.clone(), holder: holder(g), waiters }
+    LockView { name: g.name.clone(), holder: holder(g), waiters, revision: g.fence }
+}
+
+/// The view of a lock last changed by the entry at `revision`.
+fn view_at(revision: u64, g: &Grant, waiters: Vec<WaiterView>) -> LockView {
+    LockView { revision, ..view(g, waiters) }
 }
 
 /// An `Applied` whose outcome is all it did.
@@ -193,6 +207,7 @@ fn acquire_of_a_free_lock_grants_it_with_the_entry_index_as_fence() {
         fence: 7,
         granted_at_ms: T0,
         lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 30_000 },
+        value: vec![],
     };
     assert_eq!(
         applied,
@@ -213,8 +228,10 @@ fn acquire_of_a_free_lock_grants_it_with_the_entry_index_as_fence() {
                 fence: 7,
                 granted_at_ms: T0,
                 lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 30_000 },
+                value: vec![],
             },
             waiters: vec![],
+            revision: 7,
         })
     );
     assert_eq!(state.grant("job", tok(1)), Some(grant));
@@ -273,7 +290,7 @@ fn waiters_queue_in_fifo_order_at_positions_1_and_2() {
     assert_eq!(second, only(T0 + 2, Outcome::Queued { position: 2, holder: holder(&grant) }));
     assert_eq!(
         state.get("job"),
-        Some(view(&grant, vec![waiter("worker-2", T0 + 1, None), waiter("worker-3", T0 + 2, None)]))
+        Some(view_at(6, &grant, vec![waiter("worker-2", T0 + 1, None), waiter("worker-3", T0 + 2, None)]))
     );
     assert_eq!(
         state.timed_waiters().collect::<Vec<_>>(),
@@ -459,6 +476,7 @@ fn a_renew_naming_no_ttl_takes_the_holds_own_when_it_applies() {
         fence: 3,
         granted_at_ms: T0,
         lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 20_000 + 30_000 },
+        value: vec![],
     };
     assert_eq!(applied, only(T0 + 20_000, Outcome::Renewed(renewed)));
     // Refused as a renew with a TTL is: not the holder's token, or the hold already ended.
@@ -480,12 +498,13 @@ fn renew_extends_the_hold_from_the_renew_time_and_keeps_the_fence() {
         fence: 3,
         granted_at_ms: T0,
         lease: Lease::Ttl { ttl_ms: 60_000, expires_at_ms: T0 + 29_999 + 60_000 },
+        value: vec![],
     };
     // A renew is not a grant: `grants` stays empty.
     assert_eq!(applied, only(T0 + 29_999, Outcome::Renewed(renewed.clone())));
     assert_eq!(
         state.get("job"),
-        Some(view(&renewed, vec![waiter("worker-2", T0 + 1, None), waiter("worker-3", T0 + 2, None)]))
+        Some(view_at(6, &renewed, vec![waiter("worker-2", T0 + 1, None), waiter("worker-3", T0 + 2, None)]))
     );
     assert_eq!(state.ttl_holds().collect::<Vec<_>>(), vec![("job", 3, 60_000, T0 + 89_999)]);
     state.check_invariants();
@@ -544,7 +563,7 @@ fn cancel_of_a_waiter_withdraws_it_and_the_queue_closes_up() {
             dropped: vec![(s("job"), tok(2))],
         }
     );
-    assert_eq!(state.get("job"), Some(view(&grant, vec![waiter("worker-3", T0 + 2, None)])));
+    assert_eq!(state.get("job"), Some(view_at(6, &grant, vec![waiter("worker-3", T0 + 2, None)])));
     assert!(!state.is_waiting("job", tok(2)));
     // worker-4 now queues behind worker-3 at position 2.
     assert_eq!(
@@ -713,7 +732,7 @@ fn expire_removes_the_listed_waiters_the_leader_found_gone_and_never_a_holder() 
             dropped: vec![(s("job"), tok(3))],
         }
     );
-    assert_eq!(state.get("job"), Some(view(&grant, vec![waiter("worker-2", T0 + 1, None)])));
+    assert_eq!(state.get("job"), Some(view_at(7, &grant, vec![waiter("worker-2", T0 + 1, None)])));
     state.check_invariants();
 }
 
@@ -848,7 +867,7 @@ fn session_try_lock_is_busy_a_session_waits_as_long_as_it_lives_and_asking_again
     );
     assert_eq!(
         state.get("job"),
-        Some(view(&grant, vec![waiter("svc-a", T0 + 1, Some(1)), waiter("svc-b", T0 + 2, Some(2))]))
+        Some(view_at(6, &grant, vec![waiter("svc-a", T0 + 1, Some(1)), waiter("svc-b", T0 + 2, Some(2))]))
     );
     // Session waiters are not timed: the lease keeper expires their sessions, not their waits.
     assert_eq!(state.timed_waiters().count(), 0);
@@ -903,7 +922,7 @@ fn close_session_hands_over_every_lock_it_held_and_withdraws_its_waits() {
             dropped: vec![(s("c"), tok(13))],
         }
     );
-    assert_eq!(state.list("", None, 10), vec![view(&a, vec![]), view(&b, vec![]), view(&c, vec![])]);
+    assert_eq!(state.list("", None, 10), vec![view(&a, vec![]), view(&b, vec![]), view_at(11, &c, vec![])]);
     assert_eq!(state.sessions().collect::<Vec<_>>(), vec![(2, 3_000)]);
     state.check_invariants();
     assert_rejected(&mut state, 12, at(T0 + 100, close(1)), Reject::NoSession(1));
@@ -1245,7 +1264,7 @@ fn restore_of_garbage_or_another_format_is_an_error() {
     other[..4].copy_from_slice(&99u32.to_le_bytes());
     assert!(matches!(LockState::restore(&other), Err(SnapshotError::Format(99))));
     let err = LockState::restore(&other).unwrap_err();
-    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 3)");
+    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 4)");
 }
 
 #[test]
@@ -1255,19 +1274,10 @@ fn a_snapshot_keeps_session_secrets_and_one_of_format_2_restores_its_sessions_wi
     assert!(restored.session(1).unwrap().proven_by(&secret(1)));
     assert!(restored.session(2).unwrap().proven_by(&secret(2)));
 
-    // Format 2 is the state alone: what a build before secrets wrote (the state's own encoding leaves the
-    // digests out, for this).
-    let old = bincode::serialize(&(2u32, &state)).unwrap();
-    let restored = LockState::restore(&old).unwrap();
-    restored.check_invariants();
-    for id in [1, 2] {
-        let was = state.session(id).unwrap();
-        assert_eq!(restored.session(id).unwrap(), SessionView { secret: None, ..was }, "session {id}");
-    }
-    assert_eq!(seen(&restored), seen(&state));
-
+    // Formats 2 and 3 (before values and revisions) restore too: see the state module's own tests, which
+    // can write their layout.
     // A digest for a session the snapshot does not have is corruption.
-    let stray = bincode::serialize(&(3u32, &state, BTreeMap::from([(99u64, secret(1).digest())]))).unwrap();
+    let stray = bincode::serialize(&(4u32, &state, BTreeMap::from([(99u64, secret(1).digest())]))).unwrap();
     assert!(matches!(LockState::restore(&stray), Err(SnapshotError::Decode(_))));
 }
 
@@ -1611,5 +1621,135 @@ fn an_invalid_batch_is_rejected_whole_and_changes_nothing() {
         state.apply(100, &at(T0 + 200, Command::Batch((0..holdfast_core::limits::BATCH_MAX).map(one_lock).collect())));
     assert_eq!(applied.grants.len(), holdfast_core::limits::BATCH_MAX);
     assert!(applied.grants.iter().all(|g| g.fence == 100));
+    state.check_invariants();
+}
+
+// --- values and revisions ---
+
+fn valued(name: &str, owner: &str, token: Token, ttl_ms: u64, wait_ms: u64, value: &[u8]) -> Command {
+    let Command::Acquire(acquire) = acquire(name, owner, token, ttl_ms, wait_ms) else { unreachable!() };
+    Command::AcquireValued { acquire, value: value.to_vec() }
+}
+
+fn set_value(name: &str, token: Token, value: &[u8]) -> Command {
+    Command::SetValue { name: s(name), token, value: value.to_vec() }
+}
+
+#[test]
+fn a_value_is_published_with_its_grant_and_shown_to_whoever_finds_the_lock_held() {
+    let mut state = LockState::new();
+    let applied = state.apply(3, &at(T0, valued("leader", "node-1", tok(1), 30_000, 0, b"10.0.0.1:7070")));
+    let grant = Grant { value: b"10.0.0.1:7070".to_vec(), ..ttl_grant("leader", "node-1", tok(1), 3, T0, 30_000) };
+    assert_eq!(applied.outcome, Outcome::Granted(grant.clone()));
+    assert_eq!(state.get("leader"), Some(view(&grant, vec![])));
+    assert_eq!(state.revision("leader"), 3);
+    // Busy and queued answers show the holder's value.
+    let busy = state.apply(4, &at(T0 + 1, valued("leader", "node-2", tok(2), 30_000, 0, b"10.0.0.2:7070")));
+    assert_eq!(busy.outcome, Outcome::Busy { holder: holder(&grant) });
+    assert_eq!(state.revision("leader"), 3, "a busy answer changes nothing");
+    let queued = state.apply(5, &at(T0 + 2, valued("leader", "node-2", tok(2), 30_000, 60_000, b"10.0.0.2:7070")));
+    assert_eq!(queued.outcome, Outcome::Queued { position: 1, holder: holder(&grant) });
+    assert_eq!(state.revision("leader"), 5, "a waiter joined");
+    // The waiter's value is published when the lock is handed to it, in the release's entry.
+    let applied = state.apply(6, &at(T0 + 3, release("leader", tok(1))));
+    let next = Grant { value: b"10.0.0.2:7070".to_vec(), ..ttl_grant("leader", "node-2", tok(2), 6, T0 + 3, 30_000) };
+    assert_eq!(applied.grants, vec![next.clone()]);
+    assert_eq!(state.get("leader"), Some(view(&next, vec![])));
+    // A plain acquire publishes an empty value.
+    state.apply(7, &at(T0 + 4, acquire("other", "w", tok(3), 30_000, 0)));
+    assert_eq!(state.get("other").unwrap().holder.value, b"");
+    state.check_invariants();
+}
+
+#[test]
+fn the_holder_changes_its_value_in_one_entry_keeping_its_fence_and_moving_the_revision() {
+    let mut state = LockState::new();
+    state.apply(3, &at(T0, valued("leader", "node-1", tok(1), 30_000, 0, b"old")));
+    let applied = state.apply(8, &at(T0 + 10, set_value("leader", tok(1), b"new")));
+    let changed = Grant { value: b"new".to_vec(), ..ttl_grant("leader", "node-1", tok(1), 3, T0, 30_000) };
+    assert_eq!(applied, only(T0 + 10, Outcome::ValueSet(changed.clone())));
+    assert_eq!(state.get("leader"), Some(view_at(8, &changed, vec![])));
+    // The same value again is a change too (a write): the revision moves.
+    state.apply(9, &at(T0 + 11, set_value("leader", tok(1), b"new")));
+    assert_eq!(state.revision("leader"), 9);
+    // Anyone else, a value too long, a lock nobody holds, or a hold past its advertised end: refused.
+    let held = Some(holder(&changed));
+    assert_rejected(
+        &mut state,
+        10,
+        at(T0 + 12, set_value("leader", tok(2), b"mine")),
+        Reject::NotHolder { name: s("leader"), holder: held },
+    );
+    let long = vec![b'x'; VALUE_LEN_MAX + 1];
+    assert_rejected(&mut state, 11, at(T0 + 12, set_value("leader", tok(1), &long)), Reject::ValueTooLong(long.len()));
+    assert_rejected(
+        &mut state,
+        12,
+        at(T0 + 12, valued("other", "w", tok(3), 30_000, 0, &long)),
+        Reject::ValueTooLong(long.len()),
+    );
+    assert_rejected(
+        &mut state,
+        13,
+        at(T0 + 12, set_value("nobody", tok(1), b"x")),
+        Reject::NotHolder { name: s("nobody"), holder: None },
+    );
+    assert_rejected(
+        &mut state,
+        14,
+        at(T0 + 30_000, set_value("leader", tok(1), b"late")),
+        Reject::Expired { name: s("leader") },
+    );
+    // The longest value is taken.
+    let longest = vec![b'y'; VALUE_LEN_MAX];
+    state.apply(15, &at(T0 + 12, valued("other", "w", tok(3), 30_000, 0, &longest)));
+    assert_eq!(state.get("other").unwrap().holder.value, longest);
+    state.check_invariants();
+}
+
+#[test]
+fn a_freed_locks_revision_is_the_entry_that_freed_it_until_it_is_forgotten_or_taken_again() {
+    let mut state = LockState::new();
+    assert_eq!(state.revision("job"), 0, "no history");
+    state.apply(3, &at(T0, acquire("job", "w", tok(1), 30_000, 0)));
+    state.apply(4, &at(T0 + 1, acquire("old", "w", tok(2), 30_000, 0)));
+    state.apply(5, &at(T0 + 2, release("old", tok(2))));
+    state.apply(9, &at(T0 + 1_000, release("job", tok(1))));
+    assert_eq!((state.get("job"), state.revision("job"), state.revision("old")), (None, 9, 5));
+    // Taken again: the lock's own revision; freed again: the new release's.
+    state.apply(10, &at(T0 + 1_001, acquire("job", "w", tok(3), 30_000, 0)));
+    assert_eq!(state.revision("job"), 10);
+    state.apply(11, &at(T0 + 1_002, release("job", tok(3))));
+    assert_eq!(state.revision("job"), 11);
+    state.check_invariants();
+    // Remembered for FREED_KEEP_MS after the entry that freed it, by the entries' time: then "no history".
+    state.apply(12, &at(T0 + 2 + FREED_KEEP_MS - 1, acquire("x", "w", tok(4), 30_000, 0)));
+    assert_eq!((state.revision("old"), state.revision("job")), (5, 11));
+    state.apply(13, &at(T0 + 2 + FREED_KEEP_MS, acquire("y", "w", tok(5), 30_000, 0)));
+    assert_eq!((state.revision("old"), state.revision("job")), (0, 11));
+    state.apply(14, &at(T0 + 1_002 + FREED_KEEP_MS, acquire("z", "w", tok(6), 30_000, 0)));
+    assert_eq!(state.revision("job"), 0);
+    state.check_invariants();
+    // A snapshot keeps what is remembered.
+    state.apply(15, &at(T0 + 1_002 + FREED_KEEP_MS, release("z", tok(6))));
+    let restored = LockState::restore(&state.snapshot()).unwrap();
+    assert_eq!(restored, state);
+    assert_eq!(restored.revision("z"), 15);
+    restored.check_invariants();
+}
+
+#[test]
+fn at_most_freed_max_freed_locks_are_remembered_the_oldest_forgotten_first() {
+    let mut state = LockState::new();
+    let names: Vec<String> = (0..=FREED_MAX).map(|i| format!("job-{i}")).collect();
+    let mut index = 0;
+    for name in &names {
+        state.apply(index + 1, &at(T0, acquire(name, "w", tok(1), 30_000, 0)));
+        state.apply(index + 2, &at(T0, release(name, tok(1))));
+        index += 2;
+    }
+    assert_eq!(state.revision(&names[0]), 0, "the oldest is forgotten");
+    assert_eq!(state.revision(&names[1]), 4);
+    assert_eq!(state.revision(&names[FREED_MAX]), index);
     state.check_invariants();
 }
