@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use holdfast_proto::v1::{
     AcquireRequest, AddMemberRequest, CallKind, ClusterStatusRequest, GetRequest, ListRequest, ReleaseRequest,
-    RemoveMemberRequest, RenewRequest, ResultKind, SnapshotRequest,
+    RemoveMemberRequest, RenewRequest, ResultKind, SetValueRequest, SnapshotRequest,
 };
 use tokio::task::JoinSet;
 
@@ -14,6 +14,17 @@ use crate::error::Error;
 use crate::pool::{normalize, Config, Pool, Retry};
 use crate::session::{HeldLock, Session};
 use crate::types::{millis_ceil, ClusterStatus, Hold, ListPage, LockInfo, Released, SnapshotInfo};
+
+/// One-shot `SetValue` through `pool` (also what a session's [`HeldLock::set_value`] uses).
+pub(crate) async fn set_value_on(pool: &Pool, name: &str, token: &str, value: Vec<u8>) -> Result<Hold, Error> {
+    let request = SetValueRequest { name: name.to_owned(), token: token.to_owned(), value };
+    let kind = CallKind::SetValue(request);
+    match pool.call("set value", pool.retry(Duration::ZERO), |i, client| pool.one_shot(i, client, kind.clone())).await?
+    {
+        ResultKind::Hold(hold) => Ok(hold.into()),
+        other => Err(unexpected("set value", &other)),
+    }
+}
 
 /// A one-shot call answered with a kind of answer that is not its own.
 fn unexpected(what: &str, answer: &ResultKind) -> Error {
@@ -371,11 +382,24 @@ impl Client {
     /// Takes the lock `name` for `ttl` (renew before it runs out), as this client's owner. With a non-zero
     /// `wait`, queues and waits up to that long. Fails with [`Error::Busy`] if it was not granted.
     pub async fn acquire(&self, name: &str, ttl: Duration, wait: Duration) -> Result<Hold, Error> {
+        self.acquire_with_value(name, ttl, wait, Vec::new()).await
+    }
+
+    /// [`acquire`](Self::acquire), publishing `value` (at most 1 KiB) while the hold lasts: reads, busy
+    /// answers and watches of the lock show it.
+    pub async fn acquire_with_value(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<Hold, Error> {
         let request = AcquireRequest {
             name: name.to_owned(),
             owner: self.pool.config.owner.clone(),
             ttl_ms: millis_ceil(ttl),
             wait_ms: millis_ceil(wait),
+            value: value.into(),
         };
         match self.one_shot("acquire", self.pool.retry(wait), CallKind::Acquire(request)).await? {
             ResultKind::Hold(hold) => Ok(hold.into()),
@@ -392,6 +416,12 @@ impl Client {
             ResultKind::Hold(hold) => Ok(hold.into()),
             other => Err(unexpected("renew", &other)),
         }
+    }
+
+    /// Publishes `value` on the hold of `token` on `name` (one log entry: the fence stays, the lock's
+    /// revision moves). Fails with [`Error::NotHolder`] if the token does not hold the lock.
+    pub async fn set_value(&self, name: &str, token: &str, value: impl Into<Vec<u8>>) -> Result<Hold, Error> {
+        set_value_on(&self.pool, name, token, value.into()).await
     }
 
     /// Lets go of the hold of `token` on `name`; the next waiter is granted at once.

@@ -206,6 +206,7 @@ mod tests {
             expires_at_ms: 2,
             ttl_ms: 1,
             session_id: 0,
+            value: b"10.0.0.1:7070".to_vec(),
         };
         let mut busy = status(Code::AlreadyExists, Some("urn:holdfast:busy"), "held");
         let bytes = prost::Message::encode_to_vec(&holder);
@@ -284,6 +285,7 @@ mod tests {
             expires_at_ms: None,
             ttl_ms: None,
             session_id: Some(9),
+            value: vec![],
         };
         assert_eq!(Error::Busy { holder: Some(holder) }.to_string(), "the lock is held by \"w1\" (fence 41)");
         assert_eq!(Error::Busy { holder: None }.to_string(), "the lock is held");

@@ -365,6 +365,7 @@ async fn unary(mut client: NodeClient, kind: CallKind) -> Result<ResultKind, ton
         CallKind::Renew(r) => ResultKind::Hold(client.renew(r).await?.into_inner()),
         CallKind::Release(r) => ResultKind::Released(client.release(r).await?.into_inner()),
         CallKind::Get(r) => ResultKind::Lock(client.get(r).await?.into_inner()),
+        CallKind::SetValue(r) => ResultKind::Hold(client.set_value(r).await?.into_inner()),
         CallKind::Cancel(_) => return Err(tonic::Status::invalid_argument("a cancel is not a call")),
     })
 }

@@ -53,6 +53,7 @@ const SESSION_OVER_REASONS: [&str; 3] = ["expired", "session-closed", "session-g
 pub struct Session {
     shared: Arc<Shared>,
     commands: mpsc::UnboundedSender<Command>,
+    pool: Arc<Pool>,
 }
 
 /// A lock held by a session.
@@ -67,6 +68,8 @@ pub struct HeldLock {
     name: String,
     fence: u64,
     token: String,
+    value: Vec<u8>,
+    pool: Arc<Pool>,
     lost: CancellationToken,
     shared: Arc<Shared>,
     commands: mpsc::UnboundedSender<Command>,
@@ -108,7 +111,7 @@ impl Shared {
 /// A request from a handle to the session task.
 enum Command {
     /// Ask for `name`. `ticket` tells this request apart from earlier and later ones for the same name.
-    Acquire { name: String, ticket: u64, wait: bool, reply: AcquireReply },
+    Acquire { name: String, ticket: u64, wait: bool, value: Vec<u8>, reply: AcquireReply },
     /// The caller of the `Acquire` with `ticket` stopped waiting (timeout, or its future was dropped).
     Abandon { name: String, ticket: u64 },
     /// Let go of the grant of `name` whose token is `token` (and of nothing newer).
@@ -121,7 +124,7 @@ type AcquireReply = oneshot::Sender<Result<Answer, Error>>;
 
 /// The final answer to an `Acquire`.
 enum Answer {
-    Granted { fence: u64, token: String, lost: CancellationToken },
+    Granted { fence: u64, token: String, value: Vec<u8>, lost: CancellationToken },
     Busy { holder: Option<HolderInfo> },
 }
 
@@ -164,7 +167,7 @@ impl Session {
         tracing::debug!(session = opened.session_id, endpoint = %pool.endpoints()[endpoint], ?lease, "session opened");
         let (commands, command_rx) = mpsc::unbounded_channel();
         let task = Task {
-            pool,
+            pool: pool.clone(),
             shared: shared.clone(),
             commands: command_rx,
             handles_gone: false,
@@ -177,7 +180,7 @@ impl Session {
             closing: None,
         };
         tokio::spawn(task.run());
-        Ok(Session { shared, commands })
+        Ok(Session { shared, commands, pool })
     }
 
     /// The session's id, as the server knows it.
@@ -212,15 +215,26 @@ impl Session {
     /// A session claims a lock once: asking again for a lock it holds or waits for fails with
     /// [`Error::InvalidArgument`]. Asking again for a lock it is still releasing waits for the release.
     pub async fn lock(&self, name: impl Into<String>, wait: Option<Duration>) -> Result<HeldLock, Error> {
-        let name = name.into();
+        self.lock_with_value(name, wait, Vec::new()).await
+    }
+
+    /// [`lock`](Self::lock), publishing `value` (at most 1 KiB) while the session holds the lock: reads,
+    /// busy answers and watches of the lock show it (an elected leader's address, for example).
+    pub async fn lock_with_value(
+        &self,
+        name: impl Into<String>,
+        wait: Option<Duration>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<HeldLock, Error> {
+        let (name, value) = (name.into(), value.into());
         if wait == Some(Duration::ZERO) {
-            return match self.acquire(name, false, None).await? {
+            return match self.acquire(name, false, None, value).await? {
                 Ok(held) => Ok(held),
                 Err(holder) => Err(Error::Busy { holder }),
             };
         }
         let deadline = wait.map(|w| Instant::now() + w);
-        match self.acquire(name, true, deadline).await? {
+        match self.acquire(name, true, deadline, value).await? {
             Ok(held) => Ok(held),
             Err(holder) => Err(Error::Protocol(format!("a waiting acquire was answered Busy (holder {holder:?})"))),
         }
@@ -228,7 +242,7 @@ impl Session {
 
     /// Takes the lock `name` if it is free; `Ok(None)` if someone else holds it.
     pub async fn try_lock(&self, name: impl Into<String>) -> Result<Option<HeldLock>, Error> {
-        Ok(self.acquire(name.into(), false, None).await?.ok())
+        Ok(self.acquire(name.into(), false, None, Vec::new()).await?.ok())
     }
 
     /// Sends one acquire and waits for its final answer: the lock, or (for a try-lock) who holds it.
@@ -237,13 +251,14 @@ impl Session {
         name: String,
         wait: bool,
         deadline: Option<Instant>,
+        value: Vec<u8>,
     ) -> Result<Result<HeldLock, Option<HolderInfo>>, Error> {
         if self.shared.ended.is_cancelled() {
             return Err(Error::SessionLost);
         }
         let ticket = self.shared.ticket();
         let (reply, answer) = oneshot::channel();
-        let command = Command::Acquire { name: name.clone(), ticket, wait, reply };
+        let command = Command::Acquire { name: name.clone(), ticket, wait, value, reply };
         self.commands.send(command).map_err(|_| Error::SessionLost)?;
         let mut guard = AbandonGuard { commands: &self.commands, name: &name, ticket, armed: true };
         let answer = match deadline {
@@ -255,10 +270,12 @@ impl Session {
         guard.armed = false;
         drop(guard);
         Ok(match answer? {
-            Answer::Granted { fence, token, lost } => Ok(HeldLock {
+            Answer::Granted { fence, token, value, lost } => Ok(HeldLock {
                 name,
                 fence,
                 token,
+                value,
+                pool: self.pool.clone(),
                 lost,
                 shared: self.shared.clone(),
                 commands: self.commands.clone(),
@@ -323,6 +340,23 @@ impl HeldLock {
     /// The grant's secret token.
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// The value the lock publishes, as this holder last set it.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// Publishes `value` (at most 1 KiB) in place of the lock's value: one log entry, the fence stays, the
+    /// lock's revision moves, and watchers see it. Fails with [`Error::NotHolder`] if the lock was lost.
+    pub async fn set_value(&mut self, value: impl Into<Vec<u8>>) -> Result<(), Error> {
+        if self.is_lost() {
+            return Err(Error::SessionLost);
+        }
+        let value = value.into();
+        crate::client::set_value_on(&self.pool, &self.name, &self.token, value.clone()).await?;
+        self.value = value;
+        Ok(())
     }
 
     /// Cancelled the moment ownership is no longer confirmed: the session's lease ran out by the client's
@@ -420,7 +454,7 @@ async fn open_stream(
 /// What the session knows about one lock name.
 enum Claim {
     /// Asked for; no answer yet (or its answer was lost with a broken stream: re-sent after a resume).
-    Pending { ticket: u64, wait: bool, reply: AcquireReply, resend: bool },
+    Pending { ticket: u64, wait: bool, value: Vec<u8>, reply: AcquireReply, resend: bool },
     /// In the lock's queue.
     Waiting { ticket: u64, reply: AcquireReply },
     /// Granted and handed to a `HeldLock`.
@@ -436,6 +470,7 @@ enum Claim {
 struct Deferred {
     ticket: u64,
     wait: bool,
+    value: Vec<u8>,
     reply: AcquireReply,
 }
 
@@ -628,13 +663,13 @@ impl Task {
         self.replay = Some(Replay { barrier: None, seen: BTreeSet::new() });
         for (name, claim) in &mut self.claims {
             match claim {
-                Claim::Pending { wait, resend, .. } => {
+                Claim::Pending { wait, value, resend, .. } => {
                     *resend = false;
-                    conn.send(acquire(name, *wait));
+                    conn.send(acquire(name, *wait, value));
                 }
                 // The server keeps the queue place and reports it; asking again is answered the same (a
                 // session's repeated acquire is idempotent) and covers a report that never comes.
-                Claim::Waiting { .. } => conn.send(acquire(name, true)),
+                Claim::Waiting { .. } => conn.send(acquire(name, true, &[])),
                 Claim::Held { .. } => {}
                 Claim::Releasing { resend, .. } => {
                     *resend = false;
@@ -666,9 +701,9 @@ impl Task {
         // Requests the server answered "unavailable" (no leader for a moment) go again, at heartbeat pace.
         for (name, claim) in &mut self.claims {
             match claim {
-                Claim::Pending { wait, resend: resend @ true, .. } => {
+                Claim::Pending { wait, value, resend: resend @ true, .. } => {
                     *resend = false;
-                    conn.send(acquire(name, *wait));
+                    conn.send(acquire(name, *wait, value));
                 }
                 Claim::Releasing { resend: resend @ true, .. } => {
                     *resend = false;
@@ -687,15 +722,15 @@ impl Task {
             return;
         };
         match command {
-            Command::Acquire { name, ticket, wait, reply } => {
+            Command::Acquire { name, ticket, wait, value, reply } => {
                 if self.closing.is_some() {
                     let _ = reply.send(Err(Error::SessionLost));
                     return;
                 }
                 match self.claims.get_mut(&name) {
-                    None => self.start_acquire(name, Deferred { ticket, wait, reply }),
+                    None => self.start_acquire(name, Deferred { ticket, wait, value, reply }),
                     Some(Claim::Releasing { next: next @ None, .. } | Claim::Abandoned { next: next @ None }) => {
-                        *next = Some(Deferred { ticket, wait, reply });
+                        *next = Some(Deferred { ticket, wait, value, reply });
                     }
                     Some(_) => {
                         let why = format!("this session already holds or waits for lock {name:?}");
@@ -741,8 +776,9 @@ impl Task {
     }
 
     fn start_acquire(&mut self, name: String, d: Deferred) {
-        self.send(acquire(&name, d.wait));
-        self.claims.insert(name, Claim::Pending { ticket: d.ticket, wait: d.wait, reply: d.reply, resend: false });
+        self.send(acquire(&name, d.wait, &d.value));
+        let Deferred { ticket, wait, value, reply } = d;
+        self.claims.insert(name, Claim::Pending { ticket, wait, value, reply, resend: false });
     }
 
     fn begin_release(
@@ -782,7 +818,10 @@ impl Task {
         }
         match kind {
             EventKind::Opened(_) => tracing::warn!(session = self.shared.id, "unexpected Opened mid-stream"),
-            EventKind::Acquired(a) => self.on_acquired(a.name, a.fence, a.token),
+            EventKind::Acquired(a) => self.on_acquired(a.name, a.fence, a.token, a.value),
+            // Values are set through one-shot calls (`HeldLock::set_value`); a server answers this only to a
+            // session request this client does not send.
+            EventKind::ValueSet(v) => tracing::warn!(session = self.shared.id, name = v.name, "unexpected ValueSet"),
             EventKind::Waiting(w) => self.on_waiting(w.name, w.position),
             EventKind::Busy(b) => self.on_busy(b.name, b.holder.map(HolderInfo::from)),
             EventKind::Released(r) => self.on_released(r.name),
@@ -799,12 +838,12 @@ impl Task {
         }
     }
 
-    fn on_acquired(&mut self, name: String, fence: u64, token: String) {
+    fn on_acquired(&mut self, name: String, fence: u64, token: String, value: Vec<u8>) {
         self.saw(&name);
         match self.claims.remove(&name) {
             Some(Claim::Pending { ticket, reply, .. } | Claim::Waiting { ticket, reply }) => {
                 let lost = self.shared.ended.child_token();
-                let answer = Answer::Granted { fence, token: token.clone(), lost: lost.clone() };
+                let answer = Answer::Granted { fence, token: token.clone(), value, lost: lost.clone() };
                 match reply.send(Ok(answer)) {
                     Ok(()) => {
                         self.claims.insert(name, Claim::Held { ticket, fence, token, lost });
@@ -970,8 +1009,8 @@ impl Task {
         match claim {
             // No leader for a moment: the outcome is unknown; ask again at heartbeat pace. The session's lease
             // bounds how long this goes on.
-            Claim::Pending { ticket, wait, reply, .. } if error.is_retryable() => {
-                self.claims.insert(name, Claim::Pending { ticket, wait, reply, resend: true });
+            Claim::Pending { ticket, wait, value, reply, .. } if error.is_retryable() => {
+                self.claims.insert(name, Claim::Pending { ticket, wait, value, reply, resend: true });
             }
             Claim::Releasing { replies, next, .. } if error.is_retryable() => {
                 self.claims.insert(name, Claim::Releasing { replies, next, resend: true });
@@ -1059,8 +1098,8 @@ fn fail_claim(claim: Claim, acquire_error: impl Fn() -> Error, release_result: R
     }
 }
 
-fn acquire(name: &str, wait: bool) -> RequestKind {
-    RequestKind::Acquire(SessionAcquire { name: name.to_owned(), wait })
+fn acquire(name: &str, wait: bool, value: &[u8]) -> RequestKind {
+    RequestKind::Acquire(SessionAcquire { name: name.to_owned(), wait, value: value.to_vec() })
 }
 
 fn release(name: &str) -> RequestKind {

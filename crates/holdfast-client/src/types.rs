@@ -25,6 +25,8 @@ pub struct HolderInfo {
     pub ttl_ms: Option<u64>,
     /// The session that holds the lock; `None` for a TTL hold.
     pub session_id: Option<u64>,
+    /// What the holder publishes (an elected leader's address); empty: nothing.
+    pub value: Vec<u8>,
 }
 
 impl From<v1::Holder> for HolderInfo {
@@ -36,6 +38,7 @@ impl From<v1::Holder> for HolderInfo {
             expires_at_ms: nonzero(h.expires_at_ms),
             ttl_ms: nonzero(h.ttl_ms),
             session_id: nonzero(h.session_id),
+            value: h.value,
         }
     }
 }
@@ -57,15 +60,19 @@ impl From<v1::Waiter> for WaiterInfo {
     }
 }
 
-/// A lock that is held, with its queue.
+/// A lock, with its holder and queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
     /// The lock's name.
     pub name: String,
-    /// Its holder. The server always reports one for a lock that exists; `None` only if it did not.
+    /// Its holder; `None` when nobody holds it (a watch's view of a free lock).
     pub holder: Option<HolderInfo>,
     /// Its waiters, next in line first.
     pub waiters: Vec<WaiterInfo>,
+    /// The log index of its last change (grant, release, expiry, hand-over, value change, renewal, a
+    /// waiter joining or leaving). For a lock nobody holds: the entry that freed it, if that was in the
+    /// last 10 minutes, else 0.
+    pub revision: u64,
 }
 
 impl From<v1::Lock> for LockInfo {
@@ -74,6 +81,7 @@ impl From<v1::Lock> for LockInfo {
             name: l.name,
             holder: l.holder.map(HolderInfo::from),
             waiters: l.waiters.into_iter().map(WaiterInfo::from).collect(),
+            revision: l.revision,
         }
     }
 }
@@ -96,6 +104,8 @@ pub struct Hold {
     pub expires_at_ms: u64,
     /// The hold's TTL.
     pub ttl_ms: u64,
+    /// What the hold publishes; empty: nothing.
+    pub value: Vec<u8>,
 }
 
 impl Hold {
@@ -115,6 +125,7 @@ impl From<v1::Hold> for Hold {
             granted_at_ms: h.granted_at_ms,
             expires_at_ms: h.expires_at_ms,
             ttl_ms: h.ttl_ms,
+            value: h.value,
         }
     }
 }
@@ -243,6 +254,7 @@ mod tests {
             expires_at_ms: 0,
             ttl_ms: 0,
             session_id: 3,
+            value: vec![],
         });
         assert_eq!(h.expires_at_ms, None);
         assert_eq!(h.ttl_ms, None);

@@ -198,7 +198,7 @@ impl Fake {
         state.next_fence += 1;
         let token = format!("token-{fence}");
         state.holds.insert(name.to_owned(), (session, fence, token.clone()));
-        event(EventKind::Acquired(v1::Acquired { name: name.to_owned(), fence, token }))
+        event(EventKind::Acquired(v1::Acquired { name: name.to_owned(), fence, token, value: vec![] }))
     }
 
     /// Ends `session`'s claim on `name` and hands the lock to the next waiter. True if it had one.
@@ -233,7 +233,7 @@ impl Fake {
                 let answer = match state.holds.get(&a.name).cloned() {
                     None => Fake::grant(&mut state, &a.name, session),
                     Some((s, fence, token)) if s == session => {
-                        event(EventKind::Acquired(v1::Acquired { name: a.name, fence, token }))
+                        event(EventKind::Acquired(v1::Acquired { name: a.name, fence, token, value: a.value }))
                     }
                     Some(_) if !a.wait => event(EventKind::Busy(v1::Busy { name: a.name, holder: None })),
                     Some(_) => {
@@ -284,6 +284,11 @@ impl Fake {
                 let _ = tx.try_send(Err(Status::invalid_argument("already open")));
                 return true;
             }
+            // The client sets values with one-shot calls, never on the session stream.
+            RequestKind::SetValue(_) => {
+                let _ = tx.try_send(Err(Status::unimplemented("fake")));
+                return true;
+            }
         }
         false
     }
@@ -293,6 +298,7 @@ impl Fake {
 impl Locks for Fake {
     type SessionStream = ReceiverStream<Result<SessionEvent, Status>>;
     type CallsStream = ReceiverStream<Result<v1::CallResult, Status>>;
+    type WatchStream = ReceiverStream<Result<v1::WatchEvent, Status>>;
 
     /// Answers acquires as [`Fake::one_shot`] says, each in its own time; refuses the other calls.
     async fn calls(&self, request: Request<Streaming<v1::Call>>) -> Result<Response<Self::CallsStream>, Status> {
@@ -363,7 +369,12 @@ impl Locks for Fake {
                         let _ = tx.try_send(event(EventKind::Opened(opened)));
                         for (name, (s, fence, token)) in &state.holds {
                             if *s == id {
-                                let acquired = v1::Acquired { name: name.clone(), fence: *fence, token: token.clone() };
+                                let acquired = v1::Acquired {
+                                    name: name.clone(),
+                                    fence: *fence,
+                                    token: token.clone(),
+                                    value: vec![],
+                                };
                                 let _ = tx.try_send(event(EventKind::Acquired(acquired)));
                             }
                         }
@@ -400,6 +411,14 @@ impl Locks for Fake {
     }
 
     async fn release(&self, _: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn set_value(&self, _: Request<v1::SetValueRequest>) -> Result<Response<v1::Hold>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn watch(&self, _: Request<v1::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("fake"))
     }
 

@@ -1193,7 +1193,11 @@ impl LockState {
         let mut claims: BTreeMap<SessionId, BTreeSet<String>> = BTreeMap::new();
         assert_eq!(self.freed.len(), self.freed_order.len(), "every freed lock is in the order once");
         for (revision, name) in &self.freed_order {
-            assert_eq!(self.freed.get(name).map(|(r, _)| r), Some(revision), "freed {name:?} is ordered by its revision");
+            assert_eq!(
+                self.freed.get(name).map(|(r, _)| r),
+                Some(revision),
+                "freed {name:?} is ordered by its revision"
+            );
             assert!(!self.locks.contains_key(name), "a freed lock {name:?} is not held");
             assert!(*revision <= self.applied_index, "freed {name:?} is not from the future");
         }
@@ -1362,7 +1366,12 @@ mod tests {
                 session,
             })
         };
-        let open = Command::OpenSession { id: 7, owner: "s".into(), lease_ms: 2_000, secret: SessionSecret(Token(5)).digest() };
+        let open = Command::OpenSession {
+            id: 7,
+            owner: "s".into(),
+            lease_ms: 2_000,
+            secret: SessionSecret(Token(5)).digest(),
+        };
         let commands = [open, acquire("a", 1, None), acquire("a", 2, Some(7)), acquire("b", 3, None)];
         for (i, cmd) in commands.into_iter().enumerate() {
             state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
@@ -1408,9 +1417,7 @@ mod tests {
         let restored = LockState::restore(&bytes).expect("format 3 restores");
         restored.check_invariants();
         let mut expected = state.clone();
-        for name in ["a"] {
-            lock_mut(&mut expected.locks, name).expect("held").revision = 9;
-        }
+        lock_mut(&mut expected.locks, "a").expect("held").revision = 9;
         expected.freed = OrdMap::new();
         expected.freed_order = OrdSet::new();
         assert_eq!(restored, expected);

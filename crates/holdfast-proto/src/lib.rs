@@ -28,6 +28,7 @@ pub mod v1 {
         ClusterStatusRequest, ClusterStatusResponse, GetRequest, Heartbeat, HeartbeatAck, Hold, Holder, ListRequest,
         ListResponse, Lock, Lost, Open, Opened, ReleaseRequest, ReleaseResponse, Released, RemoveMemberRequest,
         RenewRequest, Resume, SessionAcquire, SessionError, SessionEvent, SessionRelease, SessionRequest,
-        SnapshotRequest, SnapshotResponse, Waiter, Waiting,
+        SessionSetValue, SetValueRequest, SnapshotRequest, SnapshotResponse, ValueSet, Waiter, Waiting, WatchEvent,
+        WatchRequest,
     };
 }

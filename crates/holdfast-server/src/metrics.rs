@@ -180,6 +180,7 @@ pub struct Metrics {
     pub forwarded: Family<ForwardedLabels, Counter>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<EndpointLabels, Histogram, HistogramMaker>,
+    pub lock_watchers: Gauge,
 
     // The process.
     pub worker_threads: Gauge,
@@ -226,6 +227,7 @@ impl Metrics {
             forwarded: Family::default(),
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
+            lock_watchers: Gauge::default(),
         };
         m.register_raft(root.sub_registry_with_prefix("raft"));
         m.register_storage(root.sub_registry_with_prefix("storage"));
@@ -348,6 +350,11 @@ impl Metrics {
             "Client request latency by front and endpoint (for gRPC streams: until the stream opened)",
             Unit::Seconds,
             self.request_duration.clone(),
+        );
+        registry.register(
+            "lock_watchers",
+            "Watches of a lock waiting on this node for its next change (long polls and watch streams)",
+            self.lock_watchers.clone(),
         );
     }
 

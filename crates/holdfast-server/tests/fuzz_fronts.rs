@@ -431,8 +431,8 @@ impl HttpCase {
         let hold = self.hold.as_ref().and_then(|i| known.hold(i));
         let mut target = self.path.clone();
         if let Some((name, _)) = hold.filter(|_| target.starts_with("/v1/locks/")) {
-            let renew = if target.ends_with("/renew") { "/renew" } else { "" };
-            target = format!("/v1/locks/{name}{renew}");
+            let suffix = ["/renew", "/value"].into_iter().find(|suffix| target.ends_with(suffix)).unwrap_or("");
+            target = format!("/v1/locks/{name}{suffix}");
         }
         match &self.query {
             None => {}
@@ -661,7 +661,25 @@ fn value_for(key: &str) -> BoxedStrategy<Value> {
             ]
             .boxed(),
         ),
-        "prefix" | "after" => text(prop_oneof![4 => segment(), 1 => (195usize..210).prop_map(|n| "p".repeat(n))].boxed()),
+        "prefix" => text(prop_oneof![4 => segment(), 1 => (195usize..210).prop_map(|n| "p".repeat(n))].boxed()),
+        // A lock name after which a list goes on, or a revision a watch waits past.
+        "after" => text(
+            prop_oneof![
+                3 => segment(),
+                1 => (195usize..210).prop_map(|n| "p".repeat(n)),
+                2 => select(&["0", "1", "7", "18446744073709551615", "18446744073709551616", "-1", ""][..])
+                    .prop_map(str::to_owned),
+            ]
+            .boxed(),
+        ),
+        "value" => text(
+            prop_oneof![
+                3 => select(&["10.0.0.1:7070", "", "a%20b", "%c3%a9", "%ff", "%00"][..]).prop_map(str::to_owned),
+                1 => (1020usize..1030).prop_map(|n| "v".repeat(n)),
+                1 => segment(),
+            ]
+            .boxed(),
+        ),
         "limit" => text(
             prop_oneof![
                 select(&["0", "1", "2", "100", "1000", "1001", "-1", "abc", "18446744073709551616", "1.5", "", "%31"][..])
@@ -683,7 +701,7 @@ fn value_for(key: &str) -> BoxedStrategy<Value> {
     }
 }
 
-const KEYS: &[&str] = &["ttl", "wait", "owner", "token", "prefix", "after", "limit", "id", "addr"];
+const KEYS: &[&str] = &["ttl", "wait", "owner", "token", "prefix", "after", "limit", "id", "addr", "value"];
 
 /// Any parameter: one some endpoint takes, or an unknown one (a near miss of a known one among them).
 fn param() -> impl Strategy<Value = (String, Value)> {
@@ -746,9 +764,10 @@ fn endpoint() -> impl Strategy<Value = (String, String, &'static [&'static str])
     let fixed = |path: &'static str| Just(path.to_owned()).boxed();
     let lock = || segment().prop_map(|s| format!("/v1/locks/{s}")).boxed();
     prop_oneof![
-        6 => own(&["POST"], lock(), &["ttl", "owner", "wait"]),
+        6 => own(&["POST"], lock(), &["ttl", "owner", "wait", "value"]),
         3 => own(&["DELETE"], lock(), &["token"]),
-        2 => own(&["GET", "HEAD"], lock(), &[]),
+        2 => own(&["GET", "HEAD"], lock(), &["after", "wait"]),
+        2 => own(&["POST"], segment().prop_map(|s| format!("/v1/locks/{s}/value")).boxed(), &["token", "value"]),
         4 => own(&["POST"], segment().prop_map(|s| format!("/v1/locks/{s}/renew")).boxed(), &["token", "ttl"]),
         3 => own(&["GET", "HEAD"], fixed("/v1/locks"), &["prefix", "after", "limit"]),
         1 => own(&["GET", "HEAD"], fixed("/v1/cluster"), &[]),
@@ -1289,13 +1308,18 @@ enum Unary {
     Snapshot,
 }
 
+/// A lock's value: none, short bytes of any kind, or one byte too long.
+fn value_bytes() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        3 => Just(Vec::new()),
+        3 => prop::collection::vec(any::<u8>(), 1..16),
+        1 => Just(vec![b'v'; holdfast_core::limits::VALUE_LEN_MAX + 1]),
+    ]
+}
+
 fn acquire_request() -> impl Strategy<Value = AcquireRequest> {
-    (name_text(), owner_text(), ms(TTLS_MS), ms(WAITS_MS)).prop_map(|(name, owner, ttl_ms, wait_ms)| AcquireRequest {
-        name,
-        owner,
-        ttl_ms,
-        wait_ms,
-    })
+    (name_text(), owner_text(), ms(TTLS_MS), ms(WAITS_MS), value_bytes())
+        .prop_map(|(name, owner, ttl_ms, wait_ms, value)| AcquireRequest { name, owner, ttl_ms, wait_ms, value })
 }
 
 fn renew_request() -> impl Strategy<Value = (RenewRequest, TokenText)> {
@@ -1496,7 +1520,8 @@ fn session_msg() -> impl Strategy<Value = SessionMsg> {
     prop_oneof![
         3 => (owner_text(), lease_ms).prop_map(|(owner, lease_ms)| SessionMsg::Open(Open { owner, lease_ms })),
         2 => resume,
-        4 => (name_text(), any::<bool>()).prop_map(|(name, wait)| SessionMsg::Acquire(SessionAcquire { name, wait })),
+        4 => (name_text(), any::<bool>(), value_bytes())
+            .prop_map(|(name, wait, value)| SessionMsg::Acquire(SessionAcquire { name, wait, value })),
         2 => name_text().prop_map(|name| SessionMsg::Release(SessionRelease { name })),
         2 => any::<u64>().prop_map(|seq| SessionMsg::Heartbeat(Heartbeat { seq })),
         1 => Just(SessionMsg::Close),

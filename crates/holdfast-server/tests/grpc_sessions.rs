@@ -101,7 +101,7 @@ fn open(owner: &str, lease_ms: u64) -> RequestKind {
 }
 
 fn acquire(name: &str, wait: bool) -> RequestKind {
-    RequestKind::Acquire(SessionAcquire { name: name.into(), wait })
+    RequestKind::Acquire(SessionAcquire { name: name.into(), wait, value: vec![] })
 }
 
 /// The session's id and secret from its `Opened`.
@@ -307,7 +307,13 @@ async fn a_busy_one_shot_acquire_names_the_holder_in_its_status() {
     use holdfast_proto::v1::{AcquireRequest, Holder};
     let node = Node::start().await;
     let mut client = node.client().await;
-    let request = |owner: &str| AcquireRequest { name: "job".into(), owner: owner.into(), ttl_ms: 30_000, wait_ms: 0 };
+    let request = |owner: &str| AcquireRequest {
+        name: "job".into(),
+        owner: owner.into(),
+        ttl_ms: 30_000,
+        wait_ms: 0,
+        value: vec![],
+    };
     let held = client.acquire(request("first")).await.expect("first acquire").into_inner();
     let status = client.acquire(request("second")).await.expect_err("the lock is held");
     assert_eq!(status.code(), tonic::Code::AlreadyExists);
@@ -369,8 +375,13 @@ impl Calls {
 }
 
 fn call_acquire(name: &str, owner: &str, wait_ms: u64) -> holdfast_proto::v1::CallKind {
-    let request =
-        holdfast_proto::v1::AcquireRequest { name: name.into(), owner: owner.into(), ttl_ms: 30_000, wait_ms };
+    let request = holdfast_proto::v1::AcquireRequest {
+        name: name.into(),
+        owner: owner.into(),
+        ttl_ms: 30_000,
+        wait_ms,
+        value: vec![],
+    };
     holdfast_proto::v1::CallKind::Acquire(request)
 }
 

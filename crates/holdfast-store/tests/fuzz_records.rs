@@ -452,16 +452,17 @@ fn the_template_store_and_its_records_read_back_as_written() {
     assert!(largest <= snapshot_bound_bytes(bytes.len()), "{largest} bytes for {} of snapshot", bytes.len());
 }
 
-/// The template's snapshot file with its byte 158 set to 0 (found by the store target): a byte of lock
-/// `x`'s fence, which then lies past the state's applied index. The bytes still decode, and the open
-/// asserted the state's invariants before it checked the bytes against their recorded length and CRC: the
-/// assertion panicked. Now the check comes first, and the open refuses the file as corrupt.
+/// The template's snapshot file with a byte set to 0 that breaks the state's invariants though the bytes
+/// still decode (found by the store target, then in a fence; now byte 401, lock `x`'s revision, which then
+/// lies below its fence). The open asserted the state's invariants before it checked the bytes against
+/// their recorded length and CRC: the assertion panicked. Now the check comes first, and the open refuses
+/// the file as corrupt.
 #[test]
 fn a_snapshot_file_changed_on_disk_is_refused_before_its_state_is_asserted() {
     let template = template();
     let mut bytes = std::fs::read(&template.snapshot).unwrap();
-    bytes[158] = 0;
-    assert!(breaks_invariants(&bytes), "byte 158 is no longer a fence: find the byte this test means again");
+    bytes[401] = 0;
+    assert!(breaks_invariants(&bytes), "byte 401 no longer breaks the state: find the byte this test means again");
     let copy = copy_of_template(Some((&template.snapshot, &bytes)));
     let refused = reopened(copy.path()).unwrap_err();
     assert!(matches!(refused, StoreError::SnapshotCorrupt(_)), "{refused}");

@@ -183,6 +183,7 @@ impl Scope {
                 .into_iter()
                 .map(|w| holdfast_core::WaiterView { owner: self.outer(&w.owner), ..w })
                 .collect(),
+            revision: view.revision,
         }
     }
 

@@ -58,6 +58,15 @@ pub fn check_wait(api: &Api, wait_ms: u64) -> Result<u64, ApiError> {
     Err(ApiError::invalid("invalid-wait", format!("wait {} is longer than {}", show_ms(wait_ms), show_ms(max))))
 }
 
+/// A value of at most [`limits::VALUE_LEN_MAX`] bytes.
+pub fn check_value(value: &[u8]) -> Result<(), ApiError> {
+    if value.len() <= limits::VALUE_LEN_MAX {
+        return Ok(());
+    }
+    let detail = format!("a value is at most {} bytes; this one has {}", limits::VALUE_LEN_MAX, value.len());
+    Err(ApiError::invalid("invalid-value", detail))
+}
+
 /// A token as acquire returned it: 32 hex digits.
 pub fn parse_token(text: &str) -> Result<Token, ApiError> {
     text.parse().map_err(|_| ApiError::invalid("invalid-token", "token: 32 hex digits, as acquire returned it".into()))
@@ -76,21 +85,28 @@ pub fn show_ms(ms: u64) -> String {
     humantime::format_duration(Duration::from_millis(ms)).to_string()
 }
 
-/// Takes `name` for `ttl_ms`, waiting in its queue up to `wait_ms` if it is held.
-pub async fn acquire(
-    api: &Arc<Api>,
-    scope: &Scope,
-    name: String,
-    owner: String,
-    ttl_ms: u64,
-    wait_ms: u64,
-) -> Result<Grant, ApiError> {
+/// What a one-shot acquire asks for.
+#[derive(Debug, Clone)]
+pub struct AcquireArgs {
+    pub name: String,
+    pub owner: String,
+    pub ttl_ms: u64,
+    /// 0: answer busy at once if held.
+    pub wait_ms: u64,
+    /// What the grant publishes (empty: nothing).
+    pub value: Vec<u8>,
+}
+
+/// Takes a lock for a TTL, waiting in its queue up to the wait asked for if it is held.
+pub async fn acquire(api: &Arc<Api>, scope: &Scope, args: AcquireArgs) -> Result<Grant, ApiError> {
+    let AcquireArgs { name, owner, ttl_ms, wait_ms, value } = args;
     check_name(&name)?;
     check_owner(&owner)?;
     check_ttl(api, ttl_ms)?;
     check_wait(api, wait_ms)?;
+    check_value(&value)?;
     let name = scope.inner(&name);
-    let granted = acquire_stored(api, name, scope.inner(&owner), ttl_ms, wait_ms).await;
+    let granted = acquire_stored(api, name, scope.inner(&owner), ttl_ms, wait_ms, value).await;
     granted
         .map(|mut grant| {
             grant.fence = api.told_fence(grant.fence);
@@ -105,9 +121,10 @@ async fn acquire_stored(
     owner: String,
     ttl_ms: u64,
     wait_ms: u64,
+    value: Vec<u8>,
 ) -> Result<Grant, ApiError> {
     let started = Instant::now();
-    let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms };
+    let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms, value };
     let written = acquire_or_undo(api, name.clone(), request).await?;
     match written.outcome().clone() {
         Outcome::Granted(grant) => Ok(grant),
@@ -229,6 +246,144 @@ pub async fn renew(
         }
     };
     renewed.await.map_err(|e| scope.error(e))
+}
+
+/// Publishes `value` on the hold `token` has on `name` (one log entry; the fence stays).
+pub async fn set_value(
+    api: &Arc<Api>,
+    scope: &Scope,
+    name: String,
+    token: Token,
+    value: Vec<u8>,
+) -> Result<Grant, ApiError> {
+    check_name(&name)?;
+    check_value(&value)?;
+    let set = async {
+        match api.route.write(Request::SetValue { name: scope.inner(&name), token, value }).await?.outcome().clone() {
+            Outcome::ValueSet(grant) => Ok(scope.grant(grant)),
+            Outcome::Rejected(reject) => Err(reject.into()),
+            other => Err(ApiError::unexpected(other)),
+        }
+    };
+    set.await.map_err(|e| scope.error(e))
+}
+
+/// A lock as a watch sees it: held or not, and its revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watched {
+    pub name: String,
+    /// `None`: nobody holds it.
+    pub view: Option<LockView>,
+    /// The lock's revision ([`holdfast_core::LockState::revision`]).
+    pub revision: u64,
+    /// Whether the revision is not the one the watch was given: the lock changed (a higher revision) or
+    /// the change is too old to be remembered (a lower one: a lock freed long ago shows 0).
+    pub changed: bool,
+}
+
+/// Lock `name` once its revision is not `after`, or as it is when `wait_ms` has passed (then `changed`
+/// is false). The first look and the last are linearizable reads; in between, the watch waits on this
+/// node's own apply, so a follower serves it without asking the leader about each change.
+pub async fn watch(api: &Arc<Api>, scope: &Scope, name: String, after: u64, wait_ms: u64) -> Result<Watched, ApiError> {
+    check_name(&name)?;
+    check_wait(api, wait_ms)?;
+    let inner = scope.inner(&name);
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let watched = async {
+        api.route.caught_up().await?;
+        loop {
+            let (id, told) = {
+                let state = crate::state::read(&api.state);
+                let revision = state.revision(&inner);
+                if revision != after {
+                    return Ok(watched(&state, scope, &name, &inner, revision, true));
+                }
+                api.events.watch_lock(&inner)
+            };
+            let _forget = UnwatchOnDrop { api, name: &inner, id };
+            if tokio::time::timeout_at(deadline, told).await.is_err() {
+                break;
+            }
+        }
+        // The wait ran out: a last linearizable look, so that a node cut off from the leader does not
+        // answer "unchanged" from a state that is behind.
+        api.route.caught_up().await?;
+        let state = crate::state::read(&api.state);
+        let revision = state.revision(&inner);
+        Ok(watched(&state, scope, &name, &inner, revision, revision != after))
+    };
+    watched.await.map_err(|e: ApiError| scope.error(e))
+}
+
+fn watched(
+    state: &holdfast_core::LockState,
+    scope: &Scope,
+    name: &str,
+    inner: &str,
+    revision: u64,
+    changed: bool,
+) -> Watched {
+    let view = state.get(inner).map(|view| scope.view(view));
+    Watched { name: name.to_owned(), view, revision, changed }
+}
+
+/// A watch stream of one lock: its state when the watch began (`changed`: whether its revision is not the
+/// `after` given), then its state after every entry that changed it, in log order (`changed` true). Ends
+/// when this node stops following the log closely enough ([`crate::apply::events::WATCH_STREAM_BACKLOG`]
+/// changes behind); the client then resumes from the last revision it saw.
+pub struct WatchStream {
+    api: Arc<Api>,
+    scope: Scope,
+    name: String,
+    inner: String,
+    id: u64,
+    first: Option<Watched>,
+    changes: tokio::sync::mpsc::Receiver<crate::apply::events::LockChange>,
+}
+
+/// Watches lock `name` as a stream ([`WatchStream`]). The first look is a linearizable read.
+pub async fn watch_stream(api: &Arc<Api>, scope: &Scope, name: String, after: u64) -> Result<WatchStream, ApiError> {
+    check_name(&name)?;
+    let inner = scope.inner(&name);
+    api.route.caught_up().await.map_err(|e| scope.error(e.into()))?;
+    let state = crate::state::read(&api.state);
+    let revision = state.revision(&inner);
+    let first = watched(&state, scope, &name, &inner, revision, revision != after);
+    let (id, changes) = api.events.watch_stream(&inner);
+    drop(state);
+    Ok(WatchStream { api: api.clone(), scope: scope.clone(), name, inner, id, first: Some(first), changes })
+}
+
+impl WatchStream {
+    /// The next state: the first, then each change; `None` once the stream fell behind (or the node
+    /// stopped).
+    pub async fn next(&mut self) -> Option<Watched> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        let change = self.changes.recv().await?;
+        let view = change.view.map(|view| self.scope.view(view));
+        Some(Watched { name: self.name.clone(), view, revision: change.revision, changed: true })
+    }
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        self.api.events.unwatch_stream(&self.inner, self.id);
+    }
+}
+
+/// Forgets a lock watcher when its wait ends, told or not.
+struct UnwatchOnDrop<'a> {
+    api: &'a Api,
+    name: &'a str,
+    id: u64,
+}
+
+impl Drop for UnwatchOnDrop<'_> {
+    fn drop(&mut self) {
+        self.api.events.unwatch_lock(self.name, self.id);
+    }
 }
 
 /// Who holds `name` and who waits for it.

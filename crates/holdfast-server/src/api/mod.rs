@@ -129,6 +129,11 @@ impl Api {
         self.route.heartbeat(id).await
     }
 
+    /// The value lock `name` publishes as this node has applied it (empty if nobody holds it).
+    pub fn value_here(&self, name: &str) -> Vec<u8> {
+        crate::state::read(&self.state).holder(name).map(|h| h.value).unwrap_or_default()
+    }
+
     /// Waits until this node applied the log up to `index`.
     pub async fn wait_applied(&self, index: u64) -> Result<(), NodeError> {
         self.route.wait_applied(index).await

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use holdfast_core::{limits, Applied, Command, Expire, Grant, Lease, LockState, Outcome, SessionId, Token};
+use holdfast_core::{limits, Applied, Command, Expire, Grant, Lease, LockState, LockView, Outcome, SessionId, Token};
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
@@ -29,6 +29,17 @@ use crate::metrics::{self, Metrics};
 pub const WAITER_LEASE: Duration = Duration::from_secs(3);
 /// How often a node tells the leader which of its requests still wait.
 pub const WAITER_PING: Duration = Duration::from_secs(1);
+
+/// Changes a watch stream may fall behind by: past it, the stream is ended (the client resumes from the
+/// last revision it saw) rather than buffering without bound.
+pub const WATCH_STREAM_BACKLOG: usize = 1024;
+
+/// A lock as a command left it, for a watch stream: its view (`None`: nobody holds it) and revision.
+#[derive(Debug, Clone)]
+pub struct LockChange {
+    pub view: Option<LockView>,
+    pub revision: u64,
+}
 
 /// What a session's stream hears from applied entries.
 #[derive(Debug, Clone)]
@@ -56,6 +67,14 @@ pub struct Events {
 struct Inner {
     /// Queued one-shot claims waiting to hear of their grant, by token.
     watchers: BTreeMap<Token, (String, oneshot::Sender<Grant>)>,
+    /// Requests waiting for a lock to change (watches), by name and a number of their own: each is told
+    /// once, at the next entry that may have changed the lock, and then forgotten.
+    lock_watchers: BTreeMap<String, BTreeMap<u64, oneshot::Sender<()>>>,
+    /// Watch streams, by lock name and number: each is sent the lock's state after every command that
+    /// changed it, in log order. One that falls [`WATCH_STREAM_BACKLOG`] behind is dropped (its stream ends).
+    lock_streams: BTreeMap<String, BTreeMap<u64, mpsc::Sender<LockChange>>>,
+    /// The number of the next lock watcher or stream.
+    next_lock_watcher: u64,
     /// Session streams attached to this node.
     streams: BTreeMap<SessionId, mpsc::UnboundedSender<SessionNote>>,
     /// Which session holds each session-held lock (name, fence), to route the end of a hold.
@@ -198,6 +217,102 @@ impl Events {
         self.lock().watchers.remove(&token);
     }
 
+    /// Registers a watcher of lock `name`: its receiver is told (or its sender dropped) at the next applied
+    /// entry that may have changed the lock, or when the whole state is replaced. The caller holds the
+    /// state's read lock, so no entry is applied between its look at the lock and this registration. The
+    /// number answered is for [`Events::unwatch_lock`].
+    pub fn watch_lock(&self, name: &str) -> (u64, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let mut inner = self.lock();
+        let id = inner.next_lock_watcher;
+        inner.next_lock_watcher += 1;
+        inner.lock_watchers.entry(name.to_owned()).or_default().insert(id, tx);
+        self.metrics.lock_watchers.inc();
+        (id, rx)
+    }
+
+    /// Registers a watch stream of lock `name`: sent the lock's state after every command that changes it
+    /// from now on. The caller holds the state's read lock, having read the state the stream starts from.
+    /// The number answered is for [`Events::unwatch_stream`].
+    pub fn watch_stream(&self, name: &str) -> (u64, mpsc::Receiver<LockChange>) {
+        let (tx, rx) = mpsc::channel(WATCH_STREAM_BACKLOG);
+        let mut inner = self.lock();
+        let id = inner.next_lock_watcher;
+        inner.next_lock_watcher += 1;
+        inner.lock_streams.entry(name.to_owned()).or_default().insert(id, tx);
+        self.metrics.lock_watchers.inc();
+        (id, rx)
+    }
+
+    /// Forgets watch stream `id` of lock `name`.
+    pub fn unwatch_stream(&self, name: &str, id: u64) {
+        let mut inner = self.lock();
+        let Some(streams) = inner.lock_streams.get_mut(name) else { return };
+        if streams.remove(&id).is_some() {
+            self.metrics.lock_watchers.dec();
+        }
+        if streams.is_empty() {
+            inner.lock_streams.remove(name);
+        }
+    }
+
+    /// Sends the watch streams of `name` its state, if the command just applied (at `index`) changed it.
+    /// A stream that is full or gone is dropped.
+    fn tell_lock_streams(&self, inner: &mut Inner, state: &LockState, index: u64, name: &str) {
+        let Some(streams) = inner.lock_streams.get_mut(name) else { return };
+        let revision = state.revision(name);
+        if revision != index {
+            return;
+        }
+        let change = LockChange { view: state.get(name), revision };
+        let before = streams.len();
+        streams.retain(|_, tx| tx.try_send(change.clone()).is_ok());
+        self.metrics.lock_watchers.dec_by((before - streams.len()) as i64);
+        if streams.is_empty() {
+            inner.lock_streams.remove(name);
+        }
+    }
+
+    /// Tells the watches of every lock the command may have changed. Every change to a lock is a command
+    /// naming it, or a grant, end or drop on it (an `Expire`, a session's close). A command that changed
+    /// nothing (a busy answer) tells its long polls too; they look again and wait on. Streams are sent only
+    /// changes (the lock's revision is this entry).
+    fn tell_watches(&self, inner: &mut Inner, state: &LockState, index: u64, cmd: &Command, applied: &Applied) {
+        let touched = cmd.lock_name().into_iter().chain(applied.grants.iter().map(|g| g.name.as_str()));
+        let touched = touched.chain(applied.ended.iter().map(|(name, _)| name.as_str()));
+        let mut told = Vec::new();
+        for name in touched.chain(applied.dropped.iter().map(|(name, _)| name.as_str())) {
+            self.tell_lock_watchers(inner, name);
+            // A lock touched twice by one command (an expiry's end and grant) is sent once.
+            if !told.contains(&name) {
+                self.tell_lock_streams(inner, state, index, name);
+                told.push(name);
+            }
+        }
+    }
+
+    /// Forgets watcher `id` of lock `name`, if it was not told yet.
+    pub fn unwatch_lock(&self, name: &str, id: u64) {
+        let mut inner = self.lock();
+        let Some(watchers) = inner.lock_watchers.get_mut(name) else { return };
+        if watchers.remove(&id).is_some() {
+            self.metrics.lock_watchers.dec();
+        }
+        if watchers.is_empty() {
+            inner.lock_watchers.remove(name);
+        }
+    }
+
+    /// Tells the watchers of `name` that it may have changed.
+    fn tell_lock_watchers(&self, inner: &mut Inner, name: &str) {
+        if let Some(watchers) = inner.lock_watchers.remove(name) {
+            self.metrics.lock_watchers.dec_by(watchers.len() as i64);
+            for (_, tx) in watchers {
+                let _ = tx.send(());
+            }
+        }
+    }
+
     /// Attaches a stream to session `id` (replacing any earlier one: the session moved). The caller holds
     /// the state's read lock.
     pub fn attach(&self, id: SessionId) -> mpsc::UnboundedReceiver<SessionNote> {
@@ -312,7 +427,7 @@ impl ApplyObserver for Events {
         let mut inner = self.lock();
         // A waiter granted the lock whose session or long poll is not attached here may be attached to a
         // follower, which tells it once it applied this entry.
-        let own_grant = |grant: &Grant| matches!(cmd, Command::Acquire(a) if a.token == grant.token);
+        let own_grant = |grant: &Grant| cmd.acquire().is_some_and(|(a, _)| a.token == grant.token);
         let waits_elsewhere = |grant: &Grant| match grant.lease {
             Lease::Session(id) => !inner.streams.contains_key(&id),
             Lease::Ttl { .. } => !inner.watchers.contains_key(&grant.token),
@@ -320,6 +435,9 @@ impl ApplyObserver for Events {
         let handed_over = applied.grants.iter().any(|grant| !own_grant(grant) && waits_elsewhere(grant));
         if handed_over || matches!(applied.outcome, Outcome::SessionOpened { .. }) {
             self.urgent_commit(index);
+        }
+        if !inner.lock_watchers.is_empty() || !inner.lock_streams.is_empty() {
+            self.tell_watches(&mut inner, state, index, cmd, applied);
         }
         for (name, fence) in &applied.ended {
             inner.holds.end(name, *fence);
@@ -359,7 +477,7 @@ impl ApplyObserver for Events {
         for grant in &applied.grants {
             Events::end_waiter(&mut inner, &grant.token);
         }
-        if let (Command::Acquire(a), Outcome::Queued { .. }) = (cmd, &applied.outcome) {
+        if let (Some((a, _)), Outcome::Queued { .. }) = (cmd.acquire(), &applied.outcome) {
             if a.session.is_none() {
                 inner.waiters.set(&a.token, 0, now, WAITER_LEASE);
                 inner.waiter_names.insert(a.token, a.name.clone());
@@ -403,6 +521,24 @@ impl ApplyObserver for Events {
         let replaced = {
             let mut inner = self.lock();
             let replaced = inner.install(rebuilt);
+            // The whole state changed: every watch looks again, and every watch stream is sent its lock's
+            // state (revision and all: what changed in the entries the snapshot covers is not known).
+            let names: Vec<String> = inner.lock_streams.keys().cloned().collect();
+            for name in names {
+                let change = LockChange { view: state.get(&name), revision: state.revision(&name) };
+                let streams = inner.lock_streams.get_mut(&name).expect("listed");
+                let before = streams.len();
+                streams.retain(|_, tx| tx.try_send(change.clone()).is_ok());
+                self.metrics.lock_watchers.dec_by((before - streams.len()) as i64);
+            }
+            inner.lock_streams.retain(|_, streams| !streams.is_empty());
+            let lock_watchers = std::mem::take(&mut inner.lock_watchers);
+            for (_, watchers) in lock_watchers {
+                self.metrics.lock_watchers.dec_by(watchers.len() as i64);
+                for (_, tx) in watchers {
+                    let _ = tx.send(());
+                }
+            }
             let watchers = std::mem::take(&mut inner.watchers);
             for (token, (name, tx)) in watchers {
                 if let Some(grant) = state.grant(&name, token) {

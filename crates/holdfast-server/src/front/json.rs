@@ -7,6 +7,7 @@ use holdfast_core::{Grant, HolderView, Lease, LockView};
 use serde_json::{json, Value};
 
 use crate::api::cluster::ClusterView;
+use crate::api::locks::Watched;
 use crate::clock::wall_ms;
 
 /// RFC 3339 with milliseconds, UTC.
@@ -23,7 +24,17 @@ pub fn grant_json(grant: &Grant) -> Value {
         "granted_at": rfc3339(grant.granted_at_ms),
     });
     add_lease(&mut body, grant.lease);
+    add_value(&mut body, &grant.value);
     body
+}
+
+/// A value as text when it is UTF-8 (`value`), else as base64 (`value_base64`); an empty one as `""`.
+fn add_value(body: &mut Value, value: &[u8]) {
+    use base64::Engine;
+    match std::str::from_utf8(value) {
+        Ok(text) => body["value"] = json!(text),
+        Err(_) => body["value_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(value)),
+    }
 }
 
 fn add_lease(body: &mut Value, lease: Lease) {
@@ -45,13 +56,26 @@ pub fn holder_json(holder: &HolderView) -> Value {
         "granted_at": rfc3339(holder.granted_at_ms),
     });
     add_lease(&mut body, holder.lease);
+    add_value(&mut body, &holder.value);
     body
 }
 
 pub fn lock_json(view: &LockView) -> Value {
     let waiters: Vec<Value> =
         view.waiters.iter().map(|w| json!({"owner": w.owner, "queued_at": rfc3339(w.queued_at_ms)})).collect();
-    json!({"name": view.name, "holder": holder_json(&view.holder), "waiters": waiters})
+    json!({"name": view.name, "holder": holder_json(&view.holder), "waiters": waiters, "revision": view.revision})
+}
+
+/// A watch's answer: the lock as [`lock_json`] shows it (`holder` null and no waiters when nobody holds
+/// it), its revision, and whether that differs from the watch's `after`.
+pub fn watched_json(watched: &Watched) -> Value {
+    let mut body = match &watched.view {
+        Some(view) => lock_json(view),
+        None => json!({"name": watched.name, "holder": null, "waiters": []}),
+    };
+    body["revision"] = json!(watched.revision);
+    body["changed"] = json!(watched.changed);
+    body
 }
 
 /// Seconds until `holder` may be free, for `Retry-After` (at least 1).

@@ -17,6 +17,7 @@ pub fn hold(grant: &Grant) -> Hold {
         granted_at_ms: grant.granted_at_ms,
         expires_at_ms,
         ttl_ms,
+        value: grant.value.clone(),
     }
 }
 
@@ -26,7 +27,15 @@ pub fn holder(h: &HolderView) -> Holder {
         Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms, 0),
         Lease::Session(id) => (0, 0, id),
     };
-    Holder { owner: h.owner.clone(), fence: h.fence, granted_at_ms: h.granted_at_ms, expires_at_ms, ttl_ms, session_id }
+    Holder {
+        owner: h.owner.clone(),
+        fence: h.fence,
+        granted_at_ms: h.granted_at_ms,
+        expires_at_ms,
+        ttl_ms,
+        session_id,
+        value: h.value.clone(),
+    }
 }
 
 /// A lock, its holder and its queue.
@@ -43,5 +52,14 @@ pub fn lock(view: &LockView) -> v1::Lock {
                 session_id: w.session.unwrap_or(0),
             })
             .collect(),
+        revision: view.revision,
+    }
+}
+
+/// A watch's view of a lock: as [`lock`] shows it, or only its name and revision when nobody holds it.
+pub fn watched_lock(watched: &crate::api::locks::Watched) -> v1::Lock {
+    match &watched.view {
+        Some(view) => lock(view),
+        None => v1::Lock { name: watched.name.clone(), holder: None, waiters: vec![], revision: watched.revision },
     }
 }

@@ -7,6 +7,14 @@ use holdfast_store::Response;
 use super::Leader;
 use crate::peer::protocol::{NodeError, Request, Written};
 
+/// An acquire publishing `value`: a plain `Acquire` when it is empty, which every build reads.
+fn acquire_command(acquire: Acquire, value: Vec<u8>) -> Command {
+    match value.is_empty() {
+        true => Command::Acquire(acquire),
+        false => Command::AcquireValued { acquire, value },
+    }
+}
+
 impl Leader {
     /// Proposes `request` and answers once its entry is committed and applied here.
     pub(super) async fn propose(&self, request: Request) -> Result<Written, NodeError> {
@@ -45,10 +53,12 @@ impl Leader {
     /// opened session: the leader makes them before it proposes, so apply stays deterministic.
     fn command(&self, request: Request) -> (Command, Option<Token>, Option<SessionSecret>) {
         match request {
-            Request::Acquire { name, owner, ttl_ms, wait_ms } => {
+            Request::Acquire { name, owner, ttl_ms, wait_ms, value } => {
                 let token = Token(self.random.draw());
-                (Command::Acquire(Acquire { name, owner, token, ttl_ms, wait_ms, session: None }), Some(token), None)
+                let acquire = Acquire { name, owner, token, ttl_ms, wait_ms, session: None };
+                (acquire_command(acquire, value), Some(token), None)
             }
+            Request::SetValue { name, token, value } => (Command::SetValue { name, token, value }, None, None),
             Request::Release { name, token } => (Command::Release { name, token }, None, None),
             // Without a TTL, the state machine takes the hold's own when it applies: this node's state may
             // not have applied the grant yet (a new leader), so a TTL read here could be wrong.
@@ -66,7 +76,7 @@ impl Leader {
             Request::CloseSession { id } => (Command::CloseSession { id }, None, None),
             Request::CreateKey { tenant, hash } => (Command::CreateKey { tenant, hash }, None, None),
             Request::RevokeKey { tenant } => (Command::RevokeKey { tenant }, None, None),
-            Request::SessionAcquire { id, name, wait } => {
+            Request::SessionAcquire { id, name, wait, value } => {
                 let owner = crate::state::read(&self.state).session_summary(id).map(|(owner, ..)| owner.to_owned());
                 let token = Token(self.random.draw());
                 let acquire = Acquire {
@@ -77,7 +87,7 @@ impl Leader {
                     wait_ms: wait.into(),
                     session: Some(id),
                 };
-                (Command::Acquire(acquire), Some(token), None)
+                (acquire_command(acquire, value), Some(token), None)
             }
         }
     }

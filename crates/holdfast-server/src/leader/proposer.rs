@@ -155,9 +155,9 @@ enum Taken {
 /// Whether `cmd` is an acquire that will queue, by `state`, and may wait for its lock's release to share
 /// its entry: it waits for the lock, the lock is held, and it has not waited `hold` yet.
 fn held_back(state: &LockState, queued: &Queued, now: Instant, hold: Duration) -> bool {
-    match &queued.cmd {
-        Command::Acquire(acquire) => acquire.wait_ms > 0 && now < queued.since + hold && state.is_held(&acquire.name),
-        _ => false,
+    match queued.cmd.acquire() {
+        Some((acquire, _)) => acquire.wait_ms > 0 && now < queued.since + hold && state.is_held(&acquire.name),
+        None => false,
     }
 }
 

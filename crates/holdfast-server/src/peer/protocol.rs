@@ -17,11 +17,13 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// for an acquire, the token) and proposes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
+    /// Take a lock with a TTL, publishing `value` (empty: none) while held.
     Acquire {
         name: String,
         owner: String,
         ttl_ms: u64,
         wait_ms: u64,
+        value: Vec<u8>,
     },
     Release {
         name: String,
@@ -52,6 +54,7 @@ pub enum Request {
         id: SessionId,
         name: String,
         wait: bool,
+        value: Vec<u8>,
     },
     /// Store an API key's hash for a new tenant (the node that made the key keeps the key to itself).
     CreateKey {
@@ -61,6 +64,12 @@ pub enum Request {
     /// Revoke a tenant's API key.
     RevokeKey {
         tenant: u64,
+    },
+    /// The holder `token` of `name` publishes `value` in place of the lock's value.
+    SetValue {
+        name: String,
+        token: Token,
+        value: Vec<u8>,
     },
 }
 

@@ -198,6 +198,13 @@ impl Router {
         }))
     }
 
+    /// Returns once this node has applied every write acknowledged before the call (a read index through
+    /// the leader, then this node's apply): its state may then be read as a linearizable read's would be.
+    pub async fn caught_up(self: &Arc<Self>) -> Result<(), NodeError> {
+        let index = self.read_index().await?;
+        self.wait_applied(index).await
+    }
+
     /// Waits until this node applied the log up to `index` ([`crate::apply::wait_applied`]).
     pub async fn wait_applied(&self, index: u64) -> Result<(), NodeError> {
         crate::apply::wait_applied(&self.raft, &self.state, index).await

@@ -213,6 +213,18 @@ pub fn every_command() -> Vec<Command> {
         Command::Batch(vec![acquire("x", None), Command::Release { name: "y".into(), token }]),
         Command::RenewKeepingTtl { name: "a".into(), token },
         Command::Group(vec![Command::Release { name: "x".into(), token }, acquire("x", None), acquire("x", None)]),
+        Command::AcquireValued {
+            acquire: Acquire {
+                name: "v".into(),
+                owner: "leader".into(),
+                token,
+                ttl_ms: 5_000,
+                wait_ms: 0,
+                session: None,
+            },
+            value: b"10.0.0.1:7070".to_vec(),
+        },
+        Command::SetValue { name: "v".into(), token, value: vec![0xff, 0, 1] },
     ];
     let mut kinds = BTreeSet::new();
     for cmd in &cmds {
@@ -231,8 +243,10 @@ pub fn every_command() -> Vec<Command> {
             Command::RenewKeepingTtl { .. } => "renew-keeping-ttl",
             Command::Group(_) => "group",
             Command::OpenSession { .. } => "open-session",
+            Command::AcquireValued { .. } => "acquire-valued",
+            Command::SetValue { .. } => "set-value",
         });
     }
-    assert_eq!(kinds.len(), 13, "a seed of every kind of command");
+    assert_eq!(kinds.len(), 15, "a seed of every kind of command");
     cmds
 }

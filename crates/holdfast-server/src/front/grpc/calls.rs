@@ -1,4 +1,4 @@
-//! The `Calls` stream: the one-shot calls (acquire, renew, release, get) multiplexed on one gRPC stream.
+//! The `Calls` stream: the one-shot calls (acquire, renew, release, get, set value) multiplexed on one gRPC stream.
 //!
 //! A unary call costs the node an HTTP/2 stream of its own: headers to decode and encode, a task, the
 //! router and the middleware, trailers. On a `Calls` stream a call is one message each way. Each call runs
@@ -155,6 +155,7 @@ async fn run(api: &Arc<Api>, scope: &Scope, kind: Option<CallKind>) -> (&'static
         Some(CallKind::Renew(_)) => "/holdfast.v1.Locks/Calls/Renew",
         Some(CallKind::Release(_)) => "/holdfast.v1.Locks/Calls/Release",
         Some(CallKind::Get(_)) => "/holdfast.v1.Locks/Calls/Get",
+        Some(CallKind::SetValue(_)) => "/holdfast.v1.Locks/Calls/SetValue",
         Some(CallKind::Cancel(_)) | None => "unmatched",
     };
     // Each call is admitted as a unary call is: not under a key revoked since the stream opened, and within
@@ -177,6 +178,7 @@ async fn answer(api: &Arc<Api>, scope: &Scope, kind: Option<CallKind>) -> Result
         Some(CallKind::Renew(r)) => Ok(ResultKind::Hold(one_shot::renew(api, scope, r).await?)),
         Some(CallKind::Release(r)) => Ok(ResultKind::Released(one_shot::release(api, scope, r).await?)),
         Some(CallKind::Get(r)) => Ok(ResultKind::Lock(one_shot::get(api, scope, r).await?)),
+        Some(CallKind::SetValue(r)) => Ok(ResultKind::Hold(one_shot::set_value(api, scope, r).await?)),
         Some(CallKind::Cancel(_)) | None => {
             Err(ApiError::invalid("invalid-call", "a call with no kind, or a kind this server does not know".into()))
         }

@@ -19,8 +19,9 @@ use std::task::{Context, Poll};
 use holdfast_proto::v1::{
     self, AcquireRequest, AddMemberRequest, Call, ClusterStatusRequest, ClusterStatusResponse, GetRequest, Hold,
     ListRequest, ListResponse, Locks, LocksServer, ReleaseRequest, ReleaseResponse, RemoveMemberRequest, RenewRequest,
-    SessionRequest, SnapshotRequest, SnapshotResponse,
+    SessionRequest, SetValueRequest, SnapshotRequest, SnapshotResponse, WatchEvent, WatchRequest,
 };
+use tokio_stream::Stream;
 use tonic::codegen::{http, Service};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status, Streaming};
 
@@ -30,7 +31,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use self::calls::CallStream;
 use self::request::malformed;
 use self::session::{EventStream, SESSION_OUTBOX};
-use super::proto::lock;
+use super::proto::{lock, watched_lock};
+use crate::api::error::ApiError;
 use crate::api::locks::PAGE_DEFAULT;
 use crate::api::{admin, locks, Api};
 
@@ -88,6 +90,7 @@ fn malformed_as_invalid(response: http::Response<tonic::body::Body>) -> http::Re
 impl Locks for LocksService {
     type SessionStream = EventStream;
     type CallsStream = CallStream;
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
     async fn session(
         &self,
@@ -118,6 +121,32 @@ impl Locks for LocksService {
     async fn release(&self, request: GrpcRequest<ReleaseRequest>) -> Result<GrpcResponse<ReleaseResponse>, Status> {
         let scope = self.api.authenticate(authorization(&request))?;
         Ok(GrpcResponse::new(one_shot::release(&self.api, &scope, request.into_inner()).await?))
+    }
+
+    async fn set_value(&self, request: GrpcRequest<SetValueRequest>) -> Result<GrpcResponse<Hold>, Status> {
+        let scope = self.api.authenticate(authorization(&request))?;
+        Ok(GrpcResponse::new(one_shot::set_value(&self.api, &scope, request.into_inner()).await?))
+    }
+
+    async fn watch(&self, request: GrpcRequest<WatchRequest>) -> Result<GrpcResponse<Self::WatchStream>, Status> {
+        let scope = self.api.authenticate(authorization(&request))?;
+        let r = request.into_inner();
+        let watch = locks::watch_stream(&self.api, &scope, r.name, r.after).await?;
+        let events = futures_util::stream::unfold((Some(watch), true), |(watch, initial)| async move {
+            let mut watch = watch?;
+            match watch.next().await {
+                Some(watched) => {
+                    let event = WatchEvent { lock: Some(watched_lock(&watched)), initial };
+                    Some((Ok(event), (Some(watch), false)))
+                }
+                // The stream fell behind this node's apply (or the node stops): the client resumes.
+                None => {
+                    let detail = "the watch fell behind the changes; watch again from the last revision seen";
+                    Some((Err(ApiError::Limit { slug: "watch-behind", detail: detail.into() }.into()), (None, false)))
+                }
+            }
+        });
+        Ok(GrpcResponse::new(Box::pin(events)))
     }
 
     async fn calls(&self, request: GrpcRequest<Streaming<Call>>) -> Result<GrpcResponse<CallStream>, Status> {

@@ -2,17 +2,26 @@
 
 use std::sync::Arc;
 
-use holdfast_proto::v1::{self, AcquireRequest, GetRequest, Hold, ReleaseRequest, ReleaseResponse, RenewRequest};
+use holdfast_proto::v1::{
+    self, AcquireRequest, GetRequest, Hold, ReleaseRequest, ReleaseResponse, RenewRequest, SetValueRequest,
+};
 
 use super::request::{or_anonymous, ttl_or_default};
 use crate::api::auth;
 use crate::api::error::ApiError;
+use crate::api::locks::AcquireArgs;
 use crate::api::{locks, Api};
 use crate::front::proto::{hold, lock};
 
 pub async fn acquire(api: &Arc<Api>, scope: &auth::Scope, r: AcquireRequest) -> Result<Hold, ApiError> {
     let ttl_ms = ttl_or_default(api, r.ttl_ms);
-    let grant = locks::acquire(api, scope, r.name, or_anonymous(r.owner), ttl_ms, r.wait_ms).await?;
+    let args = AcquireArgs { name: r.name, owner: or_anonymous(r.owner), ttl_ms, wait_ms: r.wait_ms, value: r.value };
+    let grant = locks::acquire(api, scope, args).await?;
+    Ok(hold(&grant))
+}
+
+pub async fn set_value(api: &Arc<Api>, scope: &auth::Scope, r: SetValueRequest) -> Result<Hold, ApiError> {
+    let grant = locks::set_value(api, scope, r.name, locks::parse_token(&r.token)?, r.value).await?;
     Ok(hold(&grant))
 }
 

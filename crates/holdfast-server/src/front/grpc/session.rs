@@ -33,8 +33,8 @@ fn event(kind: EventKind) -> Result<SessionEvent, Status> {
     Ok(SessionEvent { kind: Some(kind) })
 }
 
-fn acquired(name: &str, fence: u64, token: Token) -> Result<SessionEvent, Status> {
-    event(EventKind::Acquired(Acquired { name: name.to_owned(), fence, token: token.to_string() }))
+fn acquired(name: &str, fence: u64, token: Token, value: Vec<u8>) -> Result<SessionEvent, Status> {
+    event(EventKind::Acquired(Acquired { name: name.to_owned(), fence, token: token.to_string(), value }))
 }
 
 fn session_error(name: &str, e: &ApiError) -> Result<SessionEvent, Status> {
@@ -194,7 +194,7 @@ impl SessionStream {
         self.send(event(EventKind::Opened(opened))).await?;
         if let Some(view) = resumed {
             for grant in &view.holds {
-                self.send(acquired(&grant.name, grant.fence, grant.token)).await?;
+                self.send(acquired(&grant.name, grant.fence, grant.token, grant.value.clone())).await?;
             }
             for wait in &view.waits {
                 let waiting = v1::Waiting {
@@ -267,10 +267,18 @@ impl SessionStream {
                     }
                 });
             }
-            RequestKind::Acquire(acquire) => match locks::check_name(&acquire.name) {
-                Err(e) => self.send(session_error(&acquire.name, &e)).await?,
-                Ok(()) => self.acquire(self.scope.inner(&acquire.name), acquire.wait).await?,
-            },
+            RequestKind::Acquire(acquire) => {
+                match locks::check_name(&acquire.name).and_then(|()| locks::check_value(&acquire.value)) {
+                    Err(e) => self.send(session_error(&acquire.name, &e)).await?,
+                    Ok(()) => self.acquire(self.scope.inner(&acquire.name), acquire.wait, acquire.value).await?,
+                }
+            }
+            RequestKind::SetValue(set) => {
+                match locks::check_name(&set.name).and_then(|()| locks::check_value(&set.value)) {
+                    Err(e) => self.send(session_error(&set.name, &e)).await?,
+                    Ok(()) => self.set_value(self.scope.inner(&set.name), set.value).await?,
+                }
+            }
             RequestKind::Release(release) => match locks::check_name(&release.name) {
                 Err(e) => self.send(session_error(&release.name, &e)).await?,
                 Ok(()) => self.release(self.scope.inner(&release.name)).await?,
@@ -288,29 +296,47 @@ impl SessionStream {
         Ok(false)
     }
 
-    async fn acquire(&mut self, name: String, wait: bool) -> Result<(), Status> {
+    async fn set_value(&mut self, name: String, value: Vec<u8>) -> Result<(), Status> {
+        let Some(Claim { token, fence: Some(_) }) = self.claims.get(&name) else {
+            return self.send(session_error(&name, &ApiError::NotHolder { name: name.clone() })).await;
+        };
+        match self.api.write(Request::SetValue { name: name.clone(), token: *token, value }).await {
+            Ok(written) => match written.outcome().clone() {
+                Outcome::ValueSet(grant) => {
+                    let set = v1::ValueSet { name, fence: grant.fence, value: grant.value };
+                    self.send(event(EventKind::ValueSet(set))).await
+                }
+                Outcome::Rejected(reject) => self.send(session_error(&name, &ApiError::from(reject))).await,
+                other => self.send(session_error(&name, &ApiError::unexpected(other))).await,
+            },
+            Err(e) => self.send(session_error(&name, &ApiError::from(e))).await,
+        }
+    }
+
+    async fn acquire(&mut self, name: String, wait: bool, value: Vec<u8>) -> Result<(), Status> {
         if let Err(e) = locks::check_name(&name) {
             return self.send(session_error(&name, &e)).await;
         }
         if let Some(claim) = self.claims.get(&name) {
             // Asked again: answer what the session already has.
             return match claim.fence {
-                Some(fence) => self.send(acquired(&name, fence, claim.token)).await,
+                Some(fence) => self.send(acquired(&name, fence, claim.token, self.api.value_here(&name))).await,
                 None => {
                     let waiting = v1::Waiting { name, position: 0, holder: None };
                     self.send(event(EventKind::Waiting(waiting))).await
                 }
             };
         }
-        let written = match self.api.write(Request::SessionAcquire { id: self.id, name: name.clone(), wait }).await {
-            Ok(written) => written,
-            // The outcome is unknown: learn from the leader what the session has now.
-            Err(e) => return self.resync(&name, e).await,
-        };
+        let written =
+            match self.api.write(Request::SessionAcquire { id: self.id, name: name.clone(), wait, value }).await {
+                Ok(written) => written,
+                // The outcome is unknown: learn from the leader what the session has now.
+                Err(e) => return self.resync(&name, e).await,
+            };
         match written.outcome().clone() {
             Outcome::Granted(grant) => {
                 self.claims.insert(name.clone(), Claim { token: grant.token, fence: Some(grant.fence) });
-                self.send(acquired(&name, grant.fence, grant.token)).await
+                self.send(acquired(&name, grant.fence, grant.token, grant.value)).await
             }
             Outcome::Queued { position, holder: h } => {
                 let token = written.token.expect("the leader returns the token of an acquire");
@@ -334,7 +360,9 @@ impl SessionStream {
             Ok(Some((view, ()))) => {
                 self.adopt(&view);
                 match self.claims.get(name) {
-                    Some(Claim { token, fence: Some(fence) }) => self.send(acquired(name, *fence, *token)).await,
+                    Some(Claim { token, fence: Some(fence) }) => {
+                        self.send(acquired(name, *fence, *token, self.api.value_here(name))).await
+                    }
                     Some(Claim { fence: None, .. }) => {
                         let waiting = v1::Waiting { name: name.to_owned(), position: 0, holder: None };
                         self.send(event(EventKind::Waiting(waiting))).await
@@ -370,7 +398,7 @@ impl SessionStream {
                     return Ok(());
                 }
                 claim.fence = Some(grant.fence);
-                self.send(acquired(&grant.name, grant.fence, grant.token)).await
+                self.send(acquired(&grant.name, grant.fence, grant.token, grant.value)).await
             }
             SessionNote::Ended { name, fence } => {
                 if self.claims.get(&name).is_some_and(|c| c.fence == Some(fence)) {
@@ -412,6 +440,7 @@ fn outer_event(scope: &auth::Scope, mut event: SessionEvent) -> SessionEvent {
             holder(&mut e.holder);
         }
         Some(EventKind::Released(e)) => e.name = scope.outer(&e.name),
+        Some(EventKind::ValueSet(e)) => e.name = scope.outer(&e.name),
         Some(EventKind::Lost(e)) => e.name = scope.outer(&e.name),
         Some(EventKind::Error(e)) => {
             e.name = scope.outer(&e.name);

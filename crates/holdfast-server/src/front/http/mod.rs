@@ -15,10 +15,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use self::params::{AdminCall, Credentials, LockName, MemberId, Params, Parsed, Segment, Tenant};
-use super::json::{cluster_json, grant_json, lock_json, rfc3339};
+use axum::http::HeaderMap;
+
+use self::params::{AdminCall, Body, Credentials, LockName, MemberId, Params, Parsed, Segment, Tenant};
+use super::json::{cluster_json, grant_json, lock_json, rfc3339, watched_json};
 use crate::api::error::ApiError;
-use crate::api::locks::{PAGE_DEFAULT, PAGE_MAX, TTL_MS_DEFAULT};
+use crate::api::locks::{AcquireArgs, PAGE_DEFAULT, PAGE_MAX, TTL_MS_DEFAULT};
 use crate::api::{admin, locks, Api};
 
 /// The HTTP routes of a node.
@@ -27,6 +29,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/locks", get(list))
         .route("/v1/locks/{name}", post(acquire).delete(release).get(get_lock))
         .route("/v1/locks/{name}/renew", post(renew))
+        .route("/v1/locks/{name}/value", post(set_value))
         .route("/v1/cluster", get(cluster))
         .route("/v1/signup", post(signup))
         .route("/v1/keys", get(list_keys))
@@ -45,14 +48,33 @@ async fn acquire(
     Credentials(authorization): Credentials,
     Segment(name, _): Segment<LockName>,
     params: Params,
+    headers: HeaderMap,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let scope = api.authenticate(authorization.as_deref())?;
-    let p = Parsed::new(&params, &["ttl", "owner", "wait"])?;
+    let p = Parsed::new(&params, &["ttl", "owner", "wait", "value"])?;
     let default_ttl_ms = TTL_MS_DEFAULT.clamp(api.limits().ttl_ms_min, api.limits().ttl_ms_max);
     let ttl_ms = p.duration_ms("ttl", "invalid-ttl")?.unwrap_or(default_ttl_ms);
     let wait_ms = p.duration_ms("wait", "invalid-wait")?.unwrap_or(0);
     let owner = p.get("owner").unwrap_or("anonymous").to_owned();
-    let grant = locks::acquire(&api, &scope, name, owner, ttl_ms, wait_ms).await?;
+    let value = p.value(&headers, &body)?;
+    let grant = locks::acquire(&api, &scope, AcquireArgs { name, owner, ttl_ms, wait_ms, value }).await?;
+    Ok(Json(grant_json(&grant)).into_response())
+}
+
+async fn set_value(
+    State(api): State<Arc<Api>>,
+    Credentials(authorization): Credentials,
+    Segment(name, _): Segment<LockName>,
+    params: Params,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let scope = api.authenticate(authorization.as_deref())?;
+    let p = Parsed::new(&params, &["token", "value"])?;
+    let token = p.token()?;
+    let value = p.value(&headers, &body)?;
+    let grant = locks::set_value(&api, &scope, name, token, value).await?;
     Ok(Json(grant_json(&grant)).into_response())
 }
 
@@ -90,9 +112,20 @@ async fn get_lock(
     params: Params,
 ) -> Result<Response, ApiError> {
     let scope = api.authenticate(authorization.as_deref())?;
-    Parsed::new(&params, &[])?;
-    let view = locks::get(&api, &scope, name).await?;
-    Ok(Json(lock_json(&view)).into_response())
+    let p = Parsed::new(&params, &["after", "wait"])?;
+    let Some(after) = p.get("after") else {
+        if p.get("wait").is_some() {
+            return Err(ApiError::invalid("invalid-query", "wait= needs after=REVISION: see docs/http-api.md".into()));
+        }
+        let view = locks::get(&api, &scope, name).await?;
+        return Ok(Json(lock_json(&view)).into_response());
+    };
+    let after = after
+        .parse::<u64>()
+        .map_err(|_| ApiError::invalid("invalid-query", format!("after={after:?}: a revision, as a read showed it")))?;
+    let wait_ms = p.duration_ms("wait", "invalid-wait")?.unwrap_or(0);
+    let watched = locks::watch(&api, &scope, name, after, wait_ms).await?;
+    Ok(Json(watched_json(&watched)).into_response())
 }
 
 async fn list(

@@ -1,5 +1,6 @@
-//! What an HTTP request carries besides its body: its one path segment, its query parameters and, for
-//! admin calls, who sends it. Every malformed one is refused as a problem of its kind.
+//! What an HTTP request carries: its one path segment, its query parameters, a lock's value (in the query
+//! or as the raw body) and, for admin calls, who sends it. Every malformed one is refused as a problem of its
+//! kind.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -157,6 +158,24 @@ fn form_decode(text: &str) -> Result<String, ApiError> {
         .map_err(|_| ApiError::invalid("invalid-query", format!("{text:?} is not UTF-8 once percent-decoded")))
 }
 
+/// A request's body, read up to the longest value a lock takes: a longer one is refused, unread past that.
+pub struct Body(pub axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, _: &S) -> Result<Self, ApiError> {
+        let max = holdfast_core::limits::VALUE_LEN_MAX;
+        match axum::body::to_bytes(request.into_body(), max).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(_) => Err(ApiError::invalid(
+                "invalid-value",
+                format!("the body (the lock's value) could not be read, or is longer than {max} bytes"),
+            )),
+        }
+    }
+}
+
 /// Query parameters, with unknown ones refused so that a typo (`tll=`) is not silently ignored.
 pub struct Parsed<'a>(&'a HashMap<String, String>);
 
@@ -181,6 +200,27 @@ impl<'a> Parsed<'a> {
             Some(ms) => Ok(Some(ms)),
             None => Err(ApiError::invalid(slug, format!("{key}={text:?}: seconds or a duration (500ms, 2s, 1m)"))),
         }
+    }
+
+    /// The value a request publishes: `value=TEXT` in the query, or the raw body sent as `text/plain` or
+    /// `application/octet-stream` (any bytes), not both. Empty: none. Its length is checked by the operation.
+    pub fn value(&self, headers: &HeaderMap, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let query = self.get("value");
+        if body.is_empty() {
+            return Ok(query.unwrap_or("").as_bytes().to_vec());
+        }
+        if query.is_some() {
+            return Err(ApiError::invalid("invalid-value", "give the value in the query or the body, not both".into()));
+        }
+        let content_type = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if essence != "text/plain" && essence != "application/octet-stream" {
+            let detail = format!(
+                "a body is the lock's value, sent as text/plain or application/octet-stream, not {content_type:?}"
+            );
+            return Err(ApiError::invalid("invalid-value", detail));
+        }
+        Ok(body.to_vec())
     }
 
     pub fn token(&self) -> Result<Token, ApiError> {
