@@ -21,3 +21,4 @@ mod observability;
 mod sessions_cluster;
 mod shell_script;
 mod tls;
+mod values_watches;

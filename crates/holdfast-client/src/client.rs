@@ -1,6 +1,7 @@
 //! [`Client`] and [`ClientBuilder`]: endpoints, sessions, the lock conveniences and the one-shot calls.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,11 +10,14 @@ use holdfast_proto::v1::{
     RemoveMemberRequest, RenewRequest, ResultKind, SetValueRequest, SnapshotRequest,
 };
 use tokio::task::JoinSet;
+use tokio_stream::Stream;
 
+use crate::election::{Leader, Leadership};
 use crate::error::Error;
 use crate::pool::{normalize, Config, Pool, Retry};
 use crate::session::{HeldLock, Session};
 use crate::types::{millis_ceil, ClusterStatus, Hold, ListPage, LockInfo, Released, SnapshotInfo};
+use crate::watch::Watch;
 
 /// One-shot `SetValue` through `pool` (also what a session's [`HeldLock::set_value`] uses).
 pub(crate) async fn set_value_on(pool: &Pool, name: &str, token: &str, value: Vec<u8>) -> Result<Hold, Error> {
@@ -30,6 +34,10 @@ pub(crate) async fn set_value_on(pool: &Pool, name: &str, token: &str, value: Ve
 fn unexpected(what: &str, answer: &ResultKind) -> Error {
     Error::Protocol(format!("{what} was answered with {answer:?}"))
 }
+
+/// The session lease [`Client::campaign`] keeps a leadership with: a leader that dies is replaced this long
+/// after its last heartbeat (plus an election of the cluster's, if its node died too).
+pub const ELECTION_LEASE: Duration = Duration::from_secs(10);
 
 /// Longest owner description the server accepts, in bytes.
 const OWNER_LEN_MAX: usize = 128;
@@ -431,6 +439,52 @@ impl Client {
             ResultKind::Released(released) => Ok(released.into()),
             other => Err(unexpected("release", &other)),
         }
+    }
+
+    /// Campaigns in election `name` (a lock) with a session of [`ELECTION_LEASE`]: waits its turn behind
+    /// the candidates before it, then leads, publishing `value` (its address, say), until it resigns or
+    /// its lease is lost. See [`Leadership`].
+    pub async fn campaign(&self, name: &str, value: impl Into<Vec<u8>>) -> Result<Leadership, Error> {
+        self.campaign_with_lease(name, ELECTION_LEASE, value).await
+    }
+
+    /// [`campaign`](Self::campaign) with a session lease of `lease`.
+    pub async fn campaign_with_lease(
+        &self,
+        name: &str,
+        lease: Duration,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<Leadership, Error> {
+        let session = self.session(lease).await?;
+        match session.lock_with_value(name, None, value).await {
+            Ok(held) => Ok(Leadership::new(session, held)),
+            Err(e) => {
+                let _ = session.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Who leads election `name` now (a linearizable read); `None` if nobody does.
+    pub async fn leader(&self, name: &str) -> Result<Option<Leader>, Error> {
+        Ok(self.get(name).await?.and_then(|lock| lock.holder).map(Leader::of))
+    }
+
+    /// The leaders of election `name` as they change, starting with the one now (`None`: nobody leads).
+    pub fn observe(&self, name: &str) -> Pin<Box<dyn Stream<Item = Result<Option<Leader>, Error>> + Send>> {
+        crate::election::leaders(self.watch(name))
+    }
+
+    /// Watches lock `name` from now on: see [`Watch`]. Nothing is sent until the first
+    /// [`Watch::next`].
+    pub fn watch(&self, name: &str) -> Watch {
+        Watch::new(self.pool.clone(), name.to_owned(), 0)
+    }
+
+    /// Watches lock `name` resuming after `revision` (the [`LockInfo::revision`] last seen): the first state
+    /// is the lock as it is now, and if its revision is still `revision` nothing changed meanwhile.
+    pub fn watch_after(&self, name: &str, revision: u64) -> Watch {
+        Watch::new(self.pool.clone(), name.to_owned(), revision)
     }
 
     /// Who holds `name` and who waits for it (a linearizable read); `Ok(None)` if nobody holds it.

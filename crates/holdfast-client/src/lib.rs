@@ -11,6 +11,10 @@
 //!   common shapes.
 //! - **One-shot calls** ([`Client::acquire`], [`Client::renew`], [`Client::release`], [`Client::get`],
 //!   [`Client::list`], [`Client::cluster_status`]): a lock with a TTL and a token, like the HTTP API.
+//! - **Values and watches**: a holder publishes a small value with its lock ([`Session::lock_with_value`],
+//!   [`Client::acquire_with_value`], [`HeldLock::set_value`]); [`Client::watch`] follows a lock's changes.
+//! - **Leader election** ([`Client::campaign`], [`Leadership`], [`Client::leader`], [`Client::observe`]):
+//!   sessions, values and watches, as etcd's `concurrency.Election` offers them.
 //!
 //! Every grant carries a **fence**, a number that only ever grows. Pass it to whatever the lock protects,
 //! so that it can turn away a holder that was too slow to notice it lost the lock: no lease protocol can
@@ -47,6 +51,8 @@
 //! - `pool.rs`: endpoint spelling, cached channels, the one retry loop.
 //! - `error.rs`: [`Error`], and the one place that maps gRPC statuses and problem types to it.
 //! - `types.rs`: plain structs for the server's answers.
+//! - `watch.rs`: [`Watch`], a lock's changes as the server streams them, resumed across nodes.
+//! - `election.rs`: [`Leadership`] and [`Leader`], on sessions, values and watches.
 //!
 //! This crate talks to the server only through its public gRPC API (`holdfast-proto`); it must not depend
 //! on holdfast-server, holdfast-store or holdfast-core.
@@ -55,15 +61,19 @@
 
 mod calls;
 mod client;
+mod election;
 mod error;
 mod lease;
 mod pool;
 mod session;
 mod types;
+mod watch;
 
-pub use client::{Client, ClientBuilder};
+pub use client::{Client, ClientBuilder, ELECTION_LEASE};
+pub use election::{Leader, Leadership};
 pub use error::{Error, PROBLEM_METADATA};
 pub use pool::DEFAULT_PORT;
 pub use session::{HeldLock, Session};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{ClusterStatus, Hold, HolderInfo, ListPage, LockInfo, Released, SnapshotInfo, WaiterInfo};
+pub use watch::Watch;

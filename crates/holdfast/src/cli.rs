@@ -1,15 +1,19 @@
-//! `holdfast lock …` and `holdfast cluster status`: one-shot calls, as a readable table or as JSON.
+//! `holdfast lock …`, `holdfast elect --observe` and `holdfast cluster status`: one-shot calls and watches,
+//! as a readable table or as JSON.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use holdfast_client::{Client, ClusterStatus, Error as ClientError, Hold, HolderInfo, LockInfo};
+use holdfast_client::{Client, ClusterStatus, Error as ClientError, Hold, HolderInfo, Leader, LockInfo};
 use serde_json::{json, Value};
+use tokio_stream::StreamExt;
 
 use crate::run::{EXIT_BUSY, EXIT_UNREACHABLE, EXIT_USAGE};
 
 /// What a `lock` subcommand asks for.
 pub enum LockCommand {
-    Acquire { name: String, ttl: Duration, wait: Duration },
+    Acquire { name: String, ttl: Duration, wait: Duration, value: Vec<u8> },
+    SetValue { name: String, token: String, value: Vec<u8> },
+    Watch { name: String, after: u64 },
     Release { name: String, token: String },
     Renew { name: String, token: String, ttl: Option<Duration> },
     Get { name: String },
@@ -19,7 +23,13 @@ pub enum LockCommand {
 /// Runs a `lock` subcommand; answers the exit code.
 pub async fn lock(client: &Client, command: LockCommand, as_json: bool) -> u8 {
     let result = match command {
-        LockCommand::Acquire { name, ttl, wait } => client.acquire(&name, ttl, wait).await.map(|h| hold_out(&h)),
+        LockCommand::Acquire { name, ttl, wait, value } => {
+            client.acquire_with_value(&name, ttl, wait, value).await.map(|h| hold_out(&h))
+        }
+        LockCommand::SetValue { name, token, value } => {
+            client.set_value(&name, &token, value).await.map(|h| hold_out(&h))
+        }
+        LockCommand::Watch { name, after } => return watch(client, &name, after, as_json).await,
         LockCommand::Renew { name, token, ttl } => client.renew(&name, &token, ttl).await.map(|h| hold_out(&h)),
         LockCommand::Release { name, token } => client.release(&name, &token).await.map(|r| Out {
             json: json!({"name": r.name, "fence": r.fence, "released": true}),
@@ -35,6 +45,53 @@ pub async fn lock(client: &Client, command: LockCommand, as_json: bool) -> u8 {
         }
     };
     finish(result, as_json)
+}
+
+/// Prints lock `name` now and after each change (one line each) until the watch fails; answers the exit
+/// code then.
+async fn watch(client: &Client, name: &str, after: u64, as_json: bool) -> u8 {
+    let mut watch = client.watch_after(name, after);
+    loop {
+        let lock = match watch.next().await {
+            Ok(lock) => lock,
+            Err(e) => return finish(Err(e), as_json),
+        };
+        let line = match (&lock.holder, as_json) {
+            (_, true) => lock_json(&lock).to_string(),
+            (Some(h), false) => format!(
+                "revision {} held by {} fence {} value {:?} waiters {}",
+                lock.revision,
+                h.owner,
+                h.fence,
+                String::from_utf8_lossy(&h.value),
+                lock.waiters.len()
+            ),
+            (None, false) => format!("revision {} free", lock.revision),
+        };
+        println!("{line}");
+    }
+}
+
+/// Prints the leader of election `name` now and each new one (one line each) until the watch fails;
+/// answers the exit code then.
+pub async fn observe(client: &Client, name: &str, as_json: bool) -> u8 {
+    let mut leaders = client.observe(name);
+    while let Some(leader) = leaders.next().await {
+        let leader: Option<Leader> = match leader {
+            Ok(leader) => leader,
+            Err(e) => return finish(Err(e), as_json),
+        };
+        let line = match (&leader, as_json) {
+            (Some(l), true) => {
+                json!({"fence": l.fence, "owner": l.owner, "value": String::from_utf8_lossy(&l.value)}).to_string()
+            }
+            (None, true) => json!(null).to_string(),
+            (Some(l), false) => format!("{} {} {}", l.fence, l.owner, String::from_utf8_lossy(&l.value)),
+            (None, false) => "none".to_owned(),
+        };
+        println!("{line}");
+    }
+    0
 }
 
 /// Runs `cluster status`; answers the exit code.
@@ -103,6 +160,7 @@ fn hold_out(h: &Hold) -> Out {
         json: json!({
             "name": h.name, "owner": h.owner, "token": h.token, "fence": h.fence,
             "granted_at_ms": h.granted_at_ms, "expires_at_ms": h.expires_at_ms, "ttl_ms": h.ttl_ms,
+            "value": String::from_utf8_lossy(&h.value),
         }),
         table: table(
             &["NAME", "OWNER", "FENCE", "EXPIRES", "TOKEN"],
@@ -115,7 +173,17 @@ fn holder_json(h: &HolderInfo) -> Value {
     json!({
         "owner": h.owner, "fence": h.fence, "granted_at_ms": h.granted_at_ms,
         "expires_at_ms": h.expires_at_ms, "ttl_ms": h.ttl_ms, "session_id": h.session_id,
+        "value": String::from_utf8_lossy(&h.value),
     })
+}
+
+fn lock_json(l: &LockInfo) -> Value {
+    let waiters: Vec<Value> = l
+        .waiters
+        .iter()
+        .map(|w| json!({"owner": w.owner, "queued_at_ms": w.queued_at_ms, "session_id": w.session_id}))
+        .collect();
+    json!({"name": l.name, "holder": l.holder.as_ref().map(holder_json), "waiters": waiters, "revision": l.revision})
 }
 
 fn locks_out(locks: &[LockInfo], next: Option<&str>) -> Out {
@@ -133,17 +201,7 @@ fn locks_out(locks: &[LockInfo], next: Option<&str>) -> Out {
             vec![l.name.clone(), owner, fence, expires, l.waiters.len().to_string()]
         })
         .collect();
-    let json_locks: Vec<Value> = locks
-        .iter()
-        .map(|l| {
-            let waiters: Vec<Value> = l
-                .waiters
-                .iter()
-                .map(|w| json!({"owner": w.owner, "queued_at_ms": w.queued_at_ms, "session_id": w.session_id}))
-                .collect();
-            json!({"name": l.name, "holder": l.holder.as_ref().map(holder_json), "waiters": waiters})
-        })
-        .collect();
+    let json_locks: Vec<Value> = locks.iter().map(lock_json).collect();
     let mut text = table(&["NAME", "OWNER", "FENCE", "EXPIRES", "WAITERS"], &rows);
     if let Some(next) = next {
         text.push_str(&format!("(more: --after {next})\n"));

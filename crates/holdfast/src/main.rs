@@ -28,6 +28,9 @@ enum Commands {
     Server(Box<ServerArgs>),
     /// Run a command while holding a lock (flock for a cluster). Exit codes: see docs/cli.md.
     Run(RunCli),
+    /// Leader election: run a command while this process leads (--value publishes its address), or print
+    /// each leader (--observe).
+    Elect(ElectCli),
     /// One-shot lock calls.
     Lock {
         #[command(flatten)]
@@ -146,6 +149,36 @@ struct RunCli {
     command: Vec<String>,
 }
 
+#[derive(clap::Args)]
+struct ElectCli {
+    /// The election (a lock name).
+    name: String,
+    /// What this candidate publishes while it leads (its address, say).
+    #[arg(long, default_value = "", conflicts_with = "observe")]
+    value: String,
+    /// Do not campaign: print the leader now and each new one (fence, owner, value; "none" when nobody
+    /// leads), one line each, until interrupted.
+    #[arg(long)]
+    observe: bool,
+    /// Print JSON lines instead of text (with --observe).
+    #[arg(long, requires = "observe")]
+    json: bool,
+    /// The session's lease: leadership is lost if the cluster hears nothing for this long.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// After leadership is lost: how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    kill_after: Duration,
+    /// Any nodes of the cluster, comma-separated (HOST:PORT of their client port).
+    #[arg(long, env = "HOLDFAST_ENDPOINTS", default_value = "127.0.0.1:7070", value_delimiter = ',')]
+    endpoints: Vec<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
+    /// The command and its arguments, run while this process leads.
+    #[arg(last = true, required_unless_present = "observe")]
+    command: Vec<String>,
+}
+
 #[derive(Subcommand)]
 enum LockCli {
     /// Take a lock with a TTL; prints its token and fence.
@@ -156,6 +189,23 @@ enum LockCli {
         /// Wait in the queue up to this long if it is held.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
+        /// What the hold publishes (at most 1 KiB).
+        #[arg(long, default_value = "")]
+        value: String,
+    },
+    /// Publish a new value on a lock held with --token.
+    SetValue {
+        name: String,
+        #[arg(long)]
+        token: String,
+        value: String,
+    },
+    /// Print the lock's state now and after each change, one line each, until interrupted.
+    Watch {
+        name: String,
+        /// Resume after this revision (as a line printed before showed it).
+        #[arg(long, default_value_t = 0)]
+        after: u64,
     },
     /// Let go of a lock.
     Release {
@@ -384,6 +434,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Commands::Server(args) => server(*args),
         Commands::Run(args) => run_command(args),
+        Commands::Elect(args) => elect_command(args),
         Commands::Lock { target, command } => lock_command(target, command),
         Commands::Bench { target, workload } => bench_command(target, workload),
         Commands::Cluster { target, command } => cluster_command(target, command),
@@ -416,7 +467,39 @@ fn run_command(args: RunCli) -> anyhow::Result<()> {
         name: args.name,
         ttl: args.ttl,
         wait,
+        value: Vec::new(),
         busy_code: args.conflict_exit_code,
+        kill_after: args.kill_after,
+        command: args.command,
+    };
+    exit(client_runtime()?.block_on(run::run(run_args)))
+}
+
+/// `holdfast elect`: campaigns and runs the command while leading (exit codes as `holdfast run`'s), or
+/// observes.
+fn elect_command(args: ElectCli) -> anyhow::Result<()> {
+    let client = match args.tls.builder(args.endpoints) {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("holdfast: {e}");
+            exit(run::EXIT_USAGE)
+        }
+    };
+    if args.observe {
+        exit(client_runtime()?.block_on(async {
+            match client.connect().await {
+                Ok(client) => cli::observe(&client, &args.name, args.json).await,
+                Err(e) => unreachable_cluster(&e),
+            }
+        }));
+    }
+    let run_args = run::RunArgs {
+        client,
+        name: args.name,
+        ttl: args.ttl,
+        wait: run::Wait::Forever,
+        value: args.value.into_bytes(),
+        busy_code: run::EXIT_BUSY,
         kill_after: args.kill_after,
         command: args.command,
     };
@@ -426,7 +509,13 @@ fn run_command(args: RunCli) -> anyhow::Result<()> {
 /// `holdfast lock …`: one call.
 fn lock_command(target: Target, command: LockCli) -> anyhow::Result<()> {
     let command = match command {
-        LockCli::Acquire { name, ttl, wait } => cli::LockCommand::Acquire { name, ttl, wait },
+        LockCli::Acquire { name, ttl, wait, value } => {
+            cli::LockCommand::Acquire { name, ttl, wait, value: value.into_bytes() }
+        }
+        LockCli::SetValue { name, token, value } => {
+            cli::LockCommand::SetValue { name, token, value: value.into_bytes() }
+        }
+        LockCli::Watch { name, after } => cli::LockCommand::Watch { name, after },
         LockCli::Release { name, token } => cli::LockCommand::Release { name, token },
         LockCli::Renew { name, token, ttl } => cli::LockCommand::Renew { name, token, ttl },
         LockCli::Get { name } => cli::LockCommand::Get { name },

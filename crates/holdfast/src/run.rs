@@ -40,6 +40,8 @@ pub struct RunArgs {
     pub name: String,
     pub ttl: Duration,
     pub wait: Wait,
+    /// What the holder publishes while it holds the lock (`holdfast elect --value`).
+    pub value: Vec<u8>,
     pub busy_code: u8,
     pub kill_after: Duration,
     pub command: Vec<String>,
@@ -93,9 +95,9 @@ pub async fn run(args: RunArgs) -> u8 {
     let acquire = async {
         match args.wait {
             // A zero wait is a try-lock whose Busy names the holder.
-            Wait::No => session.lock(&args.name, Some(Duration::ZERO)).await,
-            Wait::For(wait) => session.lock(&args.name, Some(wait)).await,
-            Wait::Forever => session.lock(&args.name, None).await,
+            Wait::No => session.lock_with_value(&args.name, Some(Duration::ZERO), args.value.clone()).await,
+            Wait::For(wait) => session.lock_with_value(&args.name, Some(wait), args.value.clone()).await,
+            Wait::Forever => session.lock_with_value(&args.name, None, args.value.clone()).await,
         }
     };
     let held = tokio::select! {
