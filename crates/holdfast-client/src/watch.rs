@@ -30,16 +30,24 @@ pub struct Watch {
     /// Whether a state was answered yet.
     answered: bool,
     stream: Option<Streaming<WatchEvent>>,
+    /// Streams opened after the first.
+    resumes: u64,
 }
 
 impl Watch {
     pub(crate) fn new(pool: Arc<Pool>, name: String, after: u64) -> Self {
-        Watch { pool, name, after, answered: false, stream: None }
+        Watch { pool, name, after, answered: false, stream: None, resumes: 0 }
     }
 
     /// The revision of the last state answered (or the one the watch was started after).
     pub fn revision(&self) -> u64 {
         self.after
+    }
+
+    /// How many times the watch resumed through a new stream after its first: the changes between two
+    /// states answered on either side of a resume may have been more than one.
+    pub fn resumes(&self) -> u64 {
+        self.resumes
     }
 
     /// The lock's next state: `holder` is `None` when nobody holds it. Fails only when no node could be
@@ -51,6 +59,9 @@ impl Watch {
         loop {
             if self.stream.is_none() {
                 self.stream = Some(self.connect().await?);
+                if self.answered {
+                    self.resumes += 1;
+                }
             }
             let stream = self.stream.as_mut().expect("connected");
             let ended = match stream.message().await {

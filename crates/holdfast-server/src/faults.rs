@@ -57,4 +57,6 @@ bugs! {
     /// before openraft's core takes the campaign (see `election::Elections::vote_answered`); here it happens every
     /// time.
     campaign_despite_a_vote_granted,
+    /// A watch stream is not sent the changes applied at odd log indexes.
+    watch_skips_changes,
 }

@@ -225,7 +225,7 @@ where
     let metrics = metrics::Metrics::new();
     metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
     let metrics = Arc::new(metrics);
-    let events = Arc::new(Events::new(metrics.clone()));
+    let events = Arc::new(Events::new(metrics.clone(), config.bugs));
     let Storage { log: log_store, machine: sm_store, state, committed_index, durable } = storage(events.clone())?;
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
     let network =

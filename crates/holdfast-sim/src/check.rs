@@ -11,11 +11,11 @@
 //! - [`linearizable`]: the calls on each lock can be explained by one lock acting on them one at a time.
 //! - [`all`]: all of the above over one [`History`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use crate::history::{Access, AccessKind, At, Call, Final, History, Hold, Op, Outcome};
+use crate::history::{Access, AccessKind, At, Call, Final, History, Hold, Op, Outcome, Watched};
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,6 +259,67 @@ pub fn acknowledged(ops: &[Op], end: &Final) -> Vec<Violation> {
     violations
 }
 
+/// Every watch that missed a change or saw them out of order. A watcher's states come on server streams
+/// (its segments): the first of each is the lock as it was then, and the rest must be every change after it,
+/// in log order. So:
+///
+/// - revisions never go backwards, across segments too (a freed lock is remembered longer than a run), and
+///   a holder's fence is never above the revision that shows it;
+/// - within a segment, every grant of the lock acknowledged to any client whose fence (its entry's index)
+///   lies after the segment's first revision and at or before its last must show as a state with that
+///   fence as the holder's.
+pub fn watches(watched: &[Watched], ops: &[Op]) -> Vec<Violation> {
+    const CHECKER: &str = "watches";
+    let mut violations = Vec::new();
+    let mut by_watcher: BTreeMap<(u32, &str), Vec<&Watched>> = BTreeMap::new();
+    for state in watched {
+        by_watcher.entry((state.client, state.lock.as_str())).or_default().push(state);
+    }
+    for ((client, lock), states) in by_watcher {
+        for pair in states.windows(2) {
+            if pair[1].revision < pair[0].revision {
+                let detail = format!(
+                    "watcher {client} of {lock:?} was sent revision {} after {}",
+                    pair[1].revision, pair[0].revision
+                );
+                violations.push(Violation::new(CHECKER, detail));
+            }
+        }
+        for state in states.iter().filter(|s| s.holder.is_some_and(|fence| fence > s.revision)) {
+            violations.push(Violation::new(
+                CHECKER,
+                format!("watcher {client} was sent a holder from the future: {state:?}"),
+            ));
+        }
+        let granted = ops.iter().filter_map(|op| match (op.call, op.outcome) {
+            (Call::Acquire { .. }, Outcome::Granted { fence }) if op.lock == lock => Some(fence),
+            _ => None,
+        });
+        let granted: BTreeSet<u64> = granted.collect();
+        let mut segments: BTreeMap<u64, Vec<&Watched>> = BTreeMap::new();
+        for state in &states {
+            segments.entry(state.segment).or_default().push(state);
+        }
+        for (segment, states) in segments {
+            let (first, last) = (states[0].revision, states[states.len() - 1].revision);
+            if last <= first {
+                continue;
+            }
+            let shown: BTreeSet<u64> = states.iter().filter_map(|s| s.holder).collect();
+            for fence in granted.range(first + 1..=last).filter(|fence| !shown.contains(fence)) {
+                violations.push(Violation::new(
+                    CHECKER,
+                    format!(
+                        "watcher {client} of {lock:?} missed the grant under fence {fence}: its stream {segment} went \
+                         from revision {first} to {last} without it"
+                    ),
+                ));
+            }
+        }
+    }
+    violations
+}
+
 /// Every call sent at or after `healed` that did not get a definite answer (anything but
 /// [`Outcome::Unknown`]) within `bound` of being sent. Calls sent before `healed` are not judged: faults may
 /// rightly have kept them from an answer.
@@ -375,6 +436,7 @@ pub fn all(
         violations.extend(acknowledged(&history.ops, end));
     }
     violations.extend(liveness(&history.ops, healed, liveness_bound));
+    violations.extend(watches(&history.watched, &history.ops));
     let modelled: Vec<Op> = history.ops.iter().filter(|op| model_locks(&op.lock)).cloned().collect();
     violations.extend(linearizable(&modelled));
     violations
@@ -1390,6 +1452,7 @@ mod tests {
             ops: vec![acquire(1, "a", 0, 10, granted(3)), acquire(2, "a", 20, 30, BUSY)],
             holds: vec![hold(1, "a", 3, 10, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true)],
+            watched: vec![seen(9, "a", 0, 0, None), seen(9, "a", 0, 3, Some(3))],
             end: Some(end(100, &[("a", 3)])),
             last_membership_change: None,
         };
@@ -1406,6 +1469,7 @@ mod tests {
             ],
             holds: vec![hold(1, "a", 3, 10, 60_000), hold(2, "a", 3, 30, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true), write(2, 3, 35, 0, 1, true)],
+            watched: vec![seen(9, "a", 0, 1, None), seen(9, "a", 0, 5, None)],
             end: Some(end(100, &[])),
             last_membership_change: None,
         };
@@ -1421,10 +1485,50 @@ mod tests {
                 "acknowledged",
                 "acknowledged",
                 "liveness",
+                "watches",
                 "linearizable",
                 "linearizable",
             ]
         );
+    }
+
+    fn seen(client: u32, lock: &str, segment: u64, revision: u64, holder: Option<u64>) -> Watched {
+        Watched { client, lock: lock.to_owned(), segment, revision, holder, at: ms(revision) }
+    }
+
+    #[test]
+    fn watches_pass_a_stream_with_every_grant_and_forgive_what_fell_between_streams() {
+        let ops = [
+            acquire(1, "a", 0, 10, granted(3)),
+            acquire(2, "a", 20, 30, granted(7)),
+            acquire(3, "a", 40, 50, granted(12)),
+            acquire(4, "b", 40, 50, granted(5)),
+        ];
+        let watched = [
+            // A stream from before the first grant to the second's release: both grants shown.
+            seen(9, "a", 0, 0, None),
+            seen(9, "a", 0, 3, Some(3)),
+            seen(9, "a", 0, 4, Some(3)),
+            seen(9, "a", 0, 7, Some(7)),
+            seen(9, "a", 0, 7, Some(7)),
+            seen(9, "a", 0, 9, None),
+            // The next stream begins after the third grant: what came between is not owed.
+            seen(9, "a", 1, 13, Some(12)),
+        ];
+        assert_eq!(watches(&watched, &ops), vec![]);
+    }
+
+    #[test]
+    fn watches_report_a_missed_grant_a_revision_going_back_and_a_holder_from_the_future() {
+        let ops = [acquire(1, "a", 0, 10, granted(3)), acquire(2, "a", 20, 30, granted(7))];
+        let missed = [seen(9, "a", 0, 2, None), seen(9, "a", 0, 7, Some(7))];
+        let found = watches(&missed, &ops);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].detail.contains("missed the grant under fence 3"), "{found:?}");
+        let backwards = [seen(9, "a", 0, 3, Some(3)), seen(9, "a", 1, 2, None)];
+        assert!(watches(&backwards, &ops)[0].detail.contains("revision 2 after 3"));
+        let future = [seen(9, "a", 0, 3, Some(7))];
+        assert!(watches(&future, &ops)[0].detail.contains("from the future"));
     }
 
     #[test]

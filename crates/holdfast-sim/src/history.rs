@@ -91,6 +91,18 @@ pub enum AccessKind {
     Write { read: u64, written: u64 },
 }
 
+/// One state of a lock a watcher was sent: the lock's revision and its holder's fence (`None`: free).
+/// `segment` numbers the server streams the watcher's states came on: within one, every change comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watched {
+    pub client: u32,
+    pub lock: String,
+    pub segment: u64,
+    pub revision: u64,
+    pub holder: Option<u64>,
+    pub at: At,
+}
+
 /// The locks the cluster holds at the end of a run, read from the healed cluster: lock name to the
 /// holder's fence.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -106,6 +118,8 @@ pub struct History {
     pub ops: Vec<Op>,
     pub holds: Vec<Hold>,
     pub accesses: Vec<Access>,
+    /// What watchers were sent, in the order each received it.
+    pub watched: Vec<Watched>,
     pub end: Option<Final>,
     /// When the last membership change was made: one that removes the leader starts an election, so
     /// liveness is judged from after it as from after the faults' heal.

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::history::{Access, AccessKind, At, Call, History, Hold, Op, Outcome};
+use crate::history::{Access, AccessKind, At, Call, History, Hold, Op, Outcome, Watched};
 
 /// Simulated time since the run began (zero outside a simulated host).
 pub fn now() -> At {
@@ -43,6 +43,12 @@ impl Recorder {
     /// Records a span in which `client` believed it held `lock` under `fence`.
     pub fn hold(&self, client: u32, lock: &str, fence: u64, from: At, until: At) {
         self.history().holds.push(Hold { client, lock: lock.to_owned(), fence, from, until });
+    }
+
+    /// Records a state of `lock` that watcher `client` was sent on its stream number `segment`.
+    pub fn watched(&self, client: u32, lock: &str, segment: u64, revision: u64, holder: Option<u64>) {
+        let watched = Watched { client, lock: lock.to_owned(), segment, revision, holder, at: now() };
+        self.history().watched.push(watched);
     }
 
     /// Records that a membership change was made at `at`.

@@ -93,6 +93,8 @@ pub enum Role {
     Admin { spare: NodeId, victim: NodeId },
     /// One-call reads of the model locks (linearizability of reads).
     Reader,
+    /// A watch of the fenced lock on the client library (every change, in order).
+    Watcher,
 }
 
 /// A client written for one scenario: given its context, it runs to completion.
@@ -171,7 +173,7 @@ impl Report {
         let read = self.history.ops.iter().filter(|op| matches!(op.outcome, Outcome::Holds { .. } | Outcome::Free));
         let mut text = format!(
             "seed {} (history {:016x}): {:.1} s simulated, {} calls ({} grants, {} reads answered), {} holds, {} \
-             resource accesses, {} faults",
+             resource accesses, {} watched states, {} faults",
             self.seed,
             self.digest(),
             self.simulated.as_secs_f64(),
@@ -180,6 +182,7 @@ impl Report {
             read.count(),
             self.history.holds.len(),
             self.history.accesses.len(),
+            self.history.watched.len(),
             self.trace.len()
         );
         for v in self.violations.iter().take(SUMMARY_VIOLATIONS_MAX) {
@@ -328,6 +331,7 @@ fn random_roles(rng: &mut StdRng, nodes: u64) -> (u64, Vec<Role>) {
     }
     // Last: a client's number seeds its choices, so a role put before others would change theirs.
     roles.push(Role::Reader);
+    roles.push(Role::Watcher);
     (spares, roles)
 }
 
@@ -519,6 +523,7 @@ fn start_clients(sim: &mut turmoil::Sim<'_>, plan: &Plan, recorder: &Recorder) -
             Role::Session => sim.client(format!("c{client}"), workload::session_client(ctx)),
             Role::Keeper => sim.client(format!("c{client}"), workload::keeper_client(ctx)),
             Role::Reader => sim.client(format!("c{client}"), workload::reader_client(ctx)),
+            Role::Watcher => sim.client(format!("c{client}"), workload::watcher_client(ctx)),
             Role::Admin { spare, victim } => {
                 // Changes begin well before the heal; faults may hold the last of them up past it, and
                 // liveness is then judged from after it (see `judge`).

@@ -236,6 +236,32 @@ pub async fn session_client(ctx: Ctx) -> turmoil::Result {
     Ok(())
 }
 
+/// A watcher on the real client library: watches the fenced lock through the nodes (starting at one its
+/// seed picks) until the run stops, recording every state it is sent; a watch that fails (no node answered
+/// within the client's bounds) is started again after the last revision seen, on a new segment.
+pub async fn watcher_client(ctx: Ctx) -> turmoil::Result {
+    let mut nodes = ctx.nodes.clone();
+    let first = (ctx.seed % nodes.len() as u64) as usize;
+    nodes.rotate_left(first);
+    let client = library_client(&ctx, nodes)?;
+    let mut watch = client.watch(FENCED_LOCK);
+    let mut segment = 0;
+    while now() < ctx.stop_at {
+        match tokio::time::timeout(ctx.stop_at.saturating_sub(now()), watch.next()).await {
+            Ok(Ok(lock)) => {
+                let holder = lock.holder.map(|h| h.fence);
+                ctx.recorder.watched(ctx.client, FENCED_LOCK, segment + watch.resumes(), lock.revision, holder);
+            }
+            Ok(Err(_)) => {
+                segment += watch.resumes() + 1;
+                watch = client.watch_after(FENCED_LOCK, watch.revision());
+            }
+            Err(_) => break,
+        }
+    }
+    Ok(())
+}
+
 /// The leader's id, as `node` knows it (`GET /v1/cluster`).
 pub async fn leader_of(node: &str) -> Option<u64> {
     match http::call(node, Method::GET, "/v1/cluster").await {

@@ -280,3 +280,13 @@ fn quiet_failover_catches_leases_that_never_run_out_and_a_leader_without_promoti
         },
     );
 }
+
+/// A watch stream that is not sent every change: the watcher misses grants other clients were told of.
+#[test]
+fn watches_catch_a_stream_that_skips_changes() {
+    test_in_own_process("watches_catch_a_stream_that_skips_changes", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(8.0));
+        plan.roles = vec![Role::FencedHttp, Role::FencedHttp, Role::Session, Role::Watcher];
+        caught(plan, Bugs { watch_skips_changes: true, ..Bugs::default() }, "watches");
+    });
+}
