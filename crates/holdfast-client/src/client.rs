@@ -105,6 +105,16 @@ impl ClientBuilder {
         }
     }
 
+    /// The same settings for other `endpoints` (to talk to one node only, say).
+    pub fn with_endpoints<I, S>(mut self, endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.endpoints = endpoints.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Talks TLS to the cluster: `ca_pem` is the CA that signed the nodes' certificates; `identity`, this
     /// client's certificate and key (PEM), for a cluster that requires client certificates
     /// (`--tls-client-auth`). Endpoints then default to `https://`.

@@ -6,6 +6,7 @@
 //! - `failover.rs`: a prober while the leader is killed by a command;
 //! - `sessions.rs`: many sessions heartbeating, each holding a lock;
 //! - `scale.rs`: filling the cluster with held locks;
+//! - `watch.rs`: watchers over the nodes told of a lock's value changes;
 //! - `host.rs`: the machine alone, no cluster: thread wake-up round trip and fdatasync;
 //! - here: what they share (latency samples, the report, progress, plain HTTP GETs of `/metrics`, and
 //!   reading a process's CPU time and memory from `/proc`).
@@ -16,6 +17,7 @@ mod http;
 mod loops;
 mod scale;
 mod sessions;
+mod watch;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +29,7 @@ pub use failover::FailoverArgs;
 pub use host::HostArgs;
 pub use scale::ScaleArgs;
 pub use sessions::SessionsArgs;
+pub use watch::WatchArgs;
 
 /// Which workload, with its settings.
 pub enum Workload {
@@ -45,6 +48,8 @@ pub enum Workload {
     Sessions(SessionsArgs),
     /// Fill the cluster with held locks.
     Scale(ScaleArgs),
+    /// Watchers told of a lock's value changes.
+    Watch(WatchArgs),
     /// The machine alone: thread wake-up round trip and fdatasync.
     Host(HostArgs),
 }
@@ -91,6 +96,7 @@ pub async fn run(args: BenchArgs) -> u8 {
         Workload::Failover(a) => failover::run(&client, &args.builder, run_id, a).await,
         Workload::Sessions(a) => sessions::run(&client, &args.builder, run_id, a).await,
         Workload::Scale(a) => scale::run(&client, run_id, a).await,
+        Workload::Watch(a) => watch::run(&client, &args.builder, run_id, a).await,
         Workload::Host(_) => unreachable!("measured above, without a cluster"),
     };
     finish(report, args.json)

@@ -278,6 +278,9 @@ enum BenchCli {
     /// Fill the cluster with held locks (one-shot acquires, long TTL, many at once): the fill rate, and
     /// memory per node given their pids.
     Scale(bench::ScaleArgs),
+    /// A writer changes one lock's value while watchers spread over the nodes watch it: changes/s, states
+    /// told/s, and the time from a change's send to a watcher being told.
+    Watch(bench::WatchArgs),
     /// The machine alone, no cluster: a thread wake-up round trip and small synced appends (fdatasync),
     /// the two costs a write's latency is made of, so that runs on different hosts can be compared.
     Host(bench::HostArgs),
@@ -543,6 +546,7 @@ fn bench_command(target: Target, workload: BenchCli) -> anyhow::Result<()> {
         BenchCli::Failover(args) => bench::Workload::Failover(args),
         BenchCli::Sessions(args) => bench::Workload::Sessions(args),
         BenchCli::Scale(args) => bench::Workload::Scale(args),
+        BenchCli::Watch(args) => bench::Workload::Watch(args),
         BenchCli::Host(args) => bench::Workload::Host(args),
     };
     let builder = match target.tls.builder(target.endpoints) {
