@@ -29,7 +29,7 @@ pub const VALUE_LEN_MAX: usize = 1024;
 /// How long a freed lock's revision is remembered (leader time): a watcher that looks again within this
 /// long after a lock was freed sees the release's revision, not the "no history" 0.
 pub const FREED_KEEP_MS: u64 = 10 * 60 * 1000;
-/// Freed locks whose revision is remembered at once: past it, the oldest is forgotten first.
+/// Frees (of any lock) remembered at once: past it, the oldest is forgotten first.
 pub const FREED_MAX: usize = 100_000;
 /// Most commands in one [`Command::Batch`](crate::Command::Batch) entry.
 pub const BATCH_MAX: usize = 256;

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use imbl::{OrdMap, OrdSet};
+use imbl::{OrdMap, Vector};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
@@ -335,14 +335,17 @@ pub struct LockState {
     /// API keys: tenant id to the key's hash and creation time; and the reverse.
     keys: BTreeMap<u64, ([u8; 32], u64)>,
     key_tenants: BTreeMap<[u8; 32], u64>,
-    /// Locks freed in the last [`limits::FREED_KEEP_MS`] (at most [`limits::FREED_MAX`] of them): the
-    /// revision and time of the entry that freed each, so that a watcher that looks again soon after sees
-    /// that the lock changed even if it was taken and freed again meanwhile. A lock taken again leaves it.
+    /// The revision of the entry that last freed each lock, for the frees in [`LockState::frees`]: a
+    /// watcher that looks again soon after a lock was freed sees that it changed, even if it was taken and
+    /// freed again meanwhile. A lock taken again keeps its entry here (its own revision is read first) until
+    /// it is freed again or the free is forgotten: the acquire does no work for it.
     #[serde(deserialize_with = "ordered::deserialize")]
-    freed: OrdMap<String, (u64, u64)>,
-    /// The same, ordered by revision (oldest first, to forget). Rebuilt from `freed` on restore.
-    #[serde(skip)]
-    freed_order: OrdSet<(u64, String)>,
+    freed: OrdMap<String, u64>,
+    /// Every free of the last [`limits::FREED_KEEP_MS`] of log time, at most the last [`limits::FREED_MAX`]:
+    /// revision, time and name, oldest first. A free that leaves the front takes its lock's entry in
+    /// `freed` with it, if that entry is still this free's.
+    #[serde(deserialize_with = "ordered::deserialize_vector")]
+    frees: Vector<(u64, u64, String)>,
     /// Time of the last applied entry.
     now_ms: u64,
     /// Index of the last applied entry.
@@ -356,8 +359,8 @@ mod ordered {
     use std::fmt;
     use std::marker::PhantomData;
 
-    use imbl::OrdMap;
-    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+    use imbl::{OrdMap, Vector};
+    use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
     pub(super) fn deserialize<'de, D, K, V>(deserializer: D) -> Result<OrdMap<K, V>, D::Error>
     where
@@ -388,6 +391,33 @@ mod ordered {
         }
 
         deserializer.deserialize_map(Entries(PhantomData))
+    }
+
+    /// A persistent vector, element by element (imbl's reserves room for the encoded length first).
+    pub(super) fn deserialize_vector<'de, D, T>(deserializer: D) -> Result<Vector<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + Clone,
+    {
+        struct Elements<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de> + Clone> Visitor<'de> for Elements<T> {
+            type Value = Vector<T>;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a sequence")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut vector = Vector::new();
+                while let Some(element) = access.next_element()? {
+                    vector.push_back(element);
+                }
+                Ok(vector)
+            }
+        }
+
+        deserializer.deserialize_seq(Elements(PhantomData))
     }
 }
 
@@ -487,7 +517,7 @@ mod before_values {
                 now_ms: self.now_ms,
                 applied_index: self.applied_index,
                 freed: Default::default(),
-                freed_order: Default::default(),
+                frees: Default::default(),
             }
         }
     }
@@ -575,31 +605,25 @@ impl LockState {
         Outcome::Batch(outcomes)
     }
 
-    /// Forgets the revisions of locks freed longer than [`limits::FREED_KEEP_MS`] ago, and of the oldest
-    /// past [`limits::FREED_MAX`]: decided by the entry's time, the same on every replica.
+    /// Forgets the frees older than [`limits::FREED_KEEP_MS`], and the oldest past [`limits::FREED_MAX`]:
+    /// decided by the entry's time, the same on every replica.
     fn forget_old_frees(&mut self) {
-        while let Some((revision, name)) = self.freed_order.get_min().cloned() {
-            let (_, freed_at_ms) = self.freed[&name];
+        while let Some((_, freed_at_ms, _)) = self.frees.front() {
             let old = freed_at_ms.saturating_add(limits::FREED_KEEP_MS) <= self.now_ms;
-            if !old && self.freed.len() <= limits::FREED_MAX {
+            if !old && self.frees.len() <= limits::FREED_MAX {
                 return;
             }
-            self.freed_order.remove(&(revision, name.clone()));
-            self.freed.remove(&name);
+            let (revision, _, name) = self.frees.pop_front().expect("a front");
+            if self.freed.get(&name) == Some(&revision) {
+                self.freed.remove(&name);
+            }
         }
     }
 
     /// Remembers that `name` was freed by the current entry.
     fn note_freed(&mut self, name: &str) {
-        self.freed.insert(name.to_owned(), (self.applied_index, self.now_ms));
-        self.freed_order.insert((self.applied_index, name.to_owned()));
-    }
-
-    /// `name` is taken again: its revision is the lock's own from now on.
-    fn forget_freed(&mut self, name: &str) {
-        if let Some((revision, _)) = self.freed.remove(name) {
-            self.freed_order.remove(&(revision, name.to_owned()));
-        }
+        self.freed.insert(name.to_owned(), self.applied_index);
+        self.frees.push_back((self.applied_index, self.now_ms, name.to_owned()));
     }
 
     /// Apply one command (not a batch) at the current index and time.
@@ -722,7 +746,6 @@ impl LockState {
                 };
                 let grant = grant_of(&a.name, &holder);
                 self.locks.insert(a.name.clone(), Arc::new(Lock { holder, waiters: VecDeque::new(), revision: index }));
-                self.forget_freed(&a.name);
                 applied.grants.push(grant.clone());
                 Outcome::Granted(grant)
             }
@@ -981,11 +1004,11 @@ impl LockState {
 
     /// The revision of `name`: the index of the entry that last changed it. For a lock nobody holds, the
     /// entry that freed it if that was within [`limits::FREED_KEEP_MS`] (and among the last
-    /// [`limits::FREED_MAX`] freed); else 0, as for a lock that never existed.
+    /// [`limits::FREED_MAX`] frees); else 0, as for a lock that never existed.
     pub fn revision(&self, name: &str) -> u64 {
         match self.locks.get(name) {
             Some(lock) => lock.revision,
-            None => self.freed.get(name).map_or(0, |(revision, _)| *revision),
+            None => self.freed.get(name).copied().unwrap_or(0),
         }
     }
 
@@ -1158,11 +1181,7 @@ impl LockState {
         let bounded = || bincode::options().with_fixint_encoding().allow_trailing_bytes().with_limit(len_bytes);
         let format: u32 = bounded().deserialize_from(&mut input)?;
         let mut state = match format {
-            SNAPSHOT_FORMAT => {
-                let mut state: LockState = bounded().deserialize_from(&mut input)?;
-                state.freed_order = state.freed.iter().map(|(name, (revision, _))| (*revision, name.clone())).collect();
-                state
-            }
+            SNAPSHOT_FORMAT => bounded().deserialize_from(&mut input)?,
             SNAPSHOT_FORMAT_WITHOUT_VALUES | SNAPSHOT_FORMAT_WITHOUT_SECRETS => {
                 let state: before_values::LockState = bounded().deserialize_from(&mut input)?;
                 state.into_current()
@@ -1191,17 +1210,17 @@ impl LockState {
             assert!(*created_at_ms <= self.now_ms, "keys were made in the past");
         }
         let mut claims: BTreeMap<SessionId, BTreeSet<String>> = BTreeMap::new();
-        assert_eq!(self.freed.len(), self.freed_order.len(), "every freed lock is in the order once");
-        for (revision, name) in &self.freed_order {
-            assert_eq!(
-                self.freed.get(name).map(|(r, _)| r),
-                Some(revision),
-                "freed {name:?} is ordered by its revision"
-            );
-            assert!(!self.locks.contains_key(name), "a freed lock {name:?} is not held");
-            assert!(*revision <= self.applied_index, "freed {name:?} is not from the future");
+        assert!(self.frees.len() <= limits::FREED_MAX);
+        let mut last = (0, 0);
+        for (revision, at_ms, _) in &self.frees {
+            assert!((*revision, *at_ms) >= last, "frees are in log order");
+            assert!(*revision <= self.applied_index && *at_ms <= self.now_ms, "frees are not from the future");
+            last = (*revision, *at_ms);
         }
-        assert!(self.freed.len() <= limits::FREED_MAX);
+        let frees: BTreeSet<(u64, &str)> = self.frees.iter().map(|(r, _, n)| (*r, n.as_str())).collect();
+        for (name, revision) in &self.freed {
+            assert!(frees.contains(&(*revision, name)), "freed {name:?} at {revision} is among the frees remembered");
+        }
         for (name, lock) in &self.locks {
             assert!(limits::valid_name(name), "stored name {name:?} is valid");
             assert!(lock.holder.fence <= self.applied_index, "fence of {name:?} is not from the future");
@@ -1274,7 +1293,8 @@ mod tests {
         sessions: BTreeMap<&'a SessionId, &'a Session>,
         keys: &'a BTreeMap<u64, ([u8; 32], u64)>,
         key_tenants: &'a BTreeMap<[u8; 32], u64>,
-        freed: BTreeMap<&'a String, &'a (u64, u64)>,
+        freed: BTreeMap<&'a String, &'a u64>,
+        frees: Vec<&'a (u64, u64, String)>,
         now_ms: u64,
         applied_index: u64,
     }
@@ -1315,6 +1335,7 @@ mod tests {
             keys: &state.keys,
             key_tenants: &state.key_tenants,
             freed: state.freed.iter().collect(),
+            frees: state.frees.iter().collect(),
             now_ms: state.now_ms,
             applied_index: state.applied_index,
         };
@@ -1419,7 +1440,7 @@ mod tests {
         let mut expected = state.clone();
         lock_mut(&mut expected.locks, "a").expect("held").revision = 9;
         expected.freed = OrdMap::new();
-        expected.freed_order = OrdSet::new();
+        expected.frees = Vector::new();
         assert_eq!(restored, expected);
         assert_eq!(state.revision("a"), 3, "a waiter joined at 3");
         assert_eq!((restored.revision("a"), restored.revision("b")), (9, 0), "b was freed before the snapshot");

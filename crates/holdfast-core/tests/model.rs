@@ -75,7 +75,7 @@ struct Model {
     sessions: Vec<(SessionId, u64)>,
     now_ms: u64,
     index: u64,
-    /// Locks freed, with the index and time of the entry that freed them.
+    /// Locks freed, with the index and time of the entry that last freed each.
     freed: Vec<(String, u64, u64)>,
 }
 
@@ -190,13 +190,14 @@ impl Model {
                 lock.revision = index;
             }
         }
+        // A lock freed by the command is remembered under this entry's revision (a lock taken again keeps
+        // its memory, which its own revision hides, until it is freed again or forgotten).
         for old in &before {
             if self.lock(&old.name).is_none() {
+                self.freed.retain(|(name, _, _)| *name != old.name);
                 self.freed.push((old.name.clone(), index, self.now_ms));
             }
         }
-        let locks = &self.locks;
-        self.freed.retain(|(name, _, _)| locks.iter().all(|l| l.name != *name));
         outcome
     }
 
