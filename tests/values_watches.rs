@@ -266,3 +266,46 @@ async fn three_elect_processes_follow_each_other_and_observers_see_the_leaders_i
     observer.kill();
     late.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_watch_begins_with_the_locks_under_it_and_resumes_through_another_node_when_its_node_dies() {
+    let mut cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let other = cluster.other_than(&[leader, follower]);
+    let a = Grant::from_reply(&cluster.acquire(leader, "job-a", "w1", "60").await, "job-a");
+    let b = Grant::from_reply(&cluster.acquire(leader, "job-b", "w2", "60").await, "job-b");
+    cluster.acquire(leader, "other", "w3", "60").await.ok("other");
+    // Through the follower first, the third node next.
+    let endpoints = [cluster.client_addr(follower).to_string(), cluster.client_addr(other).to_string()];
+    let client = holdfast_client::Client::builder(endpoints).build().unwrap();
+    let mut watch = client.watch_prefix("job-");
+    let first = watch.next().await.expect("job-a");
+    let second = watch.next().await.expect("job-b");
+    assert_eq!((first.name.as_str(), first.revision), ("job-a", a.fence), "{first:?}");
+    assert_eq!((second.name.as_str(), second.revision), ("job-b", b.fence), "{second:?}");
+
+    // Changes under the prefix come in log order; one outside it does not come.
+    cluster.release(other, "job-a", &a.token).await.ok("release job-a");
+    cluster.acquire(other, "other-2", "w4", "60").await.ok("other-2");
+    let c = Grant::from_reply(&cluster.acquire(other, "job-c", "w5", "60").await, "job-c");
+    let freed = watch.next().await.expect("job-a freed");
+    assert_eq!((freed.name.as_str(), freed.holder.is_none()), ("job-a", true), "{freed:?}");
+    let taken = watch.next().await.expect("job-c taken");
+    assert_eq!((taken.name.as_str(), taken.revision), ("job-c", c.fence), "{taken:?}");
+
+    // A list gives a revision to watch after: nothing before it comes again.
+    let page = client.list("job-", None, 100).await.expect("a list");
+    assert_eq!(page.locks.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(), ["job-b", "job-c"]);
+    let mut after_list = client.watch_prefix_after("job-", page.revision);
+
+    // The watch's node dies; a change made meanwhile comes after the resume through the third node.
+    cluster.kill(follower);
+    cluster.release(other, "job-b", &b.token).await.ok("release job-b");
+    let resumed = tokio::time::timeout(ELECTION_BOUND, watch.next()).await.expect("in time").expect("job-b freed");
+    assert_eq!((resumed.name.as_str(), resumed.holder.is_none()), ("job-b", true), "{resumed:?}");
+    assert!(watch.resumes() >= 1, "the watch resumed");
+    let listed =
+        tokio::time::timeout(ELECTION_BOUND, after_list.next()).await.expect("in time").expect("after the list");
+    assert_eq!((listed.name.as_str(), listed.holder.is_none()), ("job-b", true), "{listed:?}");
+}

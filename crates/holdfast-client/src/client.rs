@@ -497,6 +497,22 @@ impl Client {
         Watch::new(self.pool.clone(), name.to_owned(), revision)
     }
 
+    /// Watches every lock whose name starts with `prefix` (empty: every lock): the first states are every
+    /// lock held under it (and those freed in the last 10 minutes, with no holder), in revision order, then
+    /// each lock's state after every change, in the order the cluster made them. A resume (after a node
+    /// went away) sends again only the locks changed since the last revision answered. See [`Watch`].
+    pub fn watch_prefix(&self, prefix: &str) -> Watch {
+        Watch::of_prefix(self.pool.clone(), prefix.to_owned(), 0)
+    }
+
+    /// [`watch_prefix`](Self::watch_prefix) after `revision` (a [`ListPage::revision`], or the last
+    /// [`LockInfo::revision`] seen): the first states are the locks under `prefix` changed since. Fails with
+    /// [`Error::Compacted`] if a lock freed since may have been forgotten: list again, then watch after
+    /// the list's revision.
+    pub fn watch_prefix_after(&self, prefix: &str, revision: u64) -> Watch {
+        Watch::of_prefix(self.pool.clone(), prefix.to_owned(), revision)
+    }
+
     /// Who holds `name` and who waits for it (a linearizable read); `Ok(None)` if nobody holds it.
     pub async fn get(&self, name: &str) -> Result<Option<LockInfo>, Error> {
         let request = GetRequest { name: name.to_owned() };

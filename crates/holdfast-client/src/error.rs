@@ -54,6 +54,10 @@ pub enum Error {
     /// node is not a member, it is the last voter, another change is in progress); nothing changed.
     #[error("refused: {0}")]
     Refused(String),
+    /// A watch of a prefix resumed after a revision older than what the cluster remembers of freed locks:
+    /// list the prefix again and watch after the list's revision.
+    #[error("the watch cannot resume after that revision: {0}")]
+    Compacted(String),
     /// An admin call without the server's admin key, or with a wrong one.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
@@ -90,6 +94,10 @@ impl Error {
                 return Error::InvalidArgument(detail.to_owned())
             }
             Some("unauthenticated") => return Error::Unauthenticated(detail.to_owned()),
+            Some("compacted") => return Error::Compacted(detail.to_owned()),
+            Some("too-many-changes") => return Error::LimitReached(detail.to_owned()),
+            // A watch stream that fell behind its node ended: nothing is wrong but the pace; resume.
+            Some("watch-behind") => return Error::Unavailable(detail.to_owned()),
             Some(
                 "member-exists" | "address-in-use" | "not-caught-up" | "not-a-member" | "last-member"
                 | "membership-change",

@@ -152,6 +152,9 @@ pub struct ListPage {
     pub locks: Vec<LockInfo>,
     /// Pass as `after` to get the next page; `None` when this was the last.
     pub next: Option<String>,
+    /// The log index the page was read at: [`Client::watch_prefix_after`](crate::Client::watch_prefix_after)
+    /// this revision misses nothing since.
+    pub revision: u64,
 }
 
 impl From<v1::ListResponse> for ListPage {
@@ -159,6 +162,7 @@ impl From<v1::ListResponse> for ListPage {
         ListPage {
             locks: r.locks.into_iter().map(LockInfo::from).collect(),
             next: if r.next.is_empty() { None } else { Some(r.next) },
+            revision: r.revision,
         }
     }
 }
@@ -259,7 +263,7 @@ mod tests {
         assert_eq!(h.expires_at_ms, None);
         assert_eq!(h.ttl_ms, None);
         assert_eq!(h.session_id, Some(3));
-        let page = ListPage::from(v1::ListResponse { locks: vec![], next: String::new() });
+        let page = ListPage::from(v1::ListResponse { locks: vec![], next: String::new(), revision: 0 });
         assert_eq!(page.next, None);
     }
 }

@@ -24,7 +24,9 @@ use crate::types::LockInfo;
 /// remembered); if it did not, nothing is answered twice.
 pub struct Watch {
     pool: Arc<Pool>,
+    /// The lock watched, or the prefix (`prefix` set).
     name: String,
+    prefix: bool,
     /// The revision of the last state answered.
     after: u64,
     /// Whether a state was answered yet.
@@ -36,7 +38,11 @@ pub struct Watch {
 
 impl Watch {
     pub(crate) fn new(pool: Arc<Pool>, name: String, after: u64) -> Self {
-        Watch { pool, name, after, answered: false, stream: None, resumes: 0 }
+        Watch { pool, name, prefix: false, after, answered: false, stream: None, resumes: 0 }
+    }
+
+    pub(crate) fn of_prefix(pool: Arc<Pool>, prefix: String, after: u64) -> Self {
+        Watch { pool, name: prefix, prefix: true, after, answered: false, stream: None, resumes: 0 }
     }
 
     /// The revision of the last state answered (or the one the watch was started after).
@@ -70,12 +76,13 @@ impl Watch {
                         return Err(Error::Protocol("a watch event without a lock".into()));
                     };
                     let lock = LockInfo::from(lock);
-                    // A resume that found the lock as it was last answered: nothing was missed.
-                    if event.initial && self.answered && lock.revision == self.after {
+                    // A lock's watch resumed and found the lock as it was last answered: nothing was missed.
+                    // (A prefix's watch begins with the locks changed since, none of them answered before.)
+                    if !self.prefix && event.initial && self.answered && lock.revision == self.after {
                         continue;
                     }
                     self.answered = true;
-                    self.after = lock.revision;
+                    self.after = if self.prefix { self.after.max(lock.revision) } else { lock.revision };
                     return Ok(lock);
                 }
                 Ok(None) => Error::Unavailable("the node ended the watch".into()),
@@ -84,7 +91,7 @@ impl Watch {
             self.stream = None;
             match ended {
                 // The node went away, or the watch fell behind its apply: resume.
-                Error::Unavailable(_) | Error::LimitReached(_) if fruitless < self.pool.config.max_attempts => {
+                Error::Unavailable(_) if fruitless < self.pool.config.max_attempts => {
                     fruitless += 1;
                     tracing::debug!(name = self.name, error = %ended, "watch interrupted; resuming");
                 }
@@ -106,7 +113,10 @@ impl Watch {
 
     /// A stream of the lock from `after` on one node after another, as the pool's retry plan allows.
     async fn connect(&self) -> Result<Streaming<WatchEvent>, Error> {
-        let request = WatchRequest { name: self.name.clone(), after: self.after };
+        let request = match self.prefix {
+            true => WatchRequest { name: String::new(), after: self.after, prefix: Some(self.name.clone()) },
+            false => WatchRequest { name: self.name.clone(), after: self.after, prefix: None },
+        };
         let pool = &self.pool;
         pool.call("watch", pool.retry(Duration::ZERO), |_, mut client| {
             let request = request.clone();

@@ -346,6 +346,9 @@ pub struct LockState {
     /// `freed` with it, if that entry is still this free's.
     #[serde(deserialize_with = "ordered::deserialize_vector")]
     frees: Vector<(u64, u64, String)>,
+    /// The highest revision a lock's memory of being freed was forgotten at: a watcher resuming after an
+    /// earlier revision may have missed a free ([`LockState::forgotten_through`]).
+    forgotten_through: u64,
     /// Time of the last applied entry.
     now_ms: u64,
     /// Index of the last applied entry.
@@ -518,6 +521,7 @@ mod before_values {
                 applied_index: self.applied_index,
                 freed: Default::default(),
                 frees: Default::default(),
+                forgotten_through: 0,
             }
         }
     }
@@ -616,6 +620,7 @@ impl LockState {
             let (revision, _, name) = self.frees.pop_front().expect("a front");
             if self.freed.get(&name) == Some(&revision) {
                 self.freed.remove(&name);
+                self.forgotten_through = self.forgotten_through.max(revision);
             }
         }
     }
@@ -1012,6 +1017,42 @@ impl LockState {
         }
     }
 
+    /// The highest revision at which a freed lock's revision was forgotten (0: none yet). A lock freed after
+    /// this is still remembered; one freed at or before it may read 0 now.
+    pub fn forgotten_through(&self) -> u64 {
+        self.forgotten_through
+    }
+
+    /// Every lock whose name starts with `prefix` and whose revision is above `after`, as it is now (`None`:
+    /// freed, and remembered as such), in revision order, at most `limit`: what a watch of the prefix that
+    /// last saw `after` has missed. `None` if there are more than `limit`.
+    pub fn changed_since(
+        &self,
+        prefix: &str,
+        after: u64,
+        limit: usize,
+    ) -> Option<Vec<(String, Option<LockView>, u64)>> {
+        let under = |map_start: &str| std::ops::Bound::Included(map_start.to_owned());
+        let mut changed: Vec<(String, Option<LockView>, u64)> = Vec::new();
+        let held = self.locks.range((under(prefix), std::ops::Bound::Unbounded));
+        for (name, lock) in held.take_while(|(name, _)| name.starts_with(prefix)) {
+            if lock.revision > after {
+                changed.push((name.clone(), Some(lock_view(name, lock)), lock.revision));
+            }
+        }
+        let freed = self.freed.range((under(prefix), std::ops::Bound::Unbounded));
+        for (name, revision) in freed.take_while(|(name, _)| name.starts_with(prefix)) {
+            if *revision > after && !self.locks.contains_key(name) {
+                changed.push((name.clone(), None, *revision));
+            }
+        }
+        if changed.len() > limit {
+            return None;
+        }
+        changed.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
+        Some(changed)
+    }
+
     /// Up to `limit` locks whose names start with `prefix`, after `after` (exclusive), in name order.
     pub fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<LockView> {
         use std::ops::Bound;
@@ -1217,6 +1258,7 @@ impl LockState {
             assert!(*revision <= self.applied_index && *at_ms <= self.now_ms, "frees are not from the future");
             last = (*revision, *at_ms);
         }
+        assert!(self.forgotten_through <= self.applied_index, "nothing forgotten from the future");
         let frees: BTreeSet<(u64, &str)> = self.frees.iter().map(|(r, _, n)| (*r, n.as_str())).collect();
         for (name, revision) in &self.freed {
             assert!(frees.contains(&(*revision, name)), "freed {name:?} at {revision} is among the frees remembered");
@@ -1295,6 +1337,7 @@ mod tests {
         key_tenants: &'a BTreeMap<[u8; 32], u64>,
         freed: BTreeMap<&'a String, &'a u64>,
         frees: Vec<&'a (u64, u64, String)>,
+        forgotten_through: u64,
         now_ms: u64,
         applied_index: u64,
     }
@@ -1336,6 +1379,7 @@ mod tests {
             key_tenants: &state.key_tenants,
             freed: state.freed.iter().collect(),
             frees: state.frees.iter().collect(),
+            forgotten_through: state.forgotten_through,
             now_ms: state.now_ms,
             applied_index: state.applied_index,
         };

@@ -77,6 +77,8 @@ struct Model {
     index: u64,
     /// Locks freed, with the index and time of the entry that last freed each.
     freed: Vec<(String, u64, u64)>,
+    /// The highest revision of a free forgotten.
+    forgotten_through: u64,
 }
 
 /// What an entry did besides its outcome.
@@ -146,6 +148,21 @@ impl Model {
         })
     }
 
+    /// What a watch of `prefix` that last saw revision `after` missed, as `LockState::changed_since`.
+    fn changed_since(&self, prefix: &str, after: u64) -> Vec<(String, Option<LockView>, u64)> {
+        let mut changed: Vec<(String, Option<LockView>, u64)> = Vec::new();
+        for lock in self.locks.iter().filter(|l| l.name.starts_with(prefix) && l.revision > after) {
+            changed.push((lock.name.clone(), Some(lock_view(lock)), lock.revision));
+        }
+        for (name, revision, _) in &self.freed {
+            if name.starts_with(prefix) && *revision > after && self.lock(name).is_none() {
+                changed.push((name.clone(), None, *revision));
+            }
+        }
+        changed.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
+        changed
+    }
+
     fn revision(&self, name: &str) -> u64 {
         match self.lock(name) {
             Some(l) => l.revision,
@@ -169,6 +186,11 @@ impl Model {
             cmd => self.apply_cmd(cmd, &mut fx),
         };
         let now = self.now_ms;
+        for (_, revision, freed_at_ms) in &self.freed {
+            if freed_at_ms + FREED_KEEP_MS <= now {
+                self.forgotten_through = self.forgotten_through.max(*revision);
+            }
+        }
         self.freed.retain(|(_, _, freed_at_ms)| freed_at_ms + FREED_KEEP_MS > now);
         Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
     }
@@ -812,6 +834,18 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
     for name in NAMES {
         prop_assert_eq!(real.get(name), model.lock(name).map(lock_view));
         prop_assert_eq!(real.revision(name), model.revision(name), "revision of {:?}", name);
+    }
+    prop_assert_eq!(real.forgotten_through(), model.forgotten_through);
+    for prefix in ["", "a", "b"] {
+        for after in [0, 3, model.index / 2, model.index] {
+            let expected = model.changed_since(prefix, after);
+            prop_assert_eq!(real.changed_since(prefix, after, usize::MAX), Some(expected.clone()));
+            if !expected.is_empty() {
+                prop_assert_eq!(real.changed_since(prefix, after, expected.len() - 1), None);
+            }
+        }
+    }
+    for name in NAMES {
         for t in 0..=TOKENS {
             prop_assert_eq!(real.grant(name, token(t)), model.grant(name, token(t)));
             let waiting = model.lock(name).is_some_and(|l| l.waiters.iter().any(|w| w.token == token(t)));

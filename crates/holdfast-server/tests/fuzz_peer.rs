@@ -268,7 +268,7 @@ fn answer_seeds() -> &'static [(AnswerTo, Vec<u8>)] {
         let forwards: Vec<ForwardAnswer> = vec![
             Ok(ForwardReply::Written(written(6, granted.clone()))),
             Ok(ForwardReply::Read(QueryReply::Lock(state.get("a")))),
-            Ok(ForwardReply::Read(QueryReply::List(state.list("", None, 10)))),
+            Ok(ForwardReply::Read(QueryReply::List(state.list("", None, 10), 7))),
             Ok(ForwardReply::Read(QueryReply::Keys(state.keys().collect()))),
             Ok(ForwardReply::Heartbeat(Some((1, 2)))),
             Ok(ForwardReply::Heartbeat(None)),

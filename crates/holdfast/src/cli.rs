@@ -13,7 +13,7 @@ use crate::run::{EXIT_BUSY, EXIT_UNREACHABLE, EXIT_USAGE};
 pub enum LockCommand {
     Acquire { name: String, ttl: Duration, wait: Duration, value: Vec<u8> },
     SetValue { name: String, token: String, value: Vec<u8> },
-    Watch { name: String, after: u64 },
+    Watch { name: String, prefix: bool, after: u64 },
     Release { name: String, token: String },
     Renew { name: String, token: String, ttl: Option<Duration> },
     Get { name: String },
@@ -29,7 +29,7 @@ pub async fn lock(client: &Client, command: LockCommand, as_json: bool) -> u8 {
         LockCommand::SetValue { name, token, value } => {
             client.set_value(&name, &token, value).await.map(|h| hold_out(&h))
         }
-        LockCommand::Watch { name, after } => return watch(client, &name, after, as_json).await,
+        LockCommand::Watch { name, prefix, after } => return watch(client, &name, prefix, after, as_json).await,
         LockCommand::Renew { name, token, ttl } => client.renew(&name, &token, ttl).await.map(|h| hold_out(&h)),
         LockCommand::Release { name, token } => client.release(&name, &token).await.map(|r| Out {
             json: json!({"name": r.name, "fence": r.fence, "released": true}),
@@ -47,10 +47,13 @@ pub async fn lock(client: &Client, command: LockCommand, as_json: bool) -> u8 {
     finish(result, as_json)
 }
 
-/// Prints lock `name` now and after each change (one line each) until the watch fails; answers the exit
-/// code then.
-async fn watch(client: &Client, name: &str, after: u64, as_json: bool) -> u8 {
-    let mut watch = client.watch_after(name, after);
+/// Prints lock `name` (or with `prefix`, every lock under it) now and after each change (one line each)
+/// until the watch fails; answers the exit code then.
+async fn watch(client: &Client, name: &str, prefix: bool, after: u64, as_json: bool) -> u8 {
+    let mut watch = match prefix {
+        true => client.watch_prefix_after(name, after),
+        false => client.watch_after(name, after),
+    };
     loop {
         let lock = match watch.next().await {
             Ok(lock) => lock,
@@ -59,14 +62,15 @@ async fn watch(client: &Client, name: &str, after: u64, as_json: bool) -> u8 {
         let line = match (&lock.holder, as_json) {
             (_, true) => lock_json(&lock).to_string(),
             (Some(h), false) => format!(
-                "revision {} held by {} fence {} value {:?} waiters {}",
+                "revision {} {} held by {} fence {} value {:?} waiters {}",
                 lock.revision,
+                lock.name,
                 h.owner,
                 h.fence,
                 String::from_utf8_lossy(&h.value),
                 lock.waiters.len()
             ),
-            (None, false) => format!("revision {} free", lock.revision),
+            (None, false) => format!("revision {} {} free", lock.revision, lock.name),
         };
         println!("{line}");
     }

@@ -200,9 +200,13 @@ enum LockCli {
         token: String,
         value: String,
     },
-    /// Print the lock's state now and after each change, one line each, until interrupted.
+    /// Print the lock's state now and after each change, one line each, until interrupted; with --prefix,
+    /// every lock whose name starts with NAME.
     Watch {
         name: String,
+        /// Watch every lock whose name starts with NAME (the locks held now first).
+        #[arg(long)]
+        prefix: bool,
         /// Resume after this revision (as a line printed before showed it).
         #[arg(long, default_value_t = 0)]
         after: u64,
@@ -518,7 +522,7 @@ fn lock_command(target: Target, command: LockCli) -> anyhow::Result<()> {
         LockCli::SetValue { name, token, value } => {
             cli::LockCommand::SetValue { name, token, value: value.into_bytes() }
         }
-        LockCli::Watch { name, after } => cli::LockCommand::Watch { name, after },
+        LockCli::Watch { name, prefix, after } => cli::LockCommand::Watch { name, prefix, after },
         LockCli::Release { name, token } => cli::LockCommand::Release { name, token },
         LockCli::Renew { name, token, ttl } => cli::LockCommand::Renew { name, token, ttl },
         LockCli::Get { name } => cli::LockCommand::Get { name },

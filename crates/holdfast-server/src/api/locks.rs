@@ -327,17 +327,29 @@ fn watched(
     Watched { name: name.to_owned(), view, revision, changed }
 }
 
-/// A watch stream of one lock: its state when the watch began (`changed`: whether its revision is not the
-/// `after` given), then its state after every entry that changed it, in log order (`changed` true). Ends
-/// when this node stops following the log closely enough ([`crate::apply::events::WATCH_STREAM_BACKLOG`]
-/// changes behind); the client then resumes from the last revision it saw.
+/// Locks a prefix watch may start with (changed since the revision it resumes after), at most.
+pub const PREFIX_WATCH_START_MAX: usize = 10_000;
+
+/// A state a watch stream sends: the lock, whether it is one of the states the watch began with (not a
+/// change seen as it was applied).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchNote {
+    pub watched: Watched,
+    pub initial: bool,
+}
+
+/// A watch stream of one lock or of every lock under a prefix: the states it begins with, then the state
+/// of a lock after every entry that changed it, in log order. A lock's watch begins with the lock now
+/// (`changed`: whether its revision is not the `after` given); a prefix's with every lock under it that
+/// changed since `after`, in revision order (`changed` true). Ends when this node falls
+/// [`crate::apply::events::WATCH_STREAM_BACKLOG`] changes behind or installs a snapshot; the client then
+/// resumes from the last revision it saw.
 pub struct WatchStream {
     api: Arc<Api>,
     scope: Scope,
-    name: String,
-    inner: String,
+    what: crate::apply::events::Watched,
     id: u64,
-    first: Option<Watched>,
+    first: std::collections::VecDeque<Watched>,
     changes: tokio::sync::mpsc::Receiver<crate::apply::events::LockChange>,
 }
 
@@ -346,30 +358,75 @@ pub async fn watch_stream(api: &Arc<Api>, scope: &Scope, name: String, after: u6
     check_name(&name)?;
     let inner = scope.inner(&name);
     api.route.caught_up().await.map_err(|e| scope.error(e.into()))?;
+    let what = crate::apply::events::Watched::Lock(inner.clone());
     let state = crate::state::read(&api.state);
     let revision = state.revision(&inner);
     let first = watched(&state, scope, &name, &inner, revision, revision != after);
-    let (id, changes) = api.events.watch_stream(&inner);
+    let (id, changes) = api.events.watch_stream(&what);
     drop(state);
-    Ok(WatchStream { api: api.clone(), scope: scope.clone(), name, inner, id, first: Some(first), changes })
+    Ok(WatchStream { api: api.clone(), scope: scope.clone(), what, id, first: [first].into(), changes })
+}
+
+/// Watches every lock whose name starts with `prefix` as a stream ([`WatchStream`]), beginning with those
+/// changed since `after` (0: every lock held, and those freed in the last 10 minutes). Refused with
+/// `compacted` if a lock's free after `after` may have been forgotten (the client lists the prefix again
+/// and watches after the list's revision), and with `too-many-changes` past [`PREFIX_WATCH_START_MAX`].
+pub async fn watch_prefix_stream(
+    api: &Arc<Api>,
+    scope: &Scope,
+    prefix: String,
+    after: u64,
+) -> Result<WatchStream, ApiError> {
+    if prefix.len() > limits::NAME_LEN_MAX {
+        return Err(ApiError::invalid("invalid-query", format!("prefix: at most {} bytes", limits::NAME_LEN_MAX)));
+    }
+    let inner = scope.inner(&prefix);
+    api.route.caught_up().await.map_err(|e| scope.error(e.into()))?;
+    let what = crate::apply::events::Watched::Prefix(inner.clone());
+    let state = crate::state::read(&api.state);
+    if after > 0 && after < state.forgotten_through() {
+        let detail = format!(
+            "locks freed after revision {after} may have been forgotten (through {}): list the prefix again and \
+             watch after the list's revision",
+            state.forgotten_through()
+        );
+        return Err(ApiError::Conflict { slug: "compacted".into(), detail });
+    }
+    let Some(changed) = state.changed_since(&inner, after, PREFIX_WATCH_START_MAX) else {
+        let detail = format!("more than {PREFIX_WATCH_START_MAX} locks under the prefix changed since {after}");
+        return Err(ApiError::Limit { slug: "too-many-changes", detail });
+    };
+    let first = changed
+        .into_iter()
+        .map(|(name, view, revision)| Watched {
+            name: scope.outer(&name),
+            view: view.map(|view| scope.view(view)),
+            revision,
+            changed: true,
+        })
+        .collect();
+    let (id, changes) = api.events.watch_stream(&what);
+    drop(state);
+    Ok(WatchStream { api: api.clone(), scope: scope.clone(), what, id, first, changes })
 }
 
 impl WatchStream {
-    /// The next state: the first, then each change; `None` once the stream fell behind (or the node
-    /// stopped).
-    pub async fn next(&mut self) -> Option<Watched> {
-        if let Some(first) = self.first.take() {
-            return Some(first);
+    /// The next state: the first ones, then each change; `None` once the stream fell behind (or the node
+    /// stopped, or installed a snapshot).
+    pub async fn next(&mut self) -> Option<WatchNote> {
+        if let Some(first) = self.first.pop_front() {
+            return Some(WatchNote { watched: first, initial: true });
         }
         let change = self.changes.recv().await?;
         let view = change.view.map(|view| self.scope.view(view));
-        Some(Watched { name: self.name.clone(), view, revision: change.revision, changed: true })
+        let watched = Watched { name: self.scope.outer(&change.name), view, revision: change.revision, changed: true };
+        Some(WatchNote { watched, initial: false })
     }
 }
 
 impl Drop for WatchStream {
     fn drop(&mut self) {
-        self.api.events.unwatch_stream(&self.inner, self.id);
+        self.api.events.unwatch_stream(&self.what, self.id);
     }
 }
 
@@ -396,6 +453,13 @@ pub async fn get(api: &Arc<Api>, scope: &Scope, name: String) -> Result<LockView
     }
 }
 
+/// A page of [`list`]: the locks, the `after` of the next page, and the revision the page was read at.
+pub struct Page {
+    pub locks: Vec<LockView>,
+    pub next: Option<String>,
+    pub revision: u64,
+}
+
 /// Up to `limit` locks whose names start with `prefix`, after `after`; and the `after` of the next page.
 pub async fn list(
     api: &Arc<Api>,
@@ -403,7 +467,7 @@ pub async fn list(
     prefix: String,
     after: Option<String>,
     limit: usize,
-) -> Result<(Vec<LockView>, Option<String>), ApiError> {
+) -> Result<Page, ApiError> {
     if prefix.len() > limits::NAME_LEN_MAX || after.as_ref().is_some_and(|a| a.len() > limits::NAME_LEN_MAX) {
         return Err(ApiError::invalid(
             "invalid-query",
@@ -413,10 +477,10 @@ pub async fn list(
     let limit = check_page(limit)?;
     let (prefix, after) = (scope.inner(&prefix), after.map(|after| scope.inner(&after)));
     match api.route.read(Query::List { prefix, after, limit }).await? {
-        QueryReply::List(views) => {
-            let views: Vec<LockView> = views.into_iter().map(|view| scope.view(view)).collect();
-            let next = if views.len() == limit { views.last().map(|v| v.name.clone()) } else { None };
-            Ok((views, next))
+        QueryReply::List(views, revision) => {
+            let locks: Vec<LockView> = views.into_iter().map(|view| scope.view(view)).collect();
+            let next = if locks.len() == limit { locks.last().map(|v| v.name.clone()) } else { None };
+            Ok(Page { locks, next, revision })
         }
         other => Err(ApiError::unexpected(other)),
     }

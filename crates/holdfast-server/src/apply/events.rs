@@ -34,11 +34,19 @@ pub const WAITER_PING: Duration = Duration::from_secs(1);
 /// last revision it saw) rather than buffering without bound.
 pub const WATCH_STREAM_BACKLOG: usize = 1024;
 
-/// A lock as a command left it, for a watch stream: its view (`None`: nobody holds it) and revision.
+/// A lock as a command left it, for a watch stream: its name, view (`None`: nobody holds it) and revision.
 #[derive(Debug, Clone)]
 pub struct LockChange {
+    pub name: String,
     pub view: Option<LockView>,
     pub revision: u64,
+}
+
+/// What a watch stream follows: one lock, or every lock whose name starts with a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Watched {
+    Lock(String),
+    Prefix(String),
 }
 
 /// What a session's stream hears from applied entries.
@@ -75,6 +83,8 @@ struct Inner {
     /// Watch streams, by lock name and number: each is sent the lock's state after every command that
     /// changed it, in log order. One that falls [`WATCH_STREAM_BACKLOG`] behind is dropped (its stream ends).
     lock_streams: BTreeMap<String, BTreeMap<u64, mpsc::Sender<LockChange>>>,
+    /// Watch streams of every lock under a prefix, by prefix and number, sent the same.
+    prefix_streams: BTreeMap<String, BTreeMap<u64, mpsc::Sender<LockChange>>>,
     /// The number of the next lock watcher or stream.
     next_lock_watcher: u64,
     /// Session streams attached to this node.
@@ -130,6 +140,17 @@ impl Rebuilt {
 }
 
 impl Inner {
+    /// The watch streams `what` is kept among, and its key there.
+    fn streams_of<'a>(
+        &mut self,
+        what: &'a Watched,
+    ) -> (&mut BTreeMap<String, BTreeMap<u64, mpsc::Sender<LockChange>>>, &'a str) {
+        match what {
+            Watched::Lock(name) => (&mut self.lock_streams, name),
+            Watched::Prefix(prefix) => (&mut self.prefix_streams, prefix),
+        }
+    }
+
     /// Puts `rebuilt` in place of every deadline; answers the ones it replaced, for the caller to drop
     /// once it let go of the lock. The last promotion's floor (the keeper's, not the deadlines') stays: a
     /// full lease from the rebuild ends later than one from the promotion anyway.
@@ -233,46 +254,66 @@ impl Events {
         (id, rx)
     }
 
-    /// Registers a watch stream of lock `name`: sent the lock's state after every command that changes it
-    /// from now on. The caller holds the state's read lock, having read the state the stream starts from.
-    /// The number answered is for [`Events::unwatch_stream`].
-    pub fn watch_stream(&self, name: &str) -> (u64, mpsc::Receiver<LockChange>) {
+    /// Registers a watch stream of `what`: sent a lock's state after every command that changes it (the
+    /// lock, or any lock under the prefix) from now on. The caller holds the state's read lock, having read
+    /// the state the stream starts from. The number answered is for [`Events::unwatch_stream`].
+    pub fn watch_stream(&self, what: &Watched) -> (u64, mpsc::Receiver<LockChange>) {
         let (tx, rx) = mpsc::channel(WATCH_STREAM_BACKLOG);
         let mut inner = self.lock();
         let id = inner.next_lock_watcher;
         inner.next_lock_watcher += 1;
-        inner.lock_streams.entry(name.to_owned()).or_default().insert(id, tx);
+        let (streams, key) = inner.streams_of(what);
+        streams.entry(key.to_owned()).or_default().insert(id, tx);
         self.metrics.lock_watchers.inc();
         (id, rx)
     }
 
-    /// Forgets watch stream `id` of lock `name`.
-    pub fn unwatch_stream(&self, name: &str, id: u64) {
+    /// Forgets watch stream `id` of `what`.
+    pub fn unwatch_stream(&self, what: &Watched, id: u64) {
         let mut inner = self.lock();
-        let Some(streams) = inner.lock_streams.get_mut(name) else { return };
-        if streams.remove(&id).is_some() {
+        let (streams, key) = inner.streams_of(what);
+        let Some(of_key) = streams.get_mut(key) else { return };
+        if of_key.remove(&id).is_some() {
             self.metrics.lock_watchers.dec();
         }
-        if streams.is_empty() {
-            inner.lock_streams.remove(name);
+        if of_key.is_empty() {
+            streams.remove(key);
         }
     }
 
-    /// Sends the watch streams of `name` its state, if the command just applied (at `index`) changed it.
-    /// A stream that is full or gone is dropped.
+    /// Sends the watch streams of `name` (and of the prefixes it starts with) its state, if the command
+    /// just applied (at `index`) changed it. A stream that is full or gone is dropped.
     fn tell_lock_streams(&self, inner: &mut Inner, state: &LockState, index: u64, name: &str) {
-        let Some(streams) = inner.lock_streams.get_mut(name) else { return };
+        let prefixes: Vec<String> = inner
+            .prefix_streams
+            .range::<str, _>((std::ops::Bound::Unbounded, std::ops::Bound::Included(name)))
+            .map(|(prefix, _)| prefix)
+            .filter(|prefix| name.starts_with(prefix.as_str()))
+            .cloned()
+            .collect();
+        if !inner.lock_streams.contains_key(name) && prefixes.is_empty() {
+            return;
+        }
         let revision = state.revision(name);
         if revision != index || (self.bugs.watch_skips_changes() && index % 2 == 1) {
             return;
         }
-        let change = LockChange { view: state.get(name), revision };
-        let before = streams.len();
-        streams.retain(|_, tx| tx.try_send(change.clone()).is_ok());
-        self.metrics.lock_watchers.dec_by((before - streams.len()) as i64);
-        if streams.is_empty() {
-            inner.lock_streams.remove(name);
+        let change = LockChange { name: name.to_owned(), view: state.get(name), revision };
+        let mut dropped = 0;
+        let mut send = |streams: &mut BTreeMap<String, BTreeMap<u64, mpsc::Sender<LockChange>>>, key: &str| {
+            let Some(of_key) = streams.get_mut(key) else { return };
+            let before = of_key.len();
+            of_key.retain(|_, tx| tx.try_send(change.clone()).is_ok());
+            dropped += before - of_key.len();
+            if of_key.is_empty() {
+                streams.remove(key);
+            }
+        };
+        send(&mut inner.lock_streams, name);
+        for prefix in &prefixes {
+            send(&mut inner.prefix_streams, prefix);
         }
+        self.metrics.lock_watchers.dec_by(dropped as i64);
     }
 
     /// Tells the watches of every lock the command may have changed. Every change to a lock is a command
@@ -438,7 +479,7 @@ impl ApplyObserver for Events {
         if handed_over || matches!(applied.outcome, Outcome::SessionOpened { .. }) {
             self.urgent_commit(index);
         }
-        if !inner.lock_watchers.is_empty() || !inner.lock_streams.is_empty() {
+        if !inner.lock_watchers.is_empty() || !inner.lock_streams.is_empty() || !inner.prefix_streams.is_empty() {
             self.tell_watches(&mut inner, state, index, cmd, applied);
         }
         for (name, fence) in &applied.ended {
@@ -527,8 +568,10 @@ impl ApplyObserver for Events {
             // in the entries the snapshot covers is not known, so a stream that went on would skip changes);
             // its client resumes from the last revision it saw.
             let streams = std::mem::take(&mut inner.lock_streams);
-            self.metrics.lock_watchers.dec_by(streams.values().map(|s| s.len() as i64).sum());
-            drop(streams);
+            let prefix_streams = std::mem::take(&mut inner.prefix_streams);
+            let count = streams.values().chain(prefix_streams.values()).map(|s| s.len() as i64).sum();
+            self.metrics.lock_watchers.dec_by(count);
+            drop((streams, prefix_streams));
             let lock_watchers = std::mem::take(&mut inner.lock_watchers);
             for (_, watchers) in lock_watchers {
                 self.metrics.lock_watchers.dec_by(watchers.len() as i64);

@@ -35,7 +35,9 @@ pub fn answer_query(state: &SharedState, query: Query) -> QueryReply {
     let state = crate::state::read(state);
     match query {
         Query::Lock { name } => QueryReply::Lock(state.get(&name)),
-        Query::List { prefix, after, limit } => QueryReply::List(state.list(&prefix, after.as_deref(), limit)),
+        Query::List { prefix, after, limit } => {
+            QueryReply::List(state.list(&prefix, after.as_deref(), limit), state.applied_index())
+        }
         Query::Keys => QueryReply::Keys(state.keys().collect()),
     }
 }

@@ -85,7 +85,8 @@ pub enum Query {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum QueryReply {
     Lock(Option<LockView>),
-    List(Vec<LockView>),
+    /// A page of locks, and the lock state's index it was read at (a prefix watch resumes after it).
+    List(Vec<LockView>, u64),
     /// Every tenant with an API key and when it was made.
     Keys(Vec<(u64, u64)>),
 }

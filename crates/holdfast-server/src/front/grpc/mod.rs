@@ -131,18 +131,25 @@ impl Locks for LocksService {
     async fn watch(&self, request: GrpcRequest<WatchRequest>) -> Result<GrpcResponse<Self::WatchStream>, Status> {
         let scope = self.api.authenticate(authorization(&request))?;
         let r = request.into_inner();
-        let watch = locks::watch_stream(&self.api, &scope, r.name, r.after).await?;
-        let events = futures_util::stream::unfold((Some(watch), true), |(watch, initial)| async move {
+        let watch = match r.prefix {
+            Some(_) if !r.name.is_empty() => {
+                let detail = "a watch names a lock or a prefix, not both".to_owned();
+                return Err(ApiError::invalid("invalid-query", detail).into());
+            }
+            Some(prefix) => locks::watch_prefix_stream(&self.api, &scope, prefix, r.after).await?,
+            None => locks::watch_stream(&self.api, &scope, r.name, r.after).await?,
+        };
+        let events = futures_util::stream::unfold((Some(watch), ()), |(watch, ())| async move {
             let mut watch = watch?;
             match watch.next().await {
-                Some(watched) => {
-                    let event = WatchEvent { lock: Some(watched_lock(&watched)), initial };
-                    Some((Ok(event), (Some(watch), false)))
+                Some(note) => {
+                    let event = WatchEvent { lock: Some(watched_lock(&note.watched)), initial: note.initial };
+                    Some((Ok(event), (Some(watch), ())))
                 }
                 // The stream fell behind this node's apply (or the node stops): the client resumes.
                 None => {
                     let detail = "the watch fell behind the changes; watch again from the last revision seen";
-                    Some((Err(ApiError::Limit { slug: "watch-behind", detail: detail.into() }.into()), (None, false)))
+                    Some((Err(ApiError::Limit { slug: "watch-behind", detail: detail.into() }.into()), (None, ())))
                 }
             }
         });
@@ -164,8 +171,12 @@ impl Locks for LocksService {
         let r = request.into_inner();
         let limit = if r.limit == 0 { PAGE_DEFAULT } else { r.limit as usize };
         let after = (!r.after.is_empty()).then_some(r.after);
-        let (views, next) = locks::list(&self.api, &scope, r.prefix, after, limit).await?;
-        Ok(GrpcResponse::new(ListResponse { locks: views.iter().map(lock).collect(), next: next.unwrap_or_default() }))
+        let page = locks::list(&self.api, &scope, r.prefix, after, limit).await?;
+        Ok(GrpcResponse::new(ListResponse {
+            locks: page.locks.iter().map(lock).collect(),
+            next: page.next.unwrap_or_default(),
+            revision: page.revision,
+        }))
     }
 
     async fn cluster_status(

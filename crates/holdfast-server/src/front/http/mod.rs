@@ -141,9 +141,9 @@ async fn list(
         None => PAGE_DEFAULT,
         Some(text) => text.parse::<usize>().ok().filter(|n| *n <= PAGE_MAX).unwrap_or(0),
     };
-    let (views, next) = locks::list(&api, &scope, prefix, after, limit).await?;
-    let locks: Vec<Value> = views.iter().map(lock_json).collect();
-    Ok(Json(json!({"locks": locks, "next": next})).into_response())
+    let page = locks::list(&api, &scope, prefix, after, limit).await?;
+    let locks: Vec<Value> = page.locks.iter().map(lock_json).collect();
+    Ok(Json(json!({"locks": locks, "next": page.next, "revision": page.revision})).into_response())
 }
 
 async fn cluster(State(api): State<Arc<Api>>) -> Response {
