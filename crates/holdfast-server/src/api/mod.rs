@@ -174,8 +174,20 @@ impl Api {
 
     /// Authenticates a request by its `Authorization` value ([`auth::authenticate`]): the tenant's scope
     /// (everything, without `--auth`), one request taken from its key's budget.
-    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Scope, ApiError> {
-        auth::authenticate(&self.auth, &self.state, authorization)
+    ///
+    /// A key this node does not know may have been made through another node a moment ago, its entry not
+    /// applied here yet: before refusing it, the node catches up with the leader (a read index, shared by
+    /// the requests that arrive together) and looks again, so that a key acknowledged by any node works on
+    /// every node at once.
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Scope, ApiError> {
+        match auth::authenticate(&self.auth, &self.state, authorization) {
+            Err(ApiError::Unauthenticated { .. }) if auth::bearer(authorization).is_some() => {
+                // Boxed: a read index is a large future, and every request would carry it inline.
+                Box::pin(self.route.caught_up()).await?;
+                auth::authenticate(&self.auth, &self.state, authorization)
+            }
+            scope => scope,
+        }
     }
 
     /// Admits one more request under `scope` ([`Scope::admit`]).

@@ -96,7 +96,7 @@ impl Locks for LocksService {
         &self,
         request: GrpcRequest<Streaming<SessionRequest>>,
     ) -> Result<GrpcResponse<Self::SessionStream>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
         let api = self.api.clone();
         let inbound = request.into_inner();
@@ -109,27 +109,27 @@ impl Locks for LocksService {
     }
 
     async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         Ok(GrpcResponse::new(one_shot::acquire(&self.api, &scope, request.into_inner()).await?))
     }
 
     async fn renew(&self, request: GrpcRequest<RenewRequest>) -> Result<GrpcResponse<Hold>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         Ok(GrpcResponse::new(one_shot::renew(&self.api, &scope, request.into_inner()).await?))
     }
 
     async fn release(&self, request: GrpcRequest<ReleaseRequest>) -> Result<GrpcResponse<ReleaseResponse>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         Ok(GrpcResponse::new(one_shot::release(&self.api, &scope, request.into_inner()).await?))
     }
 
     async fn set_value(&self, request: GrpcRequest<SetValueRequest>) -> Result<GrpcResponse<Hold>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         Ok(GrpcResponse::new(one_shot::set_value(&self.api, &scope, request.into_inner()).await?))
     }
 
     async fn watch(&self, request: GrpcRequest<WatchRequest>) -> Result<GrpcResponse<Self::WatchStream>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         let r = request.into_inner();
         let watch = match r.prefix {
             Some(_) if !r.name.is_empty() => {
@@ -157,17 +157,17 @@ impl Locks for LocksService {
     }
 
     async fn calls(&self, request: GrpcRequest<Streaming<Call>>) -> Result<GrpcResponse<CallStream>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         Ok(GrpcResponse::new(CallStream::new(self.api.clone(), scope, request.into_inner())))
     }
 
     async fn get(&self, request: GrpcRequest<GetRequest>) -> Result<GrpcResponse<v1::Lock>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         Ok(GrpcResponse::new(one_shot::get(&self.api, &scope, request.into_inner()).await?))
     }
 
     async fn list(&self, request: GrpcRequest<ListRequest>) -> Result<GrpcResponse<ListResponse>, Status> {
-        let scope = self.api.authenticate(authorization(&request))?;
+        let scope = self.api.authenticate(authorization(&request)).await?;
         let r = request.into_inner();
         let limit = if r.limit == 0 { PAGE_DEFAULT } else { r.limit as usize };
         let after = (!r.after.is_empty()).then_some(r.after);

@@ -51,7 +51,7 @@ async fn acquire(
     headers: HeaderMap,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization.as_deref())?;
+    let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["ttl", "owner", "wait", "value"])?;
     let default_ttl_ms = TTL_MS_DEFAULT.clamp(api.limits().ttl_ms_min, api.limits().ttl_ms_max);
     let ttl_ms = p.duration_ms("ttl", "invalid-ttl")?.unwrap_or(default_ttl_ms);
@@ -70,7 +70,7 @@ async fn set_value(
     headers: HeaderMap,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization.as_deref())?;
+    let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["token", "value"])?;
     let token = p.token()?;
     let value = p.value(&headers, &body)?;
@@ -84,7 +84,7 @@ async fn release(
     Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization.as_deref())?;
+    let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["token"])?;
     let (name, fence) = locks::release(&api, &scope, name, p.token()?).await?;
     Ok(Json(json!({"name": name, "fence": fence, "released": true})).into_response())
@@ -96,7 +96,7 @@ async fn renew(
     Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization.as_deref())?;
+    let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["token", "ttl"])?;
     let token = p.token()?;
     // Without a ttl, the leader renews for the TTL the hold already has.
@@ -111,7 +111,7 @@ async fn get_lock(
     Segment(name, _): Segment<LockName>,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization.as_deref())?;
+    let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["after", "wait"])?;
     let Some(after) = p.get("after") else {
         if p.get("wait").is_some() {
@@ -133,7 +133,7 @@ async fn list(
     Credentials(authorization): Credentials,
     params: Params,
 ) -> Result<Response, ApiError> {
-    let scope = api.authenticate(authorization.as_deref())?;
+    let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["prefix", "after", "limit"])?;
     let prefix = p.get("prefix").unwrap_or("").to_owned();
     let after = p.get("after").map(str::to_owned);
