@@ -7,10 +7,12 @@
 //! - `sessions.rs`: many sessions heartbeating, each holding a lock;
 //! - `scale.rs`: filling the cluster with held locks;
 //! - `watch.rs`: watchers over the nodes told of a lock's value changes;
+//! - `elect.rs`: candidates taking turns leading an election, and the gap between leaders;
 //! - `host.rs`: the machine alone, no cluster: thread wake-up round trip and fdatasync;
 //! - here: what they share (latency samples, the report, progress, plain HTTP GETs of `/metrics`, and
 //!   reading a process's CPU time and memory from `/proc`).
 
+mod elect;
 mod failover;
 mod host;
 mod http;
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 use holdfast_client::{Client, ClientBuilder};
 use serde_json::{Map, Value};
 
+pub use elect::ElectArgs;
 pub use failover::FailoverArgs;
 pub use host::HostArgs;
 pub use scale::ScaleArgs;
@@ -50,6 +53,8 @@ pub enum Workload {
     Scale(ScaleArgs),
     /// Watchers told of a lock's value changes.
     Watch(WatchArgs),
+    /// Candidates taking turns leading an election.
+    Elect(ElectArgs),
     /// The machine alone: thread wake-up round trip and fdatasync.
     Host(HostArgs),
 }
@@ -97,6 +102,7 @@ pub async fn run(args: BenchArgs) -> u8 {
         Workload::Sessions(a) => sessions::run(&client, &args.builder, run_id, a).await,
         Workload::Scale(a) => scale::run(&client, run_id, a).await,
         Workload::Watch(a) => watch::run(&client, &args.builder, run_id, a).await,
+        Workload::Elect(a) => elect::run(client.endpoints(), &args.builder, run_id, a).await,
         Workload::Host(_) => unreachable!("measured above, without a cluster"),
     };
     finish(report, args.json)

@@ -285,6 +285,9 @@ enum BenchCli {
     /// A writer changes one lock's value while watchers spread over the nodes watch it: changes/s, states
     /// told/s, and the time from a change's send to a watcher being told.
     Watch(bench::WatchArgs),
+    /// Candidates spread over the nodes take turns leading one election (each resigns after --hold): the
+    /// gap from a resignation to the next leader knowing it leads, and that fences only grow.
+    Elect(bench::ElectArgs),
     /// The machine alone, no cluster: a thread wake-up round trip and small synced appends (fdatasync),
     /// the two costs a write's latency is made of, so that runs on different hosts can be compared.
     Host(bench::HostArgs),
@@ -551,6 +554,7 @@ fn bench_command(target: Target, workload: BenchCli) -> anyhow::Result<()> {
         BenchCli::Sessions(args) => bench::Workload::Sessions(args),
         BenchCli::Scale(args) => bench::Workload::Scale(args),
         BenchCli::Watch(args) => bench::Workload::Watch(args),
+        BenchCli::Elect(args) => bench::Workload::Elect(args),
         BenchCli::Host(args) => bench::Workload::Host(args),
     };
     let builder = match target.tls.builder(target.endpoints) {
