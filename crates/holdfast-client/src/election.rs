@@ -60,6 +60,11 @@ impl Leadership {
         self.held.lost()
     }
 
+    /// Until when leadership is confirmed by this client's clock (see [`HeldLock::confirmed_until`]).
+    pub fn confirmed_until(&self) -> tokio::time::Instant {
+        self.held.confirmed_until()
+    }
+
     /// Whether leadership is no longer confirmed right now.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()

@@ -95,6 +95,8 @@ pub enum Role {
     Reader,
     /// A watch of the fenced lock on the client library (every change, in order).
     Watcher,
+    /// Campaigns in an election on the client library, leads a while, resigns.
+    Elector,
 }
 
 /// A client written for one scenario: given its context, it runs to completion.
@@ -332,6 +334,7 @@ fn random_roles(rng: &mut StdRng, nodes: u64) -> (u64, Vec<Role>) {
     // Last: a client's number seeds its choices, so a role put before others would change theirs.
     roles.push(Role::Reader);
     roles.push(Role::Watcher);
+    roles.extend([Role::Elector, Role::Elector]);
     (spares, roles)
 }
 
@@ -524,6 +527,7 @@ fn start_clients(sim: &mut turmoil::Sim<'_>, plan: &Plan, recorder: &Recorder) -
             Role::Keeper => sim.client(format!("c{client}"), workload::keeper_client(ctx)),
             Role::Reader => sim.client(format!("c{client}"), workload::reader_client(ctx)),
             Role::Watcher => sim.client(format!("c{client}"), workload::watcher_client(ctx)),
+            Role::Elector => sim.client(format!("c{client}"), workload::elector_client(ctx)),
             Role::Admin { spare, victim } => {
                 // Changes begin well before the heal; faults may hold the last of them up past it, and
                 // liveness is then judged from after it (see `judge`).

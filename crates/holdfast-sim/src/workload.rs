@@ -26,6 +26,8 @@ pub const KEPT_PREFIX: &str = "kept-";
 pub const MODEL_TTL_MS: u64 = 3_600_000;
 /// The TTL of a one-call client's hold on the fenced lock: short, so that stalled holders lose it.
 pub const FENCED_TTL_MS: u64 = 1_000;
+/// The election the elector clients campaign in.
+pub const ELECTION: &str = "elected";
 /// The lease of a session client: long enough to outlive a leader's failover (an election takes about
 /// half a second after the old leader's lease of about 0.4 s).
 pub const SESSION_LEASE: Duration = Duration::from_secs(2);
@@ -258,6 +260,38 @@ pub async fn watcher_client(ctx: Ctx) -> turmoil::Result {
             }
             Err(_) => break,
         }
+    }
+    Ok(())
+}
+
+/// An elector on the client library: campaigns in [`ELECTION`] (`Client::campaign_with_lease`, giving up
+/// after a while), leads for a while or until its leadership is lost, and resigns; records each campaign as
+/// a waiting acquire and each leadership as a span it believed it led, by its own clock, so that the
+/// checkers of locks judge elections too (one leader at a time, fences that grow, liveness).
+pub async fn elector_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    let client = library_client(&ctx, ctx.nodes.clone())?;
+    let call = Call::Acquire { ttl_ms: 0, wait: true };
+    while now() < ctx.stop_at {
+        let invoked = now();
+        let campaign = client.campaign_with_lease(ELECTION, SESSION_LEASE, format!("c{}", ctx.client));
+        match tokio::time::timeout(Duration::from_millis(rng.gen_range(500..3_000)), campaign).await {
+            Ok(Ok(leadership)) => {
+                let (fence, from) = (leadership.fence(), now());
+                ctx.recorder.op(ctx.client, ELECTION, call, invoked, Some(from), Outcome::Granted { fence });
+                let (lead, lost) = (Duration::from_millis(rng.gen_range(50..1_500)), leadership.lost());
+                tokio::select! {
+                    _ = tokio::time::sleep(lead) => {}
+                    _ = lost.cancelled() => {}
+                }
+                let until = now().min(at_of(leadership.confirmed_until()));
+                ctx.recorder.hold(ctx.client, ELECTION, fence, from, until);
+                let _ = leadership.resign().await;
+            }
+            Ok(Err(_)) => ctx.recorder.op(ctx.client, ELECTION, call, invoked, None, Outcome::Unknown),
+            Err(_) => ctx.recorder.op(ctx.client, ELECTION, call, invoked, Some(now()), Outcome::Busy { holder: None }),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
     }
     Ok(())
 }
