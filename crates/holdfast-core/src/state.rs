@@ -1342,19 +1342,21 @@ mod tests {
         applied_index: u64,
     }
 
+    /// An acquire of `name` by owner `w`, waiting up to a minute if it is held.
+    fn acquire(name: &str, token: u128, session: Option<SessionId>) -> Command {
+        Command::Acquire(Acquire {
+            name: name.into(),
+            owner: "w".into(),
+            token: Token(token),
+            ttl_ms: 5_000,
+            wait_ms: 60_000,
+            session,
+        })
+    }
+
     #[test]
     fn a_snapshot_has_the_bytes_ordered_maps_gave_it() {
         let mut state = LockState::new();
-        let acquire = |name: &str, token: u128, session: Option<SessionId>| {
-            Command::Acquire(Acquire {
-                name: name.into(),
-                owner: "w".into(),
-                token: Token(token),
-                ttl_ms: 5_000,
-                wait_ms: 60_000,
-                session,
-            })
-        };
         let commands = [
             Command::OpenSession {
                 id: 7,
@@ -1421,16 +1423,6 @@ mod tests {
     #[test]
     fn snapshots_of_formats_3_and_2_restore_with_revisions_at_their_index() {
         let mut state = LockState::new();
-        let acquire = |name: &str, token: u128, session: Option<SessionId>| {
-            Command::Acquire(Acquire {
-                name: name.into(),
-                owner: "w".into(),
-                token: Token(token),
-                ttl_ms: 5_000,
-                wait_ms: 60_000,
-                session,
-            })
-        };
         let open = Command::OpenSession {
             id: 7,
             owner: "s".into(),
