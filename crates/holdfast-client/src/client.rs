@@ -22,9 +22,7 @@ use crate::watch::Watch;
 /// One-shot `SetValue` through `pool` (also what a session's [`HeldLock::set_value`] uses).
 pub(crate) async fn set_value_on(pool: &Pool, name: &str, token: &str, value: Vec<u8>) -> Result<Hold, Error> {
     let request = SetValueRequest { name: name.to_owned(), token: token.to_owned(), value };
-    let kind = CallKind::SetValue(request);
-    match pool.call("set value", pool.retry(Duration::ZERO), |i, client| pool.one_shot(i, client, kind.clone())).await?
-    {
+    match pool.call_one_shot("set value", pool.retry(Duration::ZERO), CallKind::SetValue(request)).await? {
         ResultKind::Hold(hold) => Ok(hold.into()),
         other => Err(unexpected("set value", &other)),
     }
@@ -393,8 +391,7 @@ impl Client {
 
     /// One-shot call `kind`, on the `Calls` stream of one endpoint after another as `plan` says.
     async fn one_shot(&self, what: &str, plan: Retry, kind: CallKind) -> Result<ResultKind, Error> {
-        let pool = &self.pool;
-        pool.call(what, plan, |i, client| pool.one_shot(i, client, kind.clone())).await
+        self.pool.call_one_shot(what, plan, kind).await
     }
 
     /// Takes the lock `name` for `ttl` (renew before it runs out), as this client's owner. With a non-zero

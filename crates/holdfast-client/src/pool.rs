@@ -242,6 +242,11 @@ impl Pool {
         LocksClient::with_interceptor(channel.clone(), ApiKey(self.config.api_key.clone()))
     }
 
+    /// One-shot call `kind`, on the `Calls` stream of one endpoint after another as `plan` says.
+    pub(crate) async fn call_one_shot(&self, what: &str, plan: Retry, kind: CallKind) -> Result<ResultKind, Error> {
+        self.call(what, plan, |i, client| self.one_shot(i, client, kind.clone())).await
+    }
+
     /// Makes one-shot call `kind` to endpoint `i` (whose client is `client`): on the endpoint's `Calls`
     /// stream, opened on first use, or as a unary call if the node has no such stream.
     pub(crate) async fn one_shot(&self, i: usize, client: NodeClient, kind: CallKind) -> Result<ResultKind, Error> {

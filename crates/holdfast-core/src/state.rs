@@ -1354,16 +1354,16 @@ mod tests {
         })
     }
 
+    /// Session 7 opened with secret 5.
+    fn open_session_7() -> Command {
+        Command::OpenSession { id: 7, owner: "s".into(), lease_ms: 2_000, secret: SessionSecret(Token(5)).digest() }
+    }
+
     #[test]
     fn a_snapshot_has_the_bytes_ordered_maps_gave_it() {
         let mut state = LockState::new();
         let commands = [
-            Command::OpenSession {
-                id: 7,
-                owner: "s".into(),
-                lease_ms: 2_000,
-                secret: SessionSecret(Token(5)).digest(),
-            },
+            open_session_7(),
             Command::CreateKey { tenant: 3, hash: [9; 32] },
             acquire("b", 1, None),
             acquire("a", 2, Some(7)),
@@ -1392,12 +1392,7 @@ mod tests {
     #[test]
     fn a_snapshot_written_and_read_as_a_stream_is_the_same_snapshot() {
         let mut state = LockState::new();
-        let open = Command::OpenSession {
-            id: 7,
-            owner: "s".into(),
-            lease_ms: 2_000,
-            secret: SessionSecret(Token(5)).digest(),
-        };
+        let open = open_session_7();
         state.apply(1, &Entry { at_ms: 1_000, cmd: open });
         let mut written = Vec::new();
         state.write_snapshot(&mut written).unwrap();
@@ -1423,12 +1418,7 @@ mod tests {
     #[test]
     fn snapshots_of_formats_3_and_2_restore_with_revisions_at_their_index() {
         let mut state = LockState::new();
-        let open = Command::OpenSession {
-            id: 7,
-            owner: "s".into(),
-            lease_ms: 2_000,
-            secret: SessionSecret(Token(5)).digest(),
-        };
+        let open = open_session_7();
         let commands = [open, acquire("a", 1, None), acquire("a", 2, Some(7)), acquire("b", 3, None)];
         for (i, cmd) in commands.into_iter().enumerate() {
             state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });

@@ -347,7 +347,7 @@ pub struct WatchNote {
 pub struct WatchStream {
     api: Arc<Api>,
     scope: Scope,
-    what: crate::apply::events::Watched,
+    what: crate::apply::events::WatchTarget,
     id: u64,
     first: std::collections::VecDeque<Watched>,
     changes: tokio::sync::mpsc::Receiver<crate::apply::events::LockChange>,
@@ -358,7 +358,7 @@ pub async fn watch_stream(api: &Arc<Api>, scope: &Scope, name: String, after: u6
     check_name(&name)?;
     let inner = scope.inner(&name);
     api.route.caught_up().await.map_err(|e| scope.error(e.into()))?;
-    let what = crate::apply::events::Watched::Lock(inner.clone());
+    let what = crate::apply::events::WatchTarget::Lock(inner.clone());
     let state = crate::state::read(&api.state);
     let revision = state.revision(&inner);
     let first = watched(&state, scope, &name, &inner, revision, revision != after);
@@ -382,7 +382,7 @@ pub async fn watch_prefix_stream(
     }
     let inner = scope.inner(&prefix);
     api.route.caught_up().await.map_err(|e| scope.error(e.into()))?;
-    let what = crate::apply::events::Watched::Prefix(inner.clone());
+    let what = crate::apply::events::WatchTarget::Prefix(inner.clone());
     let state = crate::state::read(&api.state);
     if after > 0 && after < state.forgotten_through() {
         let detail = format!(

@@ -44,7 +44,7 @@ pub struct LockChange {
 
 /// What a watch stream follows: one lock, or every lock whose name starts with a prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Watched {
+pub enum WatchTarget {
     Lock(String),
     Prefix(String),
 }
@@ -143,11 +143,11 @@ impl Inner {
     /// The watch streams `what` is kept among, and its key there.
     fn streams_of<'a>(
         &mut self,
-        what: &'a Watched,
+        what: &'a WatchTarget,
     ) -> (&mut BTreeMap<String, BTreeMap<u64, mpsc::Sender<LockChange>>>, &'a str) {
         match what {
-            Watched::Lock(name) => (&mut self.lock_streams, name),
-            Watched::Prefix(prefix) => (&mut self.prefix_streams, prefix),
+            WatchTarget::Lock(name) => (&mut self.lock_streams, name),
+            WatchTarget::Prefix(prefix) => (&mut self.prefix_streams, prefix),
         }
     }
 
@@ -257,7 +257,7 @@ impl Events {
     /// Registers a watch stream of `what`: sent a lock's state after every command that changes it (the
     /// lock, or any lock under the prefix) from now on. The caller holds the state's read lock, having read
     /// the state the stream starts from. The number answered is for [`Events::unwatch_stream`].
-    pub fn watch_stream(&self, what: &Watched) -> (u64, mpsc::Receiver<LockChange>) {
+    pub fn watch_stream(&self, what: &WatchTarget) -> (u64, mpsc::Receiver<LockChange>) {
         let (tx, rx) = mpsc::channel(WATCH_STREAM_BACKLOG);
         let mut inner = self.lock();
         let id = inner.next_lock_watcher;
@@ -269,7 +269,7 @@ impl Events {
     }
 
     /// Forgets watch stream `id` of `what`.
-    pub fn unwatch_stream(&self, what: &Watched, id: u64) {
+    pub fn unwatch_stream(&self, what: &WatchTarget, id: u64) {
         let mut inner = self.lock();
         let (streams, key) = inner.streams_of(what);
         let Some(of_key) = streams.get_mut(key) else { return };

@@ -189,8 +189,7 @@ impl Router {
         id: SessionId,
         attach: impl FnOnce(&SessionView) -> T,
     ) -> Result<Option<(SessionView, T)>, NodeError> {
-        let index = self.read_index().await?;
-        self.wait_applied(index).await?;
+        self.caught_up().await?;
         let state = crate::state::read(&self.state);
         Ok(state.session(id).map(|view| {
             let attached = attach(&view);
