@@ -184,6 +184,12 @@ pub enum Command {
     /// The holder `token` of `name` publishes `value` in place of the lock's value: the fence stays, the
     /// lock's revision moves to this entry.
     SetValue { name: String, token: Token, value: Vec<u8> },
+    /// Take a lock, or queue for it, as [`Command::AcquireValued`] does, with a lock-delay: if the grant
+    /// ends by expiry (its TTL ran out, or its session's lease did), nobody is granted the lock for
+    /// `lock_delay_ms` of log time after that expiry; a clean release or session close frees it at once.
+    /// At most [`limits::LOCK_DELAY_MS_MAX`](crate::limits::LOCK_DELAY_MS_MAX). Proposed only with a
+    /// nonzero delay. (After `SetValue`, so that the variants before it keep their encoding in stored logs.)
+    AcquireDelayed { acquire: Acquire, value: Vec<u8>, lock_delay_ms: u64 },
 }
 
 impl Command {
@@ -192,6 +198,7 @@ impl Command {
         match self {
             Command::Acquire(Acquire { name, .. })
             | Command::AcquireValued { acquire: Acquire { name, .. }, .. }
+            | Command::AcquireDelayed { acquire: Acquire { name, .. }, .. }
             | Command::SetValue { name, .. }
             | Command::Release { name, .. }
             | Command::Renew { name, .. }
@@ -213,13 +220,23 @@ impl Command {
         self.acquire().is_some()
     }
 
-    /// The acquire a [`Command::Acquire`] or [`Command::AcquireValued`] makes, with the value its grant
-    /// publishes (empty for a plain `Acquire`).
+    /// The acquire a [`Command::Acquire`], [`Command::AcquireValued`] or [`Command::AcquireDelayed`] makes,
+    /// with the value its grant publishes (empty for a plain `Acquire`).
     pub fn acquire(&self) -> Option<(&Acquire, &[u8])> {
         match self {
             Command::Acquire(acquire) => Some((acquire, &[])),
-            Command::AcquireValued { acquire, value } => Some((acquire, value)),
+            Command::AcquireValued { acquire, value } | Command::AcquireDelayed { acquire, value, .. } => {
+                Some((acquire, value))
+            }
             _ => None,
+        }
+    }
+
+    /// The lock-delay an acquire asks for (0: none, and for every other command).
+    pub fn lock_delay_ms(&self) -> u64 {
+        match self {
+            Command::AcquireDelayed { lock_delay_ms, .. } => *lock_delay_ms,
+            _ => 0,
         }
     }
 }

@@ -31,6 +31,9 @@ pub const VALUE_LEN_MAX: usize = 1024;
 pub const FREED_KEEP_MS: u64 = 10 * 60 * 1000;
 /// Frees (of any lock) remembered at once: past it, the oldest is forgotten first.
 pub const FREED_MAX: usize = 100_000;
+/// Longest lock-delay an acquire may ask for (1 hour): after its hold expires, the lock stays ungranted
+/// this long. Front doors set a tighter, configurable bound.
+pub const LOCK_DELAY_MS_MAX: u64 = 3600 * 1000;
 /// Most commands in one [`Command::Batch`](crate::Command::Batch) entry.
 pub const BATCH_MAX: usize = 256;
 

@@ -16,15 +16,27 @@ pub enum Lease {
     Ttl { ttl_ms: u64, expires_at_ms: u64 },
     /// As long as the session lives.
     Session(SessionId),
+    /// Not held: the hold expired (its TTL or its session's lease ran out) with a lock-delay, and nobody
+    /// is granted the lock before `free_at_ms` (leader time). The holder shown is the one that expired;
+    /// it holds nothing. (Last, so that the variants before it keep their encoding.)
+    Delayed { free_at_ms: u64 },
 }
 
 impl Lease {
     /// The advertised end of a TTL hold; `None` for a session's hold, whose end only the leader's
-    /// in-memory lease keeper knows.
+    /// in-memory lease keeper knows, and for a lock-delay.
     pub fn expires_at_ms(&self) -> Option<u64> {
         match self {
             Lease::Ttl { expires_at_ms, .. } => Some(*expires_at_ms),
-            Lease::Session(_) => None,
+            Lease::Session(_) | Lease::Delayed { .. } => None,
+        }
+    }
+
+    /// When a lock in its lock-delay becomes grantable again; `None` for a live hold.
+    pub fn free_at_ms(&self) -> Option<u64> {
+        match self {
+            Lease::Delayed { free_at_ms } => Some(*free_at_ms),
+            Lease::Ttl { .. } | Lease::Session(_) => None,
         }
     }
 }
@@ -191,6 +203,9 @@ pub enum Reject {
     /// A value longer than [`limits::VALUE_LEN_MAX`] bytes.
     #[error("a value of {0} bytes is longer than {max} bytes", max = limits::VALUE_LEN_MAX)]
     ValueTooLong(usize),
+    /// A lock-delay longer than [`limits::LOCK_DELAY_MS_MAX`].
+    #[error("lock-delay {0} ms is longer than {max} ms", max = limits::LOCK_DELAY_MS_MAX)]
+    InvalidLockDelay(u64),
 }
 
 /// An open session and its claims.
@@ -238,11 +253,20 @@ pub struct Applied {
     pub ended: Vec<(String, u64)>,
     /// Every waiter the entry removed from a queue without granting it, by name and token.
     pub dropped: Vec<(String, Token)>,
+    /// Every lock-delay the entry began: the lock, the fence of the hold that expired, and the delay in ms.
+    pub delayed: Vec<(String, u64, u64)>,
 }
 
 impl Applied {
     fn new(at_ms: u64) -> Self {
-        Applied { at_ms, outcome: Outcome::Withdrawn, grants: Vec::new(), ended: Vec::new(), dropped: Vec::new() }
+        Applied {
+            at_ms,
+            outcome: Outcome::Withdrawn,
+            grants: Vec::new(),
+            ended: Vec::new(),
+            dropped: Vec::new(),
+            delayed: Vec::new(),
+        }
     }
 }
 
@@ -277,6 +301,15 @@ struct Holder {
     granted_at_ms: u64,
     lease: Lease,
     value: Vec<u8>,
+    /// How long the lock stays ungranted if this hold expires (0: not at all).
+    lock_delay_ms: u64,
+}
+
+impl Holder {
+    /// Whether `token` holds the lock now: the holder's, and not an expired hold in its lock-delay.
+    fn holds(&self, token: Token) -> bool {
+        self.token == token && self.lease.free_at_ms().is_none()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -291,10 +324,13 @@ struct Waiter {
     session: Option<SessionId>,
     /// The value its grant will publish.
     value: Vec<u8>,
+    /// The lock-delay its grant will carry.
+    lock_delay_ms: u64,
 }
 
-/// A lock exists while it is held; a lock with waiters is always held (a release hands it over in the
-/// same entry), so there is no "free lock with a queue".
+/// A lock exists while it is held or in its lock-delay ([`Lease::Delayed`]); a lock with waiters is always
+/// one or the other (a release hands it over in the same entry, and so does the entry that ends a
+/// lock-delay), so there is no "free lock with a queue".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Lock {
     holder: Holder,
@@ -438,10 +474,12 @@ pub enum SnapshotError {
     Write(#[source] bincode::Error),
 }
 
-/// Format 4: the state with values, revisions and freed locks, then the sessions' secret digests
-/// ([`SessionSecrets`]). Format 3 (the state without values, revisions or freed locks, then the digests)
-/// and format 2 (without digests) still restore, through [`before_values`].
-const SNAPSHOT_FORMAT: u32 = 4;
+/// Format 5: the state with lock-delays, values, revisions and freed locks, then the sessions' secret
+/// digests ([`SessionSecrets`]). Format 4 (without lock-delays) restores through [`before_delays`]; format
+/// 3 (the state without values, revisions or freed locks, then the digests) and format 2 (without digests)
+/// through [`before_values`].
+const SNAPSHOT_FORMAT: u32 = 5;
+const SNAPSHOT_FORMAT_WITHOUT_DELAYS: u32 = 4;
 const SNAPSHOT_FORMAT_WITHOUT_VALUES: u32 = 3;
 const SNAPSHOT_FORMAT_WITHOUT_SECRETS: u32 = 2;
 
@@ -497,6 +535,7 @@ mod before_values {
                     granted_at_ms: holder.granted_at_ms,
                     lease: holder.lease,
                     value: Vec::new(),
+                    lock_delay_ms: 0,
                 };
                 let waiters = waiters
                     .into_iter()
@@ -508,6 +547,7 @@ mod before_values {
                         wait_until_ms: w.wait_until_ms,
                         session: w.session,
                         value: Vec::new(),
+                        lock_delay_ms: 0,
                     })
                     .collect();
                 Arc::new(Lock { holder, waiters, revision })
@@ -522,6 +562,101 @@ mod before_values {
                 freed: Default::default(),
                 frees: Default::default(),
                 forgotten_through: 0,
+            }
+        }
+    }
+}
+
+/// The state as snapshot format 4 encoded it: no lock-delays.
+mod before_delays {
+    use std::collections::{BTreeMap, VecDeque};
+    use std::sync::Arc;
+
+    use serde::Deserialize;
+
+    use super::{Lease, Lock, SessionId, Token};
+
+    #[derive(Deserialize)]
+    struct Holder {
+        owner: String,
+        token: Token,
+        fence: u64,
+        granted_at_ms: u64,
+        lease: Lease,
+        value: Vec<u8>,
+    }
+
+    #[derive(Deserialize)]
+    struct Waiter {
+        owner: String,
+        token: Token,
+        ttl_ms: u64,
+        queued_at_ms: u64,
+        wait_until_ms: u64,
+        session: Option<SessionId>,
+        value: Vec<u8>,
+    }
+
+    #[derive(Deserialize)]
+    struct Lock4 {
+        holder: Holder,
+        waiters: VecDeque<Waiter>,
+        revision: u64,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct LockState {
+        locks: BTreeMap<String, Lock4>,
+        sessions: BTreeMap<SessionId, super::Session>,
+        keys: BTreeMap<u64, ([u8; 32], u64)>,
+        key_tenants: BTreeMap<[u8; 32], u64>,
+        freed: BTreeMap<String, u64>,
+        frees: Vec<(u64, u64, String)>,
+        forgotten_through: u64,
+        now_ms: u64,
+        applied_index: u64,
+    }
+
+    impl LockState {
+        /// The state as this build keeps it: every hold and waiter without a lock-delay.
+        pub(super) fn into_current(self) -> super::LockState {
+            let lock = |l: Lock4| {
+                let h = l.holder;
+                let holder = super::Holder {
+                    owner: h.owner,
+                    token: h.token,
+                    fence: h.fence,
+                    granted_at_ms: h.granted_at_ms,
+                    lease: h.lease,
+                    value: h.value,
+                    lock_delay_ms: 0,
+                };
+                let waiters = l
+                    .waiters
+                    .into_iter()
+                    .map(|w| super::Waiter {
+                        owner: w.owner,
+                        token: w.token,
+                        ttl_ms: w.ttl_ms,
+                        queued_at_ms: w.queued_at_ms,
+                        wait_until_ms: w.wait_until_ms,
+                        session: w.session,
+                        value: w.value,
+                        lock_delay_ms: 0,
+                    })
+                    .collect();
+                Arc::new(Lock { holder, waiters, revision: l.revision })
+            };
+            super::LockState {
+                locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
+                sessions: self.sessions.into_iter().collect(),
+                keys: self.keys,
+                key_tenants: self.key_tenants,
+                freed: self.freed.into_iter().collect(),
+                frees: self.frees.into_iter().collect(),
+                forgotten_through: self.forgotten_through,
+                now_ms: self.now_ms,
+                applied_index: self.applied_index,
             }
         }
     }
@@ -564,6 +699,7 @@ impl LockState {
             all.grants.extend_from_slice(&applied.grants);
             all.ended.extend_from_slice(&applied.ended);
             all.dropped.extend_from_slice(&applied.dropped);
+            all.delayed.extend_from_slice(&applied.delayed);
         });
         Applied { at_ms: self.now_ms, outcome, ..all }
     }
@@ -662,8 +798,11 @@ impl LockState {
                 }
                 None => Outcome::Rejected(Reject::NoKey(*tenant)),
             },
-            Command::Acquire(acquire) => self.acquire(acquire, &[], &mut applied),
-            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, &mut applied),
+            Command::Acquire(acquire) => self.acquire(acquire, &[], 0, &mut applied),
+            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, 0, &mut applied),
+            Command::AcquireDelayed { acquire, value, lock_delay_ms } => {
+                self.acquire(acquire, value, *lock_delay_ms, &mut applied)
+            }
             Command::SetValue { name, token, value } => self.set_value(name, *token, value),
             Command::Release { name, token } => {
                 match self.locks.get(name.as_str()).map(|l| (l.holder.token, l.holder.lease)) {
@@ -682,7 +821,7 @@ impl LockState {
                 self.open_session(*id, owner, *lease_ms, Some(*secret))
             }
             Command::OpenSessionWithoutSecret { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms, None),
-            Command::CloseSession { id } => match self.close_session(*id, &BTreeSet::new(), &mut applied) {
+            Command::CloseSession { id } => match self.close_session(*id, &BTreeSet::new(), false, &mut applied) {
                 true => Outcome::SessionClosed { id: *id },
                 false => Outcome::Rejected(Reject::NoSession(*id)),
             },
@@ -692,12 +831,13 @@ impl LockState {
         };
         if let Outcome::Rejected(_) = outcome {
             assert!(applied.grants.is_empty() && applied.ended.is_empty() && applied.dropped.is_empty());
+            assert!(applied.delayed.is_empty());
         }
         applied.outcome = outcome;
         applied
     }
 
-    fn acquire(&mut self, a: &Acquire, value: &[u8], applied: &mut Applied) -> Outcome {
+    fn acquire(&mut self, a: &Acquire, value: &[u8], lock_delay_ms: u64, applied: &mut Applied) -> Outcome {
         if !limits::valid_name(&a.name) {
             return Outcome::Rejected(Reject::InvalidName);
         }
@@ -706,6 +846,9 @@ impl LockState {
         }
         if value.len() > limits::VALUE_LEN_MAX {
             return Outcome::Rejected(Reject::ValueTooLong(value.len()));
+        }
+        if lock_delay_ms > limits::LOCK_DELAY_MS_MAX {
+            return Outcome::Rejected(Reject::InvalidLockDelay(lock_delay_ms));
         }
         if a.session.is_none() && !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&a.ttl_ms) {
             return Outcome::Rejected(Reject::InvalidTtl(a.ttl_ms));
@@ -748,6 +891,7 @@ impl LockState {
                     granted_at_ms: at,
                     lease,
                     value: value.to_vec(),
+                    lock_delay_ms,
                 };
                 let grant = grant_of(&a.name, &holder);
                 self.locks.insert(a.name.clone(), Arc::new(Lock { holder, waiters: VecDeque::new(), revision: index }));
@@ -775,6 +919,7 @@ impl LockState {
                     },
                     session: a.session,
                     value: value.to_vec(),
+                    lock_delay_ms,
                 });
                 lock.revision = index;
                 Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
@@ -789,9 +934,9 @@ impl LockState {
 
     fn release(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
         match self.locks.get(name) {
-            Some(lock) if lock.holder.token == token => {
+            Some(lock) if lock.holder.holds(token) => {
                 let fence = lock.holder.fence;
-                self.end_hold(name, &BTreeSet::new(), applied);
+                self.end_hold(name, &BTreeSet::new(), false, applied);
                 Outcome::Released { name: name.to_owned(), fence }
             }
             lock => {
@@ -807,7 +952,7 @@ impl LockState {
         }
         let (at, index) = (self.now_ms, self.applied_index);
         let lock = match lock_mut(&mut self.locks, name) {
-            Some(lock) if lock.holder.token == token => lock,
+            Some(lock) if lock.holder.holds(token) => lock,
             lock => {
                 return Outcome::Rejected(Reject::NotHolder {
                     name: name.to_owned(),
@@ -817,6 +962,7 @@ impl LockState {
         };
         match lock.holder.lease {
             Lease::Session(_) => Outcome::Rejected(Reject::SessionHold { name: name.to_owned() }),
+            Lease::Delayed { .. } => unreachable!("an expired hold is nobody's"),
             // Once the advertised end has passed, the holder (counting from when it sent its last
             // request) already considers the lock lost; reviving it would make its view disagree.
             Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms => {
@@ -839,7 +985,7 @@ impl LockState {
         }
         let (at, index) = (self.now_ms, self.applied_index);
         let lock = match lock_mut(&mut self.locks, name) {
-            Some(lock) if lock.holder.token == token => lock,
+            Some(lock) if lock.holder.holds(token) => lock,
             lock => {
                 return Outcome::Rejected(Reject::NotHolder {
                     name: name.to_owned(),
@@ -860,7 +1006,7 @@ impl LockState {
         let Some(lock) = lock_mut(&mut self.locks, name) else {
             return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: None });
         };
-        if lock.holder.token == token {
+        if lock.holder.holds(token) {
             return self.release(name, token, applied);
         }
         let Some(i) = lock.waiters.iter().position(|w| w.token == token) else {
@@ -894,8 +1040,15 @@ impl LockState {
         Outcome::SessionOpened { id }
     }
 
-    /// Ends session `id`, handing over its locks. False if it was not open.
-    fn close_session(&mut self, id: SessionId, ending: &BTreeSet<SessionId>, applied: &mut Applied) -> bool {
+    /// Ends session `id`, handing over its locks (or, if its lease `expired`, beginning the lock-delays its
+    /// holds asked for). False if it was not open.
+    fn close_session(
+        &mut self,
+        id: SessionId,
+        ending: &BTreeSet<SessionId>,
+        expired: bool,
+        applied: &mut Applied,
+    ) -> bool {
         let Some(claims) = self.sessions.get(&id).map(|s| s.claims.clone()) else {
             return false;
         };
@@ -903,7 +1056,7 @@ impl LockState {
         for name in &claims {
             let lock = lock_mut(&mut self.locks, name).expect("a session's claim names an existing lock");
             if lock.holder.lease == Lease::Session(id) {
-                self.end_hold(name, ending, applied);
+                self.end_hold(name, ending, expired, applied);
             } else {
                 let i = lock.waiters.iter().position(|w| w.session == Some(id));
                 let waiter = lock.waiters.remove(i.expect("a claim that is not a hold is a wait"));
@@ -926,14 +1079,16 @@ impl LockState {
             expire.sessions.iter().copied().filter(|id| self.sessions.contains_key(id)).collect();
         let (mut locks, mut waiters, mut sessions) = (0, 0, 0);
         for (name, fence) in &expire.locks {
-            let due = self.locks.get(name).is_some_and(|lock| {
-                lock.holder.fence == *fence
-                    && matches!(lock.holder.lease, Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms)
-            });
-            if due {
-                self.end_hold(name, &ending, applied);
-                locks += 1;
+            let Some(lease) = self.locks.get(name).filter(|lock| lock.holder.fence == *fence).map(|l| l.holder.lease)
+            else {
+                continue;
+            };
+            match lease {
+                Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms => self.end_hold(name, &ending, true, applied),
+                Lease::Delayed { free_at_ms } if at >= free_at_ms => self.grant_next(name, &ending, applied),
+                _ => continue,
             }
+            locks += 1;
         }
         for (name, token) in &expire.waiters {
             let Some(lock) = lock_mut(&mut self.locks, name) else {
@@ -948,24 +1103,44 @@ impl LockState {
             }
         }
         for id in &expire.sessions {
-            if self.close_session(*id, &ending, applied) {
+            if self.close_session(*id, &ending, true, applied) {
                 sessions += 1;
             }
         }
         Outcome::Expired { locks, waiters, sessions }
     }
 
-    /// Ends the hold on `name` and grants the lock to the first waiter still waiting, in this same entry.
-    /// Removes the lock if nobody waits.
-    fn end_hold(&mut self, name: &str, ending: &BTreeSet<SessionId>, applied: &mut Applied) {
+    /// Ends the hold on `name`. If it `expired` and asked for a lock-delay, the lock stays ungranted until
+    /// the delay has passed, its waiters in their places; else the lock goes to the first waiter still
+    /// waiting, in this same entry ([`LockState::grant_next`]).
+    fn end_hold(&mut self, name: &str, ending: &BTreeSet<SessionId>, expired: bool, applied: &mut Applied) {
         let (at, index) = (self.now_ms, self.applied_index);
         let lock = lock_mut(&mut self.locks, name).expect("ending a hold on an existing lock");
-        let old = lock.holder.fence;
+        let fence = lock.holder.fence;
         lock.revision = index;
-        applied.ended.push((name.to_owned(), old));
+        applied.ended.push((name.to_owned(), fence));
         if let Lease::Session(id) = lock.holder.lease {
             self.sessions.get_mut(&id).expect("a holder's session is open").claims.remove(name);
         }
+        let delay = lock.holder.lock_delay_ms;
+        if expired && delay > 0 {
+            // What the holder published goes with it: nobody leads a lock in its delay.
+            lock.holder.lease = Lease::Delayed { free_at_ms: at.saturating_add(delay) };
+            lock.holder.value = Vec::new();
+            applied.delayed.push((name.to_owned(), fence, delay));
+            return;
+        }
+        self.grant_next(name, ending, applied);
+    }
+
+    /// Grants `name`, whose hold just ended or whose lock-delay just passed, to the first waiter still
+    /// waiting (dropping the ones whose wait ran out or whose session ends in this entry). Removes the lock
+    /// if nobody waits.
+    fn grant_next(&mut self, name: &str, ending: &BTreeSet<SessionId>, applied: &mut Applied) {
+        let (at, index) = (self.now_ms, self.applied_index);
+        let lock = lock_mut(&mut self.locks, name).expect("granting an existing lock");
+        let old = lock.holder.fence;
+        lock.revision = index;
         while let Some(waiter) = lock.waiters.pop_front() {
             if waiter.session.is_none() && waiter.wait_until_ms <= at {
                 applied.dropped.push((name.to_owned(), waiter.token));
@@ -980,8 +1155,8 @@ impl LockState {
                 Some(id) => Lease::Session(id),
                 None => Lease::Ttl { ttl_ms: waiter.ttl_ms, expires_at_ms: at.saturating_add(waiter.ttl_ms) },
             };
-            let (owner, token, value) = (waiter.owner, waiter.token, waiter.value);
-            lock.holder = Holder { owner, token, fence: index, granted_at_ms: at, lease, value };
+            let (owner, token, value, lock_delay_ms) = (waiter.owner, waiter.token, waiter.value, waiter.lock_delay_ms);
+            lock.holder = Holder { owner, token, fence: index, granted_at_ms: at, lease, value, lock_delay_ms };
             assert!(index > old, "fences of lock {name:?} went from {old} to {index}");
             applied.grants.push(grant_of(name, &lock.holder));
             return;
@@ -1081,7 +1256,7 @@ impl LockState {
     /// The grant `token` holds on `name`, if it holds it now.
     pub fn grant(&self, name: &str, token: Token) -> Option<Grant> {
         let lock = self.locks.get(name)?;
-        (lock.holder.token == token).then(|| grant_of(name, &lock.holder))
+        lock.holder.holds(token).then(|| grant_of(name, &lock.holder))
     }
 
     /// Whether `token` is queued for `name`.
@@ -1093,7 +1268,16 @@ impl LockState {
     pub fn ttl_holds(&self) -> impl Iterator<Item = (&str, u64, u64, u64)> + '_ {
         self.locks.iter().filter_map(|(name, lock)| match lock.holder.lease {
             Lease::Ttl { ttl_ms, expires_at_ms } => Some((name.as_str(), lock.holder.fence, ttl_ms, expires_at_ms)),
-            Lease::Session(_) => None,
+            Lease::Session(_) | Lease::Delayed { .. } => None,
+        })
+    }
+
+    /// Every lock in its lock-delay: name, the fence of the hold that expired, the delay, and when the lock
+    /// becomes grantable. For the leader's lease keeper, which proposes the end of each.
+    pub fn lock_delays(&self) -> impl Iterator<Item = (&str, u64, u64, u64)> + '_ {
+        self.locks.iter().filter_map(|(name, lock)| {
+            let free_at_ms = lock.holder.lease.free_at_ms()?;
+            Some((name.as_str(), lock.holder.fence, lock.holder.lock_delay_ms, free_at_ms))
         })
     }
 
@@ -1223,6 +1407,10 @@ impl LockState {
         let format: u32 = bounded().deserialize_from(&mut input)?;
         let mut state = match format {
             SNAPSHOT_FORMAT => bounded().deserialize_from(&mut input)?,
+            SNAPSHOT_FORMAT_WITHOUT_DELAYS => {
+                let state: before_delays::LockState = bounded().deserialize_from(&mut input)?;
+                state.into_current()
+            }
             SNAPSHOT_FORMAT_WITHOUT_VALUES | SNAPSHOT_FORMAT_WITHOUT_SECRETS => {
                 let state: before_values::LockState = bounded().deserialize_from(&mut input)?;
                 state.into_current()
@@ -1269,10 +1457,17 @@ impl LockState {
             assert!(lock.holder.fence <= lock.revision, "revision of {name:?} is at or after its grant");
             assert!(lock.revision <= self.applied_index, "revision of {name:?} is not from the future");
             assert!(lock.holder.value.len() <= limits::VALUE_LEN_MAX);
+            assert!(lock.holder.lock_delay_ms <= limits::LOCK_DELAY_MS_MAX);
+            if let Lease::Delayed { free_at_ms } = lock.holder.lease {
+                assert!(lock.holder.lock_delay_ms > 0, "only a hold with a lock-delay leaves one");
+                assert!(free_at_ms <= self.now_ms + lock.holder.lock_delay_ms, "{name:?}'s delay began in the past");
+                assert!(lock.holder.value.is_empty(), "a lock in its delay publishes nothing");
+            }
             assert!(lock.waiters.len() <= limits::WAITERS_PER_LOCK_MAX);
             let mut tokens = BTreeSet::from([lock.holder.token]);
             for w in &lock.waiters {
                 assert!(tokens.insert(w.token), "tokens on {name:?} are unique");
+                assert!(w.lock_delay_ms <= limits::LOCK_DELAY_MS_MAX);
                 assert!(w.queued_at_ms <= self.now_ms, "waiters on {name:?} were queued in the past");
             }
             if let Lease::Session(id) = lock.holder.lease {
@@ -1408,7 +1603,7 @@ mod tests {
         let mut other_format = state.snapshot();
         other_format[0] ^= 0x10;
         let refused = LockState::read_snapshot(other_format.as_slice(), other_format.len() as u64);
-        assert!(matches!(refused, Err(SnapshotError::Format(20))));
+        assert!(matches!(refused, Err(SnapshotError::Format(f)) if f == SNAPSHOT_FORMAT ^ 0x10));
         let cut = &state.snapshot()[..10];
         assert!(matches!(LockState::read_snapshot(cut, 10), Err(SnapshotError::Decode(_))));
     }
@@ -1477,6 +1672,65 @@ mod tests {
         restored.check_invariants();
         let view = state.session(7).expect("open");
         assert_eq!(restored.session(7), Some(SessionView { secret: None, ..view }));
+    }
+
+    #[test]
+    fn a_snapshot_of_format_4_restores_with_no_lock_delays() {
+        let mut state = LockState::new();
+        let commands = [open_session_7(), acquire("a", 1, None), acquire("a", 2, Some(7)), acquire("b", 3, None)];
+        for (i, cmd) in commands.into_iter().enumerate() {
+            state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
+        }
+        state.apply(9, &Entry { at_ms: 2_000, cmd: Command::Release { name: "b".into(), token: Token(3) } });
+        // Format 4's encoding: holders and waiters without their lock-delays.
+        #[derive(Serialize)]
+        struct Format4<'a> {
+            locks: BTreeMap<&'a String, (OldHolder<'a>, Vec<OldWaiter<'a>>, u64)>,
+            sessions: BTreeMap<&'a SessionId, &'a Session>,
+            keys: &'a BTreeMap<u64, ([u8; 32], u64)>,
+            key_tenants: &'a BTreeMap<[u8; 32], u64>,
+            freed: BTreeMap<&'a String, &'a u64>,
+            frees: Vec<&'a (u64, u64, String)>,
+            forgotten_through: u64,
+            now_ms: u64,
+            applied_index: u64,
+        }
+        #[derive(Serialize)]
+        struct OldHolder<'a>(&'a String, Token, u64, u64, Lease, &'a Vec<u8>);
+        #[derive(Serialize)]
+        struct OldWaiter<'a>(&'a String, Token, u64, u64, u64, Option<SessionId>, &'a Vec<u8>);
+        let old = Format4 {
+            locks: state
+                .locks
+                .iter()
+                .map(|(name, lock)| {
+                    let h = &lock.holder;
+                    let holder = OldHolder(&h.owner, h.token, h.fence, h.granted_at_ms, h.lease, &h.value);
+                    let waiters = (lock.waiters.iter())
+                        .map(|w| {
+                            OldWaiter(&w.owner, w.token, w.ttl_ms, w.queued_at_ms, w.wait_until_ms, w.session, &w.value)
+                        })
+                        .collect();
+                    (name, (holder, waiters, lock.revision))
+                })
+                .collect(),
+            sessions: state.sessions.iter().collect(),
+            keys: &state.keys,
+            key_tenants: &state.key_tenants,
+            freed: state.freed.iter().collect(),
+            frees: state.frees.iter().collect(),
+            forgotten_through: state.forgotten_through,
+            now_ms: state.now_ms,
+            applied_index: state.applied_index,
+        };
+        let secrets = BTreeMap::from([(7u64, SessionSecret(Token(5)).digest())]);
+        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_DELAYS, &old, secrets)).unwrap();
+        let restored = LockState::restore(&bytes).expect("format 4 restores");
+        restored.check_invariants();
+        let mut expected = state.clone();
+        expected.sessions.get_mut(&7).expect("open").secret = Some(SessionSecret(Token(5)).digest());
+        assert_eq!(restored, expected);
+        assert_eq!(restored.revision("b"), 9, "the free of b is remembered");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! entry is never handed a lock in that same entry (its wait is dropped at the hand-over instead). See
 //! the `bug_expire_…` tests in `outcomes.rs`.
 
-use holdfast_core::limits::{FREED_KEEP_MS, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX};
+use holdfast_core::limits::{FREED_KEEP_MS, LOCK_DELAY_MS_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX};
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
     SessionId, SessionSecret, Token, WaiterView,
@@ -30,6 +30,8 @@ const TOKENS: u8 = 5;
 /// Values an acquire (one past the end: a plain `Acquire`) or a value change gives; the last is too long.
 const VALUES: [&[u8]; 4] = [b"", b"10.0.0.1:7070", &[0xff, 0, 7], &[b'x'; VALUE_LEN_MAX + 1]];
 const SESSIONS: SessionId = 3;
+/// Lock-delays an acquire asks for (0: a command without one); the last is too long.
+const DELAYS: [u64; 5] = [0, 0, 30, 500, LOCK_DELAY_MS_MAX + 1];
 
 fn token(t: u8) -> Token {
     Token((u128::from(t) << 64) | 0xabc)
@@ -45,6 +47,14 @@ struct MHolder {
     granted_at_ms: u64,
     lease: Lease,
     value: Vec<u8>,
+    lock_delay_ms: u64,
+}
+
+impl MHolder {
+    /// Whether `token` holds the lock now (not an expired hold in its lock-delay).
+    fn holds(&self, token: Token) -> bool {
+        self.token == token && !matches!(self.lease, Lease::Delayed { .. })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +67,7 @@ struct MWaiter {
     wait_until_ms: Option<u64>,
     session: Option<SessionId>,
     value: Vec<u8>,
+    lock_delay_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +98,7 @@ struct Effects {
     grants: Vec<Grant>,
     ended: Vec<(String, u64)>,
     dropped: Vec<(String, Token)>,
+    delayed: Vec<(String, u64, u64)>,
 }
 
 fn grant_of(name: &str, h: &MHolder) -> Grant {
@@ -192,7 +204,14 @@ impl Model {
             }
         }
         self.freed.retain(|(_, _, freed_at_ms)| freed_at_ms + FREED_KEEP_MS > now);
-        Applied { at_ms: self.now_ms, outcome, grants: fx.grants, ended: fx.ended, dropped: fx.dropped }
+        Applied {
+            at_ms: self.now_ms,
+            outcome,
+            grants: fx.grants,
+            ended: fx.ended,
+            dropped: fx.dropped,
+            delayed: fx.delayed,
+        }
     }
 
     /// Applies one command, then gives every lock it changed (or renewed, or set the value of) this
@@ -225,8 +244,11 @@ impl Model {
 
     fn apply_one(&mut self, cmd: &Command, fx: &mut Effects) -> Outcome {
         match cmd {
-            Command::Acquire(a) => self.acquire(a, &[], fx),
-            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, fx),
+            Command::Acquire(a) => self.acquire(a, &[], 0, fx),
+            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, 0, fx),
+            Command::AcquireDelayed { acquire, value, lock_delay_ms } => {
+                self.acquire(acquire, value, *lock_delay_ms, fx)
+            }
             Command::SetValue { name, token, value } => self.set_value(name, *token, value),
             Command::Release { name, token } => match self.lock(name) {
                 Some(l) if l.holder.token == *token && matches!(l.holder.lease, Lease::Session(_)) => {
@@ -248,7 +270,7 @@ impl Model {
                 }
             }
             Command::CloseSession { id } => {
-                if self.close(*id, &[*id], fx) {
+                if self.close(*id, &[*id], false, fx) {
                     Outcome::SessionClosed { id: *id }
                 } else {
                     Outcome::Rejected(Reject::NoSession(*id))
@@ -261,10 +283,13 @@ impl Model {
         }
     }
 
-    fn acquire(&mut self, a: &Acquire, value: &[u8], fx: &mut Effects) -> Outcome {
+    fn acquire(&mut self, a: &Acquire, value: &[u8], lock_delay_ms: u64, fx: &mut Effects) -> Outcome {
         // The generator only makes valid names, owners and waits.
         if value.len() > VALUE_LEN_MAX {
             return Outcome::Rejected(Reject::ValueTooLong(value.len()));
+        }
+        if lock_delay_ms > LOCK_DELAY_MS_MAX {
+            return Outcome::Rejected(Reject::InvalidLockDelay(lock_delay_ms));
         }
         if a.session.is_none() && !valid_ttl(a.ttl_ms) {
             return Outcome::Rejected(Reject::InvalidTtl(a.ttl_ms));
@@ -295,6 +320,7 @@ impl Model {
                         None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: now + a.ttl_ms },
                     },
                     value: value.to_vec(),
+                    lock_delay_ms,
                 };
                 let grant = grant_of(&a.name, &holder);
                 let at = self.locks.partition_point(|l| l.name < a.name);
@@ -319,6 +345,7 @@ impl Model {
                     wait_until_ms: a.session.is_none().then(|| now + a.wait_ms),
                     session: a.session,
                     value: value.to_vec(),
+                    lock_delay_ms,
                 });
                 Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
             }
@@ -327,9 +354,9 @@ impl Model {
 
     fn release(&mut self, name: &str, token: Token, ending: &[SessionId], fx: &mut Effects) -> Outcome {
         match self.lock(name) {
-            Some(l) if l.holder.token == token => {
+            Some(l) if l.holder.holds(token) => {
                 let fence = l.holder.fence;
-                self.end_hold(name, ending, fx);
+                self.end_hold(name, ending, false, fx);
                 Outcome::Released { name: name.to_owned(), fence }
             }
             _ => self.not_holder(name),
@@ -341,12 +368,13 @@ impl Model {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let now = self.now_ms;
-        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.token == token) else {
+        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.holds(token)) else {
             return self.not_holder(name);
         };
         let holder = &mut self.locks[i].holder;
         match holder.lease {
             Lease::Session(_) => Outcome::Rejected(Reject::SessionHold { name: name.to_owned() }),
+            Lease::Delayed { .. } => unreachable!("nobody holds a lock in its delay"),
             Lease::Ttl { expires_at_ms, .. } if now >= expires_at_ms => {
                 Outcome::Rejected(Reject::Expired { name: name.to_owned() })
             }
@@ -363,7 +391,7 @@ impl Model {
             return Outcome::Rejected(Reject::ValueTooLong(value.len()));
         }
         let now = self.now_ms;
-        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.token == token) else {
+        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.holds(token)) else {
             return self.not_holder(name);
         };
         let holder = &mut self.locks[i].holder;
@@ -378,7 +406,7 @@ impl Model {
         let Some(i) = self.find(name) else {
             return self.not_holder(name);
         };
-        if self.locks[i].holder.token == token {
+        if self.locks[i].holder.holds(token) {
             return self.release(name, token, &[], fx);
         }
         let Some(w) = self.locks[i].waiters.iter().position(|w| w.token == token) else {
@@ -389,9 +417,9 @@ impl Model {
         Outcome::Withdrawn
     }
 
-    /// Ends session `id`; `ending` lists every session that ends in this entry, none of which may be
-    /// handed a lock by it. False if `id` was not open.
-    fn close(&mut self, id: SessionId, ending: &[SessionId], fx: &mut Effects) -> bool {
+    /// Ends session `id` (by its lease running out if `expired`); `ending` lists every session that ends
+    /// in this entry, none of which may be handed a lock by it. False if `id` was not open.
+    fn close(&mut self, id: SessionId, ending: &[SessionId], expired: bool, fx: &mut Effects) -> bool {
         if !self.is_open(id) {
             return false;
         }
@@ -399,7 +427,7 @@ impl Model {
         for name in names {
             let i = self.find(&name).expect("only hand-overs change locks here");
             if self.locks[i].holder.lease == Lease::Session(id) {
-                self.end_hold(&name, ending, fx);
+                self.end_hold(&name, ending, expired, fx);
             } else if let Some(w) = self.locks[i].waiters.iter().position(|w| w.session == Some(id)) {
                 let waiter = self.locks[i].waiters.remove(w);
                 fx.dropped.push((name, waiter.token));
@@ -414,14 +442,14 @@ impl Model {
         let ending: Vec<SessionId> = e.sessions.iter().copied().filter(|id| self.is_open(*id)).collect();
         let (mut locks, mut waiters, mut sessions) = (0, 0, 0);
         for (name, fence) in &e.locks {
-            let due = self.lock(name).is_some_and(|l| {
-                l.holder.fence == *fence
-                    && matches!(l.holder.lease, Lease::Ttl { expires_at_ms, .. } if expires_at_ms <= now)
-            });
-            if due {
-                self.end_hold(name, &ending, fx);
-                locks += 1;
+            match self.lock(name).filter(|l| l.holder.fence == *fence).map(|l| l.holder.lease) {
+                Some(Lease::Ttl { expires_at_ms, .. }) if expires_at_ms <= now => {
+                    self.end_hold(name, &ending, true, fx)
+                }
+                Some(Lease::Delayed { free_at_ms }) if free_at_ms <= now => self.grant_next(name, &ending, fx),
+                _ => continue,
             }
+            locks += 1;
         }
         for (name, token) in &e.waiters {
             let Some(i) = self.find(name) else { continue };
@@ -433,19 +461,34 @@ impl Model {
             }
         }
         for id in &e.sessions {
-            if self.close(*id, &ending, fx) {
+            if self.close(*id, &ending, true, fx) {
                 sessions += 1;
             }
         }
         Outcome::Expired { locks, waiters, sessions }
     }
 
-    /// Ends the hold on `name`; grants the first waiter still waiting whose session is not among `ending`.
-    fn end_hold(&mut self, name: &str, ending: &[SessionId], fx: &mut Effects) {
-        let (now, index) = (self.now_ms, self.index);
+    /// Ends the hold on `name`: if it `expired` with a lock-delay, the lock waits out the delay; else it
+    /// goes on to the next waiter.
+    fn end_hold(&mut self, name: &str, ending: &[SessionId], expired: bool, fx: &mut Effects) {
+        let now = self.now_ms;
         let i = self.find(name).expect("ending an existing hold");
+        let holder = &mut self.locks[i].holder;
+        fx.ended.push((name.to_owned(), holder.fence));
+        if expired && holder.lock_delay_ms > 0 {
+            holder.lease = Lease::Delayed { free_at_ms: now + holder.lock_delay_ms };
+            holder.value.clear();
+            fx.delayed.push((name.to_owned(), holder.fence, holder.lock_delay_ms));
+            return;
+        }
+        self.grant_next(name, ending, fx);
+    }
+
+    /// Grants the first waiter still waiting whose session is not among `ending`, or frees the lock.
+    fn grant_next(&mut self, name: &str, ending: &[SessionId], fx: &mut Effects) {
+        let (now, index) = (self.now_ms, self.index);
+        let i = self.find(name).expect("granting an existing lock");
         let lock = &mut self.locks[i];
-        fx.ended.push((name.to_owned(), lock.holder.fence));
         while !lock.waiters.is_empty() {
             let w = lock.waiters.remove(0);
             let gone = w.wait_until_ms.is_some_and(|t| t <= now) || w.session.is_some_and(|id| ending.contains(&id));
@@ -463,6 +506,7 @@ impl Model {
                     None => Lease::Ttl { ttl_ms: w.ttl_ms, expires_at_ms: now + w.ttl_ms },
                 },
                 value: w.value,
+                lock_delay_ms: w.lock_delay_ms,
             };
             fx.grants.push(grant_of(name, &lock.holder));
             return;
@@ -482,7 +526,7 @@ impl Model {
     }
 
     fn grant(&self, name: &str, token: Token) -> Option<Grant> {
-        self.lock(name).filter(|l| l.holder.token == token).map(|l| grant_of(name, &l.holder))
+        self.lock(name).filter(|l| l.holder.holds(token)).map(|l| grant_of(name, &l.holder))
     }
 
     fn ttl_holds(&self) -> Vec<(String, u64, u64, u64)> {
@@ -493,6 +537,16 @@ impl Model {
             }
         }
         holds
+    }
+
+    fn lock_delays(&self) -> Vec<(String, u64, u64, u64)> {
+        let mut delays = Vec::new();
+        for l in &self.locks {
+            if let Lease::Delayed { free_at_ms } = l.holder.lease {
+                delays.push((l.name.clone(), l.holder.fence, l.holder.lock_delay_ms, free_at_ms));
+            }
+        }
+        delays
     }
 
     fn timed_waiters(&self) -> Vec<(String, Token, u64)> {
@@ -549,12 +603,14 @@ enum Op {
         ttl: usize,
         wait: usize,
         value: usize,
+        delay: usize,
     },
     SessionAcquire {
         name: usize,
         token: u8,
         session: Owner,
         wait: usize,
+        delay: usize,
     },
     Release {
         target: Target,
@@ -634,10 +690,10 @@ fn owner() -> impl Strategy<Value = Owner> {
 fn lock_op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
-        5 => (name.clone(), 1..=TOKENS, 0..TTLS.len(), 0..WAITS.len(), 0..VALUES.len() + 1)
-            .prop_map(|(name, token, ttl, wait, value)| Op::Acquire { name, token, ttl, wait, value }),
-        3 => (name.clone(), 1..=TOKENS, owner(), 0..WAITS.len())
-            .prop_map(|(name, token, session, wait)| Op::SessionAcquire { name, token, session, wait }),
+        5 => (name.clone(), 1..=TOKENS, 0..TTLS.len(), 0..WAITS.len(), 0..VALUES.len() + 1, 0..DELAYS.len())
+            .prop_map(|(name, token, ttl, wait, value, delay)| Op::Acquire { name, token, ttl, wait, value, delay }),
+        3 => (name.clone(), 1..=TOKENS, owner(), 0..WAITS.len(), 0..DELAYS.len())
+            .prop_map(|(name, token, session, wait, delay)| Op::SessionAcquire { name, token, session, wait, delay }),
         3 => (target(), who([4, 1, 1])).prop_map(|(target, who)| Op::Release { target, who }),
         2 => (target(), who([4, 1, 1]), 0..=TTLS.len())
             .prop_map(|(target, who, ttl)| Op::Renew { target, who, ttl }),
@@ -717,7 +773,7 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
         (_, Who::Any(t)) => token(*t),
     };
     match op {
-        Op::Acquire { name: n, token: t, ttl, wait, value } => {
+        Op::Acquire { name: n, token: t, ttl, wait, value, delay } => {
             let acquire = Acquire {
                 name: name(*n),
                 owner: format!("worker-{t}"),
@@ -726,24 +782,32 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
                 wait_ms: WAITS[*wait],
                 session: None,
             };
-            match VALUES.get(*value) {
-                Some(value) => Command::AcquireValued { acquire, value: value.to_vec() },
-                None => Command::Acquire(acquire),
+            match (VALUES.get(*value), DELAYS[*delay]) {
+                (value, lock_delay_ms @ 1..) => {
+                    let value = value.map_or(vec![], |v| v.to_vec());
+                    Command::AcquireDelayed { acquire, value, lock_delay_ms }
+                }
+                (Some(value), 0) => Command::AcquireValued { acquire, value: value.to_vec() },
+                (None, 0) => Command::Acquire(acquire),
             }
         }
-        Op::SessionAcquire { name: n, token: t, session, wait } => {
+        Op::SessionAcquire { name: n, token: t, session, wait, delay } => {
             let id = match session {
                 Owner::Open(n) if !model.sessions.is_empty() => model.sessions[*n as usize % model.sessions.len()].0,
                 Owner::Open(id) | Owner::Any(id) => *id,
             };
-            Command::Acquire(Acquire {
+            let acquire = Acquire {
                 name: name(*n),
                 owner: format!("svc-{id}"),
                 token: token(*t),
                 ttl_ms: 0,
                 wait_ms: WAITS[*wait],
                 session: Some(id),
-            })
+            };
+            match DELAYS[*delay] {
+                0 => Command::Acquire(acquire),
+                lock_delay_ms => Command::AcquireDelayed { acquire, value: vec![], lock_delay_ms },
+            }
         }
         Op::Release { target: n, who } => {
             let name = target(n);
@@ -777,8 +841,10 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
         Op::Expire { pick: bits, stale_locks, stale_waiters, sessions, turn } => {
             // What the leader would find due at this entry's time.
             let at = model.now_ms.max(clock);
-            let due_locks: Vec<(String, u64)> =
+            let mut due_locks: Vec<(String, u64)> =
                 model.ttl_holds().into_iter().filter(|(_, _, _, end)| *end <= at).map(|(n, f, _, _)| (n, f)).collect();
+            let delays = model.lock_delays().into_iter();
+            due_locks.extend(delays.filter(|(_, _, _, free_at)| *free_at <= at).map(|(n, f, _, _)| (n, f)));
             let due_waiters: Vec<(String, Token)> =
                 model.timed_waiters().into_iter().filter(|(_, _, end)| *end <= at).map(|(n, t, _)| (n, t)).collect();
             let mut locks = pick(due_locks, *bits);
@@ -868,6 +934,8 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
     }
     let ttl_holds: Vec<_> = real.ttl_holds().map(|(n, f, t, e)| (n.to_owned(), f, t, e)).collect();
     prop_assert_eq!(ttl_holds, model.ttl_holds());
+    let delays: Vec<_> = real.lock_delays().map(|(n, f, d, t)| (n.to_owned(), f, d, t)).collect();
+    prop_assert_eq!(delays, model.lock_delays());
     let timed: Vec<_> = real.timed_waiters().map(|(n, t, w)| (n.to_owned(), t, w)).collect();
     prop_assert_eq!(timed, model.timed_waiters());
     prop_assert_eq!(real.sessions().collect::<Vec<_>>(), model.sessions());
@@ -894,6 +962,7 @@ fn run(history: Vec<(u64, Op)>) -> Result<(), TestCaseError> {
             Op::ClockToDeadline(n, by) => {
                 let mut deadlines: Vec<u64> = model.ttl_holds().iter().map(|h| h.3).collect();
                 deadlines.extend(model.timed_waiters().iter().map(|w| w.2));
+                deadlines.extend(model.lock_delays().iter().map(|d| d.3));
                 if !deadlines.is_empty() {
                     clock = deadlines[n % deadlines.len()].saturating_add_signed(by);
                 }

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use holdfast_core::limits::{
-    CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, FREED_KEEP_MS, FREED_MAX, NAME_LEN_MAX, OWNER_LEN_MAX, SESSIONS_MAX,
-    TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX, WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
+    CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, FREED_KEEP_MS, FREED_MAX, LOCK_DELAY_MS_MAX, NAME_LEN_MAX, OWNER_LEN_MAX,
+    SESSIONS_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX, WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
 };
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
@@ -132,7 +132,7 @@ fn view_at(revision: u64, g: &Grant, waiters: Vec<WaiterView>) -> LockView {
 
 /// An `Applied` whose outcome is all it did.
 fn only(at_ms: u64, outcome: Outcome) -> Applied {
-    Applied { at_ms, outcome, grants: vec![], ended: vec![], dropped: vec![] }
+    Applied { at_ms, outcome, grants: vec![], ended: vec![], dropped: vec![], delayed: vec![] }
 }
 
 fn s(x: &str) -> String {
@@ -147,6 +147,7 @@ struct Seen {
     locks: Vec<LockView>,
     ttl_holds: Vec<(String, u64, u64, u64)>,
     timed_waiters: Vec<(String, Token, u64)>,
+    lock_delays: Vec<(String, u64, u64, u64)>,
     sessions: Vec<(SessionId, u64)>,
     counts: (usize, usize, usize),
 }
@@ -156,6 +157,7 @@ fn seen(state: &LockState) -> Seen {
         locks: state.list("", None, usize::MAX),
         ttl_holds: state.ttl_holds().map(|(n, f, t, e)| (n.to_owned(), f, t, e)).collect(),
         timed_waiters: state.timed_waiters().map(|(n, t, w)| (n.to_owned(), t, w)).collect(),
+        lock_delays: state.lock_delays().map(|(n, f, d, t)| (n.to_owned(), f, d, t)).collect(),
         sessions: state.sessions().collect(),
         counts: (state.lock_count(), state.waiter_count(), state.session_count()),
     }
@@ -217,6 +219,7 @@ fn acquire_of_a_free_lock_grants_it_with_the_entry_index_as_fence() {
             grants: vec![grant.clone()],
             ended: vec![],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(
@@ -243,6 +246,7 @@ fn acquire_of_a_free_lock_grants_it_with_the_entry_index_as_fence() {
             locks: vec![state.get("job").unwrap()],
             ttl_holds: vec![(s("job"), 7, 30_000, T0 + 30_000)],
             timed_waiters: vec![],
+            lock_delays: vec![],
             sessions: vec![],
             counts: (1, 0, 0),
         }
@@ -315,6 +319,7 @@ fn acquire_with_a_wait_on_a_free_lock_is_granted_at_once() {
             grants: vec![grant.clone()],
             ended: vec![],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view(&grant, vec![])));
@@ -346,6 +351,7 @@ fn release_hands_the_lock_to_the_first_waiter_in_the_same_entry() {
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 2, None)])));
@@ -366,6 +372,7 @@ fn release_without_waiters_frees_the_lock() {
             grants: vec![],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), None);
@@ -380,6 +387,7 @@ fn release_without_waiters_frees_the_lock() {
             grants: vec![again],
             ended: vec![],
             dropped: vec![],
+            delayed: vec![],
         }
     );
 }
@@ -398,6 +406,7 @@ fn hand_over_skips_and_drops_a_waiter_whose_wait_ran_out() {
             grants: vec![],
             ended: vec![(s("job"), 3)],
             dropped: vec![(s("job"), tok(2)), (s("job"), tok(3))],
+            delayed: vec![],
         }
     );
     assert_eq!(seen(&state), seen(&LockState::new()));
@@ -420,6 +429,7 @@ fn hand_over_grants_the_first_waiter_still_waiting() {
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![(s("job"), tok(3))],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view(&next, vec![])));
@@ -561,6 +571,7 @@ fn cancel_of_a_waiter_withdraws_it_and_the_queue_closes_up() {
             grants: vec![],
             ended: vec![],
             dropped: vec![(s("job"), tok(2))],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view_at(6, &grant, vec![waiter("worker-3", T0 + 2, None)])));
@@ -585,6 +596,7 @@ fn cancel_of_the_holder_releases_and_hands_over() {
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 2, None)])));
@@ -625,6 +637,7 @@ fn expire_of_a_due_hold_ends_it_and_hands_over_in_the_same_entry() {
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 2, None)])));
@@ -656,6 +669,7 @@ fn expire_stamped_before_the_previous_entry_uses_the_previous_time() {
             grants: vec![ttl_grant("job", "worker-2", tok(2), 7, T0 + 30_000, 20_000)],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
 }
@@ -681,6 +695,7 @@ fn a_renewed_hold_survives_an_expire_that_carries_its_old_deadline() {
             grants: vec![ttl_grant("job", "worker-2", tok(2), 8, T0 + 50_000, 20_000)],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
 }
@@ -730,6 +745,7 @@ fn expire_removes_the_listed_waiters_the_leader_found_gone_and_never_a_holder() 
             grants: vec![],
             ended: vec![],
             dropped: vec![(s("job"), tok(3))],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view_at(7, &grant, vec![waiter("worker-2", T0 + 1, None)])));
@@ -759,6 +775,7 @@ fn expire_of_locks_waiters_and_sessions_in_one_entry() {
             ],
             ended: vec![(s("a"), 2), (s("b"), 5)],
             dropped: vec![(s("a"), tok(2))],
+            delayed: vec![],
         }
     );
     state.check_invariants();
@@ -781,6 +798,7 @@ fn time_never_goes_backwards() {
             grants: vec![grant],
             ended: vec![],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(state.now_ms(), T0 + 5_000);
@@ -817,6 +835,7 @@ fn session_acquire_is_granted_with_a_session_lease_and_asking_again_changes_noth
             grants: vec![grant.clone()],
             ended: vec![],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(grant.lease.expires_at_ms(), None);
@@ -883,6 +902,7 @@ fn session_try_lock_is_busy_a_session_waits_as_long_as_it_lives_and_asking_again
             grants: vec![next.clone()],
             ended: vec![(s("job"), 1)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     // Asking again now answers with the hand-over's grant.
@@ -920,6 +940,7 @@ fn close_session_hands_over_every_lock_it_held_and_withdraws_its_waits() {
             grants: vec![a.clone(), b.clone()],
             ended: vec![(s("a"), 3), (s("b"), 4)],
             dropped: vec![(s("c"), tok(13))],
+            delayed: vec![],
         }
     );
     assert_eq!(state.list("", None, 10), vec![view(&a, vec![]), view(&b, vec![]), view_at(11, &c, vec![])]);
@@ -962,6 +983,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
             grants: vec![a.clone()],
             ended: vec![(s("a"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(
@@ -972,6 +994,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
             grants: vec![],
             ended: vec![],
             dropped: vec![(s("c"), tok(13))],
+            delayed: vec![],
         }
     );
     state.check_invariants();
@@ -985,6 +1008,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
             grants: vec![b],
             ended: vec![(s("b"), 4)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     // And session 1 can claim `c` afresh after it re-opens.
@@ -1264,7 +1288,7 @@ fn restore_of_garbage_or_another_format_is_an_error() {
     other[..4].copy_from_slice(&99u32.to_le_bytes());
     assert!(matches!(LockState::restore(&other), Err(SnapshotError::Format(99))));
     let err = LockState::restore(&other).unwrap_err();
-    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 4)");
+    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 5)");
 }
 
 #[test]
@@ -1351,6 +1375,7 @@ fn bug_expire_of_two_sessions_does_not_grant_a_lock_twice_in_one_entry() {
             grants: vec![next.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![(s("job"), tok(21))],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view(&next, vec![])));
@@ -1375,6 +1400,7 @@ fn bug_expire_of_a_hold_and_of_its_next_waiters_session_grants_once() {
             grants: vec![next.clone()],
             ended: vec![(s("job"), 2)],
             dropped: vec![(s("job"), tok(21))],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("job"), Some(view(&next, vec![])));
@@ -1481,6 +1507,7 @@ fn a_batch_applies_its_commands_in_order_under_one_fence() {
             grants: vec![a.clone(), next.clone(), b.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     assert_eq!(state.get("a"), Some(view(&a, vec![])));
@@ -1530,6 +1557,7 @@ fn a_group_hands_a_lock_over_then_queues_the_acquires_behind_it() {
             grants: vec![next.clone(), other.clone()],
             ended: vec![(s("job"), 3)],
             dropped: vec![],
+            delayed: vec![],
         }
     );
     let waiters = vec![waiter("worker-3", T0 + 2, None), waiter("worker-1", T0 + 100, None)];
@@ -1752,4 +1780,184 @@ fn at_most_freed_max_freed_locks_are_remembered_the_oldest_forgotten_first() {
     assert_eq!(state.revision(&names[1]), 4);
     assert_eq!(state.revision(&names[FREED_MAX]), index);
     state.check_invariants();
+}
+
+// --- lock-delay ---
+
+/// An acquire with a lock-delay (and no value).
+fn delayed(cmd: Command, lock_delay_ms: u64) -> Command {
+    let Command::Acquire(acquire) = cmd else { panic!("a plain acquire") };
+    Command::AcquireDelayed { acquire, value: vec![], lock_delay_ms }
+}
+
+/// The view of a lock in its lock-delay after `g` expired at `expired_at_ms`.
+fn delayed_view(g: &Grant, expired_at_ms: u64, lock_delay_ms: u64, waiters: Vec<WaiterView>) -> LockView {
+    let free_at_ms = expired_at_ms + lock_delay_ms;
+    let holder = HolderView { lease: Lease::Delayed { free_at_ms }, value: vec![], ..holder(g) };
+    LockView { name: g.name.clone(), holder, waiters, revision: 0 }
+}
+
+/// "job" held by worker-1 (fence 1, TTL 10 s, lock-delay 5 s, publishing a value), worker-2 waiting a
+/// minute (fence 2's entry).
+fn held_with_a_delay() -> (LockState, Grant) {
+    let mut state = LockState::new();
+    let Command::Acquire(first) = acquire("job", "worker-1", tok(1), 10_000, 0) else { unreachable!() };
+    let cmd = Command::AcquireDelayed { acquire: first, value: b"10.0.0.1".to_vec(), lock_delay_ms: 5_000 };
+    state.apply(1, &at(T0, cmd));
+    state.apply(2, &at(T0 + 1, delayed(acquire("job", "worker-2", tok(2), 20_000, 60_000), 5_000)));
+    let first = Grant { value: b"10.0.0.1".to_vec(), ..ttl_grant("job", "worker-1", tok(1), 1, T0, 10_000) };
+    (state, first)
+}
+
+#[test]
+fn an_expired_hold_with_a_lock_delay_leaves_the_lock_ungranted_its_waiters_in_place() {
+    let (mut state, first) = held_with_a_delay();
+    let applied = state.apply(5, &at(T0 + 10_000, expire(&[("job", 1)], &[], &[])));
+    assert_eq!(
+        applied,
+        Applied {
+            at_ms: T0 + 10_000,
+            outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
+            grants: vec![],
+            ended: vec![(s("job"), 1)],
+            dropped: vec![],
+            delayed: vec![(s("job"), 1, 5_000)],
+        }
+    );
+    let in_delay =
+        LockView { revision: 5, ..delayed_view(&first, T0 + 10_000, 5_000, vec![waiter("worker-2", T0 + 1, None)]) };
+    assert_eq!(state.get("job"), Some(in_delay.clone()));
+    assert_eq!(state.lock_delays().collect::<Vec<_>>(), vec![("job", 1, 5_000, T0 + 15_000)]);
+    assert_eq!(state.grant("job", tok(1)), None, "the expired holder holds nothing");
+    state.check_invariants();
+
+    // Nobody is granted it meanwhile: a new acquirer is busy (told whose hold expired, and when the lock
+    // is free) or queues behind worker-2.
+    assert_no_change(
+        &mut state,
+        6,
+        at(T0 + 11_000, acquire("job", "worker-3", tok(3), 10_000, 0)),
+        Outcome::Busy { holder: in_delay.holder.clone() },
+    );
+    let queued = state.apply(7, &at(T0 + 12_000, acquire("job", "worker-3", tok(3), 10_000, 60_000)));
+    assert_eq!(queued, only(T0 + 12_000, Outcome::Queued { position: 2, holder: in_delay.holder.clone() }));
+    // The expire of the delay stamped before it passes changes nothing.
+    assert_no_change(
+        &mut state,
+        8,
+        at(T0 + 14_999, expire(&[("job", 1)], &[], &[])),
+        Outcome::Expired { locks: 0, waiters: 0, sessions: 0 },
+    );
+
+    // Once it has passed, the first waiter is granted, under the fence of the entry that ends the delay.
+    let applied = state.apply(9, &at(T0 + 15_000, expire(&[("job", 1)], &[], &[])));
+    let next = Grant {
+        lease: Lease::Ttl { ttl_ms: 20_000, expires_at_ms: T0 + 35_000 },
+        ..ttl_grant("job", "worker-2", tok(2), 9, T0 + 15_000, 20_000)
+    };
+    assert_eq!(
+        applied,
+        Applied {
+            at_ms: T0 + 15_000,
+            outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
+            grants: vec![next.clone()],
+            ended: vec![],
+            dropped: vec![],
+            delayed: vec![],
+        }
+    );
+    assert_eq!(state.get("job"), Some(view(&next, vec![waiter("worker-3", T0 + 12_000, None)])));
+    assert_eq!(state.lock_delays().count(), 0);
+    state.check_invariants();
+
+    // worker-2 asked for a delay too: its expiry starts one of its own.
+    let applied = state.apply(10, &at(T0 + 35_000, expire(&[("job", 9)], &[], &[])));
+    assert_eq!(applied.delayed, vec![(s("job"), 9, 5_000)]);
+    assert_eq!(applied.grants, vec![]);
+}
+
+#[test]
+fn the_expired_holder_cannot_release_renew_or_set_a_value_during_the_delay() {
+    let (mut state, first) = held_with_a_delay();
+    state.apply(5, &at(T0 + 10_000, expire(&[("job", 1)], &[], &[])));
+    let shown = Some(LockView { revision: 5, ..delayed_view(&first, T0 + 10_000, 5_000, vec![]) }.holder);
+    let not_holder = || Reject::NotHolder { name: s("job"), holder: shown.clone() };
+    assert_rejected(&mut state, 6, at(T0 + 10_001, release("job", tok(1))), not_holder());
+    assert_rejected(&mut state, 7, at(T0 + 10_002, renew("job", tok(1), 10_000)), not_holder());
+    assert_rejected(&mut state, 8, at(T0 + 10_003, cancel("job", tok(1))), not_holder());
+    let set = Command::SetValue { name: s("job"), token: tok(1), value: b"x".to_vec() };
+    assert_rejected(&mut state, 9, at(T0 + 10_004, set), not_holder());
+}
+
+#[test]
+fn a_clean_release_of_a_hold_with_a_lock_delay_hands_over_at_once() {
+    let (mut state, _) = held_with_a_delay();
+    let applied = state.apply(5, &at(T0 + 3_000, release("job", tok(1))));
+    let next = ttl_grant("job", "worker-2", tok(2), 5, T0 + 3_000, 20_000);
+    assert_eq!(
+        applied,
+        Applied {
+            at_ms: T0 + 3_000,
+            outcome: Outcome::Released { name: s("job"), fence: 1 },
+            grants: vec![next.clone()],
+            ended: vec![(s("job"), 1)],
+            dropped: vec![],
+            delayed: vec![],
+        }
+    );
+    state.check_invariants();
+}
+
+#[test]
+fn a_delay_with_nobody_waiting_frees_the_lock_when_it_ends() {
+    let mut state = LockState::new();
+    state.apply(1, &at(T0, delayed(acquire("job", "worker-1", tok(1), 10_000, 0), 200)));
+    state.apply(2, &at(T0 + 10_000, expire(&[("job", 1)], &[], &[])));
+    assert!(state.is_held("job"), "the lock exists through its delay");
+    let applied = state.apply(3, &at(T0 + 10_200, expire(&[("job", 1)], &[], &[])));
+    assert_eq!(applied, only(T0 + 10_200, Outcome::Expired { locks: 1, waiters: 0, sessions: 0 }));
+    assert_eq!((state.get("job"), state.revision("job")), (None, 3), "freed at 3");
+    let applied = state.apply(4, &at(T0 + 10_201, acquire("job", "worker-2", tok(2), 10_000, 0)));
+    assert_eq!(applied.outcome, Outcome::Granted(ttl_grant("job", "worker-2", tok(2), 4, T0 + 10_201, 10_000)));
+    state.check_invariants();
+}
+
+#[test]
+fn a_session_that_expires_leaves_a_lock_delay_and_one_that_closes_does_not() {
+    for (end, delays) in [(expire(&[], &[], &[7]), true), (close(7), false)] {
+        let mut state = LockState::new();
+        state.apply(1, &at(T0, open(7, "svc", 2_000)));
+        state.apply(2, &at(T0 + 1, delayed(session_acquire("job", "svc", tok(1), 7), 1_000)));
+        state.apply(3, &at(T0 + 2, acquire("job", "worker-2", tok(2), 10_000, 60_000)));
+        let applied = state.apply(4, &at(T0 + 5_000, end.clone()));
+        assert_eq!(applied.ended, vec![(s("job"), 2)], "{end:?}");
+        if delays {
+            assert_eq!(applied.delayed, vec![(s("job"), 2, 1_000)]);
+            assert_eq!(applied.grants, vec![]);
+            let holder = state.holder("job").expect("in its delay");
+            assert_eq!(holder.lease, Lease::Delayed { free_at_ms: T0 + 6_000 });
+        } else {
+            assert_eq!(applied.delayed, vec![]);
+            assert_eq!(applied.grants, vec![ttl_grant("job", "worker-2", tok(2), 4, T0 + 5_000, 10_000)]);
+        }
+        state.check_invariants();
+    }
+}
+
+#[test]
+fn a_lock_delay_longer_than_the_bound_is_refused_and_changes_nothing() {
+    let mut state = LockState::new();
+    let too_long = delayed(acquire("job", "worker-1", tok(1), 10_000, 0), LOCK_DELAY_MS_MAX + 1);
+    assert_rejected(&mut state, 1, at(T0, too_long), Reject::InvalidLockDelay(LOCK_DELAY_MS_MAX + 1));
+    let longest = delayed(acquire("job", "worker-1", tok(1), 10_000, 0), LOCK_DELAY_MS_MAX);
+    assert!(matches!(state.apply(2, &at(T0, longest)).outcome, Outcome::Granted(_)));
+}
+
+#[test]
+fn a_lock_in_its_delay_survives_a_snapshot() {
+    let (mut state, _) = held_with_a_delay();
+    state.apply(5, &at(T0 + 10_000, expire(&[("job", 1)], &[], &[])));
+    let restored = LockState::restore(&state.snapshot()).expect("restores");
+    assert_eq!(restored, state);
+    assert_eq!(restored.lock_delays().collect::<Vec<_>>(), vec![("job", 1, 5_000, T0 + 15_000)]);
 }
