@@ -16,7 +16,7 @@ use crate::election::{Leader, Leadership};
 use crate::error::Error;
 use crate::pool::{normalize, Config, Pool, Retry};
 use crate::session::{HeldLock, Session};
-use crate::types::{millis_ceil, ClusterStatus, Hold, ListPage, LockInfo, Released, SnapshotInfo};
+use crate::types::{millis_ceil, AcquireOptions, ClusterStatus, Hold, ListPage, LockInfo, Released, SnapshotInfo};
 use crate::watch::Watch;
 
 /// One-shot `SetValue` through `pool` (also what a session's [`HeldLock::set_value`] uses).
@@ -409,12 +409,24 @@ impl Client {
         wait: Duration,
         value: impl Into<Vec<u8>>,
     ) -> Result<Hold, Error> {
+        self.acquire_with(name, ttl, wait, AcquireOptions { value: value.into(), ..AcquireOptions::default() }).await
+    }
+
+    /// [`acquire`](Self::acquire) with [`AcquireOptions`]: a value to publish, a lock-delay.
+    pub async fn acquire_with(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+        options: AcquireOptions,
+    ) -> Result<Hold, Error> {
         let request = AcquireRequest {
             name: name.to_owned(),
             owner: self.pool.config.owner.clone(),
             ttl_ms: millis_ceil(ttl),
             wait_ms: millis_ceil(wait),
-            value: value.into(),
+            value: options.value,
+            lock_delay_ms: millis_ceil(options.lock_delay),
         };
         match self.one_shot("acquire", self.pool.retry(wait), CallKind::Acquire(request)).await? {
             ResultKind::Hold(hold) => Ok(hold.into()),

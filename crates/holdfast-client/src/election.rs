@@ -95,7 +95,8 @@ pub(crate) fn leaders(watch: Watch) -> Pin<Box<dyn Stream<Item = Result<Option<L
     let mut last: Option<Option<Leader>> = None;
     Box::pin(watch.into_stream().filter_map(move |state: Result<LockInfo, Error>| {
         let leader = match state {
-            Ok(lock) => lock.holder.map(Leader::of),
+            // A lock in its lock-delay has no leader: its last one's lease ran out.
+            Ok(lock) => lock.holder.filter(HolderInfo::is_live).map(Leader::of),
             Err(e) => return Some(Err(e)),
         };
         if last.as_ref() == Some(&leader) {

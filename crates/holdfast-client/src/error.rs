@@ -65,6 +65,9 @@ pub enum Error {
 
 fn holder_suffix(holder: &Option<HolderInfo>) -> String {
     match holder {
+        Some(h @ HolderInfo { free_at_ms: Some(free_at_ms), .. }) => {
+            format!(" in its lock-delay until {free_at_ms} ms: the hold of {:?} (fence {}) expired", h.owner, h.fence)
+        }
         Some(h) => format!(" by {:?} (fence {})", h.owner, h.fence),
         None => String::new(),
     }
@@ -215,6 +218,7 @@ mod tests {
             ttl_ms: 1,
             session_id: 0,
             value: b"10.0.0.1:7070".to_vec(),
+            free_at_ms: 0,
         };
         let mut busy = status(Code::AlreadyExists, Some("urn:holdfast:busy"), "held");
         let bytes = prost::Message::encode_to_vec(&holder);
@@ -294,8 +298,14 @@ mod tests {
             ttl_ms: None,
             session_id: Some(9),
             value: vec![],
+            free_at_ms: None,
         };
+        let delayed = HolderInfo { free_at_ms: Some(5_000), session_id: None, ..holder.clone() };
         assert_eq!(Error::Busy { holder: Some(holder) }.to_string(), "the lock is held by \"w1\" (fence 41)");
+        assert_eq!(
+            Error::Busy { holder: Some(delayed) }.to_string(),
+            "the lock is held in its lock-delay until 5000 ms: the hold of \"w1\" (fence 41) expired"
+        );
         assert_eq!(Error::Busy { holder: None }.to_string(), "the lock is held");
     }
 }

@@ -75,5 +75,7 @@ pub use error::{Error, PROBLEM_METADATA};
 pub use pool::DEFAULT_PORT;
 pub use session::{HeldLock, Session};
 pub use tokio_util::sync::CancellationToken;
-pub use types::{ClusterStatus, Hold, HolderInfo, ListPage, LockInfo, Released, SnapshotInfo, WaiterInfo};
+pub use types::{
+    AcquireOptions, ClusterStatus, Hold, HolderInfo, ListPage, LockInfo, Released, SnapshotInfo, WaiterInfo,
+};
 pub use watch::Watch;

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Error;
 use crate::lease::{heartbeat_interval, LeaseClock};
 use crate::pool::{Pool, Retry};
-use crate::types::{millis_ceil, HolderInfo};
+use crate::types::{millis_ceil, AcquireOptions, HolderInfo};
 
 /// `Lost` reasons that say the whole session is over, not just one lock.
 const SESSION_OVER_REASONS: [&str; 3] = ["expired", "session-closed", "session-gone"];
@@ -111,7 +111,7 @@ impl Shared {
 /// A request from a handle to the session task.
 enum Command {
     /// Ask for `name`. `ticket` tells this request apart from earlier and later ones for the same name.
-    Acquire { name: String, ticket: u64, wait: bool, value: Vec<u8>, reply: AcquireReply },
+    Acquire { name: String, ticket: u64, wait: bool, ask: AcquireOptions, reply: AcquireReply },
     /// The caller of the `Acquire` with `ticket` stopped waiting (timeout, or its future was dropped).
     Abandon { name: String, ticket: u64 },
     /// Let go of the grant of `name` whose token is `token` (and of nothing newer).
@@ -226,7 +226,18 @@ impl Session {
         wait: Option<Duration>,
         value: impl Into<Vec<u8>>,
     ) -> Result<HeldLock, Error> {
-        let (name, value) = (name.into(), value.into());
+        self.lock_with(name, wait, AcquireOptions { value: value.into(), ..AcquireOptions::default() }).await
+    }
+
+    /// [`lock`](Self::lock) with [`AcquireOptions`]: a value to publish while the session holds the lock, a
+    /// lock-delay if the session's lease runs out while it does.
+    pub async fn lock_with(
+        &self,
+        name: impl Into<String>,
+        wait: Option<Duration>,
+        options: AcquireOptions,
+    ) -> Result<HeldLock, Error> {
+        let (name, value) = (name.into(), options);
         if wait == Some(Duration::ZERO) {
             return match self.acquire(name, false, None, value).await? {
                 Ok(held) => Ok(held),
@@ -242,7 +253,7 @@ impl Session {
 
     /// Takes the lock `name` if it is free; `Ok(None)` if someone else holds it.
     pub async fn try_lock(&self, name: impl Into<String>) -> Result<Option<HeldLock>, Error> {
-        Ok(self.acquire(name.into(), false, None, Vec::new()).await?.ok())
+        Ok(self.acquire(name.into(), false, None, AcquireOptions::default()).await?.ok())
     }
 
     /// Sends one acquire and waits for its final answer: the lock, or (for a try-lock) who holds it.
@@ -251,14 +262,14 @@ impl Session {
         name: String,
         wait: bool,
         deadline: Option<Instant>,
-        value: Vec<u8>,
+        ask: AcquireOptions,
     ) -> Result<Result<HeldLock, Option<HolderInfo>>, Error> {
         if self.shared.ended.is_cancelled() {
             return Err(Error::SessionLost);
         }
         let ticket = self.shared.ticket();
         let (reply, answer) = oneshot::channel();
-        let command = Command::Acquire { name: name.clone(), ticket, wait, value, reply };
+        let command = Command::Acquire { name: name.clone(), ticket, wait, ask, reply };
         self.commands.send(command).map_err(|_| Error::SessionLost)?;
         let mut guard = AbandonGuard { commands: &self.commands, name: &name, ticket, armed: true };
         let answer = match deadline {
@@ -454,7 +465,7 @@ async fn open_stream(
 /// What the session knows about one lock name.
 enum Claim {
     /// Asked for; no answer yet (or its answer was lost with a broken stream: re-sent after a resume).
-    Pending { ticket: u64, wait: bool, value: Vec<u8>, reply: AcquireReply, resend: bool },
+    Pending { ticket: u64, wait: bool, ask: AcquireOptions, reply: AcquireReply, resend: bool },
     /// In the lock's queue.
     Waiting { ticket: u64, reply: AcquireReply },
     /// Granted and handed to a `HeldLock`.
@@ -470,7 +481,7 @@ enum Claim {
 struct Deferred {
     ticket: u64,
     wait: bool,
-    value: Vec<u8>,
+    ask: AcquireOptions,
     reply: AcquireReply,
 }
 
@@ -663,13 +674,13 @@ impl Task {
         self.replay = Some(Replay { barrier: None, seen: BTreeSet::new() });
         for (name, claim) in &mut self.claims {
             match claim {
-                Claim::Pending { wait, value, resend, .. } => {
+                Claim::Pending { wait, ask, resend, .. } => {
                     *resend = false;
-                    conn.send(acquire(name, *wait, value));
+                    conn.send(acquire(name, *wait, ask));
                 }
                 // The server keeps the queue place and reports it; asking again is answered the same (a
                 // session's repeated acquire is idempotent) and covers a report that never comes.
-                Claim::Waiting { .. } => conn.send(acquire(name, true, &[])),
+                Claim::Waiting { .. } => conn.send(acquire(name, true, &AcquireOptions::default())),
                 Claim::Held { .. } => {}
                 Claim::Releasing { resend, .. } => {
                     *resend = false;
@@ -701,9 +712,9 @@ impl Task {
         // Requests the server answered "unavailable" (no leader for a moment) go again, at heartbeat pace.
         for (name, claim) in &mut self.claims {
             match claim {
-                Claim::Pending { wait, value, resend: resend @ true, .. } => {
+                Claim::Pending { wait, ask, resend: resend @ true, .. } => {
                     *resend = false;
-                    conn.send(acquire(name, *wait, value));
+                    conn.send(acquire(name, *wait, ask));
                 }
                 Claim::Releasing { resend: resend @ true, .. } => {
                     *resend = false;
@@ -722,15 +733,15 @@ impl Task {
             return;
         };
         match command {
-            Command::Acquire { name, ticket, wait, value, reply } => {
+            Command::Acquire { name, ticket, wait, ask, reply } => {
                 if self.closing.is_some() {
                     let _ = reply.send(Err(Error::SessionLost));
                     return;
                 }
                 match self.claims.get_mut(&name) {
-                    None => self.start_acquire(name, Deferred { ticket, wait, value, reply }),
+                    None => self.start_acquire(name, Deferred { ticket, wait, ask, reply }),
                     Some(Claim::Releasing { next: next @ None, .. } | Claim::Abandoned { next: next @ None }) => {
-                        *next = Some(Deferred { ticket, wait, value, reply });
+                        *next = Some(Deferred { ticket, wait, ask, reply });
                     }
                     Some(_) => {
                         let why = format!("this session already holds or waits for lock {name:?}");
@@ -776,9 +787,9 @@ impl Task {
     }
 
     fn start_acquire(&mut self, name: String, d: Deferred) {
-        self.send(acquire(&name, d.wait, &d.value));
-        let Deferred { ticket, wait, value, reply } = d;
-        self.claims.insert(name, Claim::Pending { ticket, wait, value, reply, resend: false });
+        self.send(acquire(&name, d.wait, &d.ask));
+        let Deferred { ticket, wait, ask, reply } = d;
+        self.claims.insert(name, Claim::Pending { ticket, wait, ask, reply, resend: false });
     }
 
     fn begin_release(
@@ -1009,8 +1020,8 @@ impl Task {
         match claim {
             // No leader for a moment: the outcome is unknown; ask again at heartbeat pace. The session's lease
             // bounds how long this goes on.
-            Claim::Pending { ticket, wait, value, reply, .. } if error.is_retryable() => {
-                self.claims.insert(name, Claim::Pending { ticket, wait, value, reply, resend: true });
+            Claim::Pending { ticket, wait, ask, reply, .. } if error.is_retryable() => {
+                self.claims.insert(name, Claim::Pending { ticket, wait, ask, reply, resend: true });
             }
             Claim::Releasing { replies, next, .. } if error.is_retryable() => {
                 self.claims.insert(name, Claim::Releasing { replies, next, resend: true });
@@ -1098,8 +1109,13 @@ fn fail_claim(claim: Claim, acquire_error: impl Fn() -> Error, release_result: R
     }
 }
 
-fn acquire(name: &str, wait: bool, value: &[u8]) -> RequestKind {
-    RequestKind::Acquire(SessionAcquire { name: name.to_owned(), wait, value: value.to_vec() })
+fn acquire(name: &str, wait: bool, ask: &AcquireOptions) -> RequestKind {
+    RequestKind::Acquire(SessionAcquire {
+        name: name.to_owned(),
+        wait,
+        value: ask.value.clone(),
+        lock_delay_ms: millis_ceil(ask.lock_delay),
+    })
 }
 
 fn release(name: &str) -> RequestKind {

@@ -27,6 +27,28 @@ pub struct HolderInfo {
     pub session_id: Option<u64>,
     /// What the holder publishes (an elected leader's address); empty: nothing.
     pub value: Vec<u8>,
+    /// `Some`: nobody holds the lock. This holder's hold expired with a lock-delay, and nobody is granted
+    /// the lock before this time (leader's clock, ms since the epoch).
+    pub free_at_ms: Option<u64>,
+}
+
+impl HolderInfo {
+    /// Whether this holder holds the lock now: false for a lock in its lock-delay.
+    pub fn is_live(&self) -> bool {
+        self.free_at_ms.is_none()
+    }
+}
+
+/// What an acquire asks for besides the lock's name, its TTL and its wait.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// Published while held (at most 1 KiB): reads, busy answers and watches of the lock show it.
+    pub value: Vec<u8>,
+    /// If the hold ends by expiry (a TTL not renewed, a session's lease run out) rather than by a release,
+    /// nobody is granted the lock for this long after (waiters keep their places), so that a holder that
+    /// was only paused can notice before anyone else starts. Zero: none. At most the server's
+    /// `--lock-delay-max`.
+    pub lock_delay: Duration,
 }
 
 impl From<v1::Holder> for HolderInfo {
@@ -39,6 +61,7 @@ impl From<v1::Holder> for HolderInfo {
             ttl_ms: nonzero(h.ttl_ms),
             session_id: nonzero(h.session_id),
             value: h.value,
+            free_at_ms: nonzero(h.free_at_ms),
         }
     }
 }
@@ -259,10 +282,13 @@ mod tests {
             ttl_ms: 0,
             session_id: 3,
             value: vec![],
+            free_at_ms: 0,
         });
         assert_eq!(h.expires_at_ms, None);
         assert_eq!(h.ttl_ms, None);
         assert_eq!(h.session_id, Some(3));
+        assert_eq!(h.free_at_ms, None);
+        assert!(h.is_live());
         let page = ListPage::from(v1::ListResponse { locks: vec![], next: String::new(), revision: 0 });
         assert_eq!(page.next, None);
     }

@@ -68,6 +68,8 @@ const TTL_MS_MIN: u64 = 3_600_000;
 const TTL_MS_MAX: u64 = 2 * TTL_MS_MIN;
 /// The longest wait the node accepts, so that a random `wait` cannot stall a case.
 const WAIT_MS_MAX: u64 = 200;
+/// The node's bound on lock-delays (no hold expires in a run, so none takes effect).
+const LOCK_DELAY_MS_MAX: u64 = 60_000;
 
 const ADMIN_KEY: &str = "fuzz-admin-key";
 
@@ -161,7 +163,12 @@ impl Fuzzed {
             let peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = client.local_addr().unwrap().to_string();
             let config = Config {
-                limits: FrontLimits { ttl_ms_min: TTL_MS_MIN, ttl_ms_max: TTL_MS_MAX, wait_ms_max: WAIT_MS_MAX },
+                limits: FrontLimits {
+                    ttl_ms_min: TTL_MS_MIN,
+                    ttl_ms_max: TTL_MS_MAX,
+                    wait_ms_max: WAIT_MS_MAX,
+                    lock_delay_ms_max: LOCK_DELAY_MS_MAX,
+                },
                 admin_key: Some(Secret(ADMIN_KEY.into())),
                 ..common::one_node(peer.local_addr().unwrap().to_string(), data_dir.clone())
             };
@@ -650,7 +657,7 @@ fn token_value() -> impl Strategy<Value = Value> {
 fn value_for(key: &str) -> BoxedStrategy<Value> {
     let text = |s: BoxedStrategy<String>| s.prop_map(Value::Text).boxed();
     match key {
-        "ttl" | "wait" => text(duration_text().boxed()),
+        "ttl" | "wait" | "lock_delay" => text(duration_text().boxed()),
         "token" => token_value().boxed(),
         "owner" => text(
             prop_oneof![
@@ -701,7 +708,8 @@ fn value_for(key: &str) -> BoxedStrategy<Value> {
     }
 }
 
-const KEYS: &[&str] = &["ttl", "wait", "owner", "token", "prefix", "after", "limit", "id", "addr", "value"];
+const KEYS: &[&str] =
+    &["ttl", "wait", "owner", "token", "prefix", "after", "limit", "id", "addr", "value", "lock_delay"];
 
 /// Any parameter: one some endpoint takes, or an unknown one (a near miss of a known one among them).
 fn param() -> impl Strategy<Value = (String, Value)> {
@@ -764,7 +772,7 @@ fn endpoint() -> impl Strategy<Value = (String, String, &'static [&'static str])
     let fixed = |path: &'static str| Just(path.to_owned()).boxed();
     let lock = || segment().prop_map(|s| format!("/v1/locks/{s}")).boxed();
     prop_oneof![
-        6 => own(&["POST"], lock(), &["ttl", "owner", "wait", "value"]),
+        6 => own(&["POST"], lock(), &["ttl", "owner", "wait", "value", "lock_delay"]),
         3 => own(&["DELETE"], lock(), &["token"]),
         2 => own(&["GET", "HEAD"], lock(), &["after", "wait"]),
         2 => own(&["POST"], segment().prop_map(|s| format!("/v1/locks/{s}/value")).boxed(), &["token", "value"]),
@@ -1260,6 +1268,9 @@ fn ms(special: &'static [u64]) -> impl Strategy<Value = u64> {
 
 const TTLS_MS: &[u64] = &[0, 1, TTL_MS_MIN - 1, TTL_MS_MIN, TTL_MS_MIN + 1, TTL_MS_MAX, TTL_MS_MAX + 1, u64::MAX];
 const WAITS_MS: &[u64] = &[0, 0, 0, 1, 50, WAIT_MS_MAX, WAIT_MS_MAX + 1, u64::MAX];
+/// Lock-delays: none, within the node's bound, past it, past the hard bound.
+const LOCK_DELAYS_MS: &[u64] =
+    &[0, 0, 1, LOCK_DELAY_MS_MAX, LOCK_DELAY_MS_MAX + 1, holdfast_core::limits::LOCK_DELAY_MS_MAX + 1, u64::MAX];
 
 /// A token field (resolved when the case runs): a hold the node granted, whose lock the call then names;
 /// the token of one, with the call's own name; 32 hex digits, or other text.
@@ -1318,8 +1329,16 @@ fn value_bytes() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn acquire_request() -> impl Strategy<Value = AcquireRequest> {
-    (name_text(), owner_text(), ms(TTLS_MS), ms(WAITS_MS), value_bytes())
-        .prop_map(|(name, owner, ttl_ms, wait_ms, value)| AcquireRequest { name, owner, ttl_ms, wait_ms, value })
+    (name_text(), owner_text(), ms(TTLS_MS), ms(WAITS_MS), value_bytes(), ms(LOCK_DELAYS_MS)).prop_map(
+        |(name, owner, ttl_ms, wait_ms, value, lock_delay_ms)| AcquireRequest {
+            name,
+            owner,
+            ttl_ms,
+            wait_ms,
+            value,
+            lock_delay_ms,
+        },
+    )
 }
 
 fn renew_request() -> impl Strategy<Value = (RenewRequest, TokenText)> {
@@ -1520,8 +1539,9 @@ fn session_msg() -> impl Strategy<Value = SessionMsg> {
     prop_oneof![
         3 => (owner_text(), lease_ms).prop_map(|(owner, lease_ms)| SessionMsg::Open(Open { owner, lease_ms })),
         2 => resume,
-        4 => (name_text(), any::<bool>(), value_bytes())
-            .prop_map(|(name, wait, value)| SessionMsg::Acquire(SessionAcquire { name, wait, value })),
+        4 => (name_text(), any::<bool>(), value_bytes(), ms(LOCK_DELAYS_MS)).prop_map(|(name, wait, value, lock_delay_ms)| {
+            SessionMsg::Acquire(SessionAcquire { name, wait, value, lock_delay_ms })
+        }),
         2 => name_text().prop_map(|name| SessionMsg::Release(SessionRelease { name })),
         2 => any::<u64>().prop_map(|seq| SessionMsg::Heartbeat(Heartbeat { seq })),
         1 => Just(SessionMsg::Close),

@@ -137,15 +137,29 @@ fn request_bodies() -> Vec<Vec<u8>> {
     ];
     let token = Token(77);
     let writes = vec![
-        Request::Acquire { name: "a".into(), owner: "w".into(), ttl_ms: 5_000, wait_ms: 0, value: vec![] },
-        Request::Acquire { name: "v".into(), owner: "w".into(), ttl_ms: 5_000, wait_ms: 0, value: b"addr".to_vec() },
+        Request::Acquire {
+            name: "a".into(),
+            owner: "w".into(),
+            ttl_ms: 5_000,
+            wait_ms: 0,
+            value: vec![],
+            lock_delay_ms: 0,
+        },
+        Request::Acquire {
+            name: "v".into(),
+            owner: "w".into(),
+            ttl_ms: 5_000,
+            wait_ms: 0,
+            value: b"addr".to_vec(),
+            lock_delay_ms: 2_000,
+        },
         Request::Release { name: "a".into(), token },
         Request::Renew { name: "a".into(), token, ttl_ms: Some(9_000) },
         Request::Renew { name: "a".into(), token, ttl_ms: None },
         Request::Cancel { name: "a".into(), token },
         Request::OpenSession { owner: "s".into(), lease_ms: 2_000 },
         Request::CloseSession { id: 7 },
-        Request::SessionAcquire { id: 7, name: "b".into(), wait: true, value: vec![7; 3] },
+        Request::SessionAcquire { id: 7, name: "b".into(), wait: true, value: vec![7; 3], lock_delay_ms: 1_000 },
         Request::SetValue { name: "v".into(), token, value: b"new".to_vec() },
         Request::CreateKey { tenant: 4, hash: [1; 32] },
         Request::RevokeKey { tenant: 4 },

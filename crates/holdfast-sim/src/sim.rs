@@ -440,7 +440,12 @@ impl NodeSpec {
             id: self.id,
             members: self.members.clone(),
             data_dir: "/simulated".into(),
-            limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 24 * 3_600_000, wait_ms_max: 300_000 },
+            limits: FrontLimits {
+                ttl_ms_min: 100,
+                ttl_ms_max: 24 * 3_600_000,
+                wait_ms_max: 300_000,
+                lock_delay_ms_max: 60_000,
+            },
             heartbeat_ms: 100,
             election_timeout_ms: 250,
             snapshot_every_entries: self.snapshot_every_entries,

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use holdfast_client::{Client, ClusterStatus, Error as ClientError, Hold, HolderInfo, Leader, LockInfo};
+use holdfast_client::{
+    AcquireOptions, Client, ClusterStatus, Error as ClientError, Hold, HolderInfo, Leader, LockInfo,
+};
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
@@ -11,7 +13,7 @@ use crate::run::{EXIT_BUSY, EXIT_UNREACHABLE, EXIT_USAGE};
 
 /// What a `lock` subcommand asks for.
 pub enum LockCommand {
-    Acquire { name: String, ttl: Duration, wait: Duration, value: Vec<u8> },
+    Acquire { name: String, ttl: Duration, wait: Duration, options: AcquireOptions },
     SetValue { name: String, token: String, value: Vec<u8> },
     Watch { name: String, prefix: bool, after: u64 },
     Release { name: String, token: String },
@@ -23,8 +25,8 @@ pub enum LockCommand {
 /// Runs a `lock` subcommand; answers the exit code.
 pub async fn lock(client: &Client, command: LockCommand, as_json: bool) -> u8 {
     let result = match command {
-        LockCommand::Acquire { name, ttl, wait, value } => {
-            client.acquire_with_value(&name, ttl, wait, value).await.map(|h| hold_out(&h))
+        LockCommand::Acquire { name, ttl, wait, options } => {
+            client.acquire_with(&name, ttl, wait, options).await.map(|h| hold_out(&h))
         }
         LockCommand::SetValue { name, token, value } => {
             client.set_value(&name, &token, value).await.map(|h| hold_out(&h))
@@ -61,6 +63,13 @@ async fn watch(client: &Client, name: &str, prefix: bool, after: u64, as_json: b
         };
         let line = match (&lock.holder, as_json) {
             (_, true) => lock_json(&lock).to_string(),
+            (Some(HolderInfo { free_at_ms: Some(free_at_ms), owner, fence, .. }), false) => format!(
+                "revision {} {} free at {} (lock-delay: the hold of {owner} fence {fence} expired) waiters {}",
+                lock.revision,
+                lock.name,
+                when(*free_at_ms),
+                lock.waiters.len()
+            ),
             (Some(h), false) => format!(
                 "revision {} {} held by {} fence {} value {:?} waiters {}",
                 lock.revision,
@@ -177,7 +186,7 @@ fn holder_json(h: &HolderInfo) -> Value {
     json!({
         "owner": h.owner, "fence": h.fence, "granted_at_ms": h.granted_at_ms,
         "expires_at_ms": h.expires_at_ms, "ttl_ms": h.ttl_ms, "session_id": h.session_id,
-        "value": String::from_utf8_lossy(&h.value),
+        "value": String::from_utf8_lossy(&h.value), "free_at_ms": h.free_at_ms,
     })
 }
 
@@ -195,6 +204,9 @@ fn locks_out(locks: &[LockInfo], next: Option<&str>) -> Out {
         .iter()
         .map(|l| {
             let (owner, fence, expires) = match &l.holder {
+                Some(h @ HolderInfo { free_at_ms: Some(free_at_ms), .. }) => {
+                    (h.owner.clone(), h.fence.to_string(), format!("lock-delay until {}", when(*free_at_ms)))
+                }
                 Some(h) => (
                     h.owner.clone(),
                     h.fence.to_string(),

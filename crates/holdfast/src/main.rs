@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
+use holdfast_client::AcquireOptions;
 use holdfast_server::limits;
 use holdfast_server::FrontLimits;
 
@@ -136,6 +137,10 @@ struct RunCli {
     /// The exit code when the lock is busy (as flock's -E).
     #[arg(short = 'E', long = "conflict-exit-code", default_value_t = run::EXIT_BUSY)]
     conflict_exit_code: u8,
+    /// If the session's lease runs out while it holds the lock (this host died or was cut off), nobody
+    /// else gets the lock for this long after (default: no delay; at most the server's --lock-delay-max).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    lock_delay: Duration,
     /// After the lock is lost: how long the command has between SIGTERM and SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     kill_after: Duration,
@@ -166,6 +171,10 @@ struct ElectCli {
     /// The session's lease: leadership is lost if the cluster hears nothing for this long.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     ttl: Duration,
+    /// If the session's lease runs out while it leads (this host died or was cut off), nobody
+    /// else gets the lock for this long after (default: no delay; at most the server's --lock-delay-max).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    lock_delay: Duration,
     /// After leadership is lost: how long the command has between SIGTERM and SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     kill_after: Duration,
@@ -192,6 +201,9 @@ enum LockCli {
         /// What the hold publishes (at most 1 KiB).
         #[arg(long, default_value = "")]
         value: String,
+        /// If the hold expires (not renewed in time), nobody gets the lock for this long after.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        lock_delay: Duration,
     },
     /// Publish a new value on a lock held with --token.
     SetValue {
@@ -398,6 +410,10 @@ struct ServerArgs {
     /// The longest a client may wait in a lock's queue in one request.
     #[arg(long, env = "HOLDFAST_WAIT_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
     wait_max: Duration,
+    /// The longest lock-delay a client may ask for (`lock_delay=`): how long a lock whose holder's lease
+    /// ran out stays ungranted.
+    #[arg(long, env = "HOLDFAST_LOCK_DELAY_MAX", default_value = "60s", value_parser = humantime::parse_duration)]
+    lock_delay_max: Duration,
     /// How often the leader sends Raft heartbeats.
     #[arg(long, env = "HOLDFAST_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
@@ -477,7 +493,7 @@ fn run_command(args: RunCli) -> anyhow::Result<()> {
         name: args.name,
         ttl: args.ttl,
         wait,
-        value: Vec::new(),
+        options: AcquireOptions { value: Vec::new(), lock_delay: args.lock_delay },
         busy_code: args.conflict_exit_code,
         kill_after: args.kill_after,
         command: args.command,
@@ -508,7 +524,7 @@ fn elect_command(args: ElectCli) -> anyhow::Result<()> {
         name: args.name,
         ttl: args.ttl,
         wait: run::Wait::Forever,
-        value: args.value.into_bytes(),
+        options: AcquireOptions { value: args.value.into_bytes(), lock_delay: args.lock_delay },
         busy_code: run::EXIT_BUSY,
         kill_after: args.kill_after,
         command: args.command,
@@ -519,8 +535,9 @@ fn elect_command(args: ElectCli) -> anyhow::Result<()> {
 /// `holdfast lock …`: one call.
 fn lock_command(target: Target, command: LockCli) -> anyhow::Result<()> {
     let command = match command {
-        LockCli::Acquire { name, ttl, wait, value } => {
-            cli::LockCommand::Acquire { name, ttl, wait, value: value.into_bytes() }
+        LockCli::Acquire { name, ttl, wait, value, lock_delay } => {
+            let options = AcquireOptions { value: value.into_bytes(), lock_delay };
+            cli::LockCommand::Acquire { name, ttl, wait, options }
         }
         LockCli::SetValue { name, token, value } => {
             cli::LockCommand::SetValue { name, token, value: value.into_bytes() }
@@ -661,6 +678,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
             ttl_ms_min: millis(args.ttl_min),
             ttl_ms_max: millis(args.ttl_max),
             wait_ms_max: millis(args.wait_max),
+            lock_delay_ms_max: millis(args.lock_delay_max),
         },
         heartbeat_ms: millis(args.heartbeat_interval),
         election_timeout_ms: millis(args.election_timeout),
@@ -723,6 +741,9 @@ fn check_times(args: &ServerArgs) -> anyhow::Result<()> {
     }
     if millis(args.wait_max) > limits::WAIT_MS_MAX {
         bail!("--wait-max must be at most {} ms", limits::WAIT_MS_MAX);
+    }
+    if millis(args.lock_delay_max) > limits::LOCK_DELAY_MS_MAX {
+        bail!("--lock-delay-max must be at most {} ms", limits::LOCK_DELAY_MS_MAX);
     }
     if args.queue_hold > Duration::from_secs(10) {
         bail!("--queue-hold must be at most 10s");

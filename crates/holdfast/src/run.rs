@@ -8,7 +8,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use holdfast_client::Error as ClientError;
+use holdfast_client::{AcquireOptions, Error as ClientError};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// The lock is held by someone else (with `--no-wait`) or the wait ran out; `-E` changes it, as flock's.
@@ -40,8 +40,8 @@ pub struct RunArgs {
     pub name: String,
     pub ttl: Duration,
     pub wait: Wait,
-    /// What the holder publishes while it holds the lock (`holdfast elect --value`).
-    pub value: Vec<u8>,
+    /// What the holder publishes while it holds the lock (`holdfast elect --value`), and its lock-delay.
+    pub options: AcquireOptions,
     pub busy_code: u8,
     pub kill_after: Duration,
     pub command: Vec<String>,
@@ -95,9 +95,9 @@ pub async fn run(args: RunArgs) -> u8 {
     let acquire = async {
         match args.wait {
             // A zero wait is a try-lock whose Busy names the holder.
-            Wait::No => session.lock_with_value(&args.name, Some(Duration::ZERO), args.value.clone()).await,
-            Wait::For(wait) => session.lock_with_value(&args.name, Some(wait), args.value.clone()).await,
-            Wait::Forever => session.lock_with_value(&args.name, None, args.value.clone()).await,
+            Wait::No => session.lock_with(&args.name, Some(Duration::ZERO), args.options.clone()).await,
+            Wait::For(wait) => session.lock_with(&args.name, Some(wait), args.options.clone()).await,
+            Wait::Forever => session.lock_with(&args.name, None, args.options.clone()).await,
         }
     };
     let held = tokio::select! {

@@ -91,6 +91,7 @@ impl From<Reject> for ApiError {
             Reject::InvalidTtl(_) => ApiError::invalid("invalid-ttl", detail),
             Reject::InvalidWait(_) => ApiError::invalid("invalid-wait", detail),
             Reject::ValueTooLong(_) => ApiError::invalid("invalid-value", detail),
+            Reject::InvalidLockDelay(_) => ApiError::invalid("invalid-lock-delay", detail),
             Reject::NotHolder { name, .. } => ApiError::NotHolder { name },
             Reject::Expired { name } => ApiError::Expired { name },
             Reject::SessionHold { .. } => ApiError::invalid("session-hold", detail),

@@ -58,6 +58,16 @@ pub fn check_wait(api: &Api, wait_ms: u64) -> Result<u64, ApiError> {
     Err(ApiError::invalid("invalid-wait", format!("wait {} is longer than {}", show_ms(wait_ms), show_ms(max))))
 }
 
+/// A lock-delay within this node's configured bound.
+pub fn check_lock_delay(api: &Api, lock_delay_ms: u64) -> Result<u64, ApiError> {
+    let max = api.limits.lock_delay_ms_max;
+    if lock_delay_ms <= max {
+        return Ok(lock_delay_ms);
+    }
+    let detail = format!("lock_delay {} is longer than {}", show_ms(lock_delay_ms), show_ms(max));
+    Err(ApiError::invalid("invalid-lock-delay", detail))
+}
+
 /// A value of at most [`limits::VALUE_LEN_MAX`] bytes.
 pub fn check_value(value: &[u8]) -> Result<(), ApiError> {
     if value.len() <= limits::VALUE_LEN_MAX {
@@ -95,18 +105,20 @@ pub struct AcquireArgs {
     pub wait_ms: u64,
     /// What the grant publishes (empty: nothing).
     pub value: Vec<u8>,
+    /// How long the lock stays ungranted if the hold expires (0: not at all).
+    pub lock_delay_ms: u64,
 }
 
 /// Takes a lock for a TTL, waiting in its queue up to the wait asked for if it is held.
 pub async fn acquire(api: &Arc<Api>, scope: &Scope, args: AcquireArgs) -> Result<Grant, ApiError> {
-    let AcquireArgs { name, owner, ttl_ms, wait_ms, value } = args;
-    check_name(&name)?;
-    check_owner(&owner)?;
-    check_ttl(api, ttl_ms)?;
-    check_wait(api, wait_ms)?;
-    check_value(&value)?;
-    let name = scope.inner(&name);
-    let granted = acquire_stored(api, name, scope.inner(&owner), ttl_ms, wait_ms, value).await;
+    check_name(&args.name)?;
+    check_owner(&args.owner)?;
+    check_ttl(api, args.ttl_ms)?;
+    check_wait(api, args.wait_ms)?;
+    check_value(&args.value)?;
+    check_lock_delay(api, args.lock_delay_ms)?;
+    let args = AcquireArgs { name: scope.inner(&args.name), owner: scope.inner(&args.owner), ..args };
+    let granted = acquire_stored(api, args).await;
     granted
         .map(|mut grant| {
             grant.fence = api.told_fence(grant.fence);
@@ -115,16 +127,10 @@ pub async fn acquire(api: &Arc<Api>, scope: &Scope, args: AcquireArgs) -> Result
         .map_err(|e| scope.error(e))
 }
 
-async fn acquire_stored(
-    api: &Arc<Api>,
-    name: String,
-    owner: String,
-    ttl_ms: u64,
-    wait_ms: u64,
-    value: Vec<u8>,
-) -> Result<Grant, ApiError> {
+async fn acquire_stored(api: &Arc<Api>, args: AcquireArgs) -> Result<Grant, ApiError> {
     let started = Instant::now();
-    let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms, value };
+    let AcquireArgs { name, owner, ttl_ms, wait_ms, value, lock_delay_ms } = args;
+    let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms, value, lock_delay_ms };
     let written = acquire_or_undo(api, name.clone(), request).await?;
     match written.outcome().clone() {
         Outcome::Granted(grant) => Ok(grant),

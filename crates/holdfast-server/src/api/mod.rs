@@ -40,6 +40,8 @@ pub struct FrontLimits {
     pub ttl_ms_min: u64,
     pub ttl_ms_max: u64,
     pub wait_ms_max: u64,
+    /// The longest lock-delay an acquire may ask for.
+    pub lock_delay_ms_max: u64,
 }
 
 /// What the fronts hold: a node as its clients see it.

@@ -91,7 +91,7 @@ struct Inner {
     streams: BTreeMap<SessionId, mpsc::UnboundedSender<SessionNote>>,
     /// Which session holds each session-held lock (name, fence), to route the end of a hold.
     session_holds: BTreeMap<(String, u64), SessionId>,
-    /// TTL holds by name, tagged with the fence.
+    /// TTL holds and lock-delays by name, tagged with the fence.
     holds: Deadlines<String>,
     /// Sessions, tagged 0.
     sessions: Deadlines<SessionId>,
@@ -119,8 +119,10 @@ struct Rebuilt {
 
 impl Rebuilt {
     fn of(state: &LockState, now: Instant) -> Self {
+        let ttl_holds = state.ttl_holds().map(|(name, fence, ttl_ms, _)| (name, fence, ttl_ms));
+        let delays = state.lock_delays().map(|(name, fence, delay_ms, _)| (name, fence, delay_ms));
         let holds = Deadlines::of(
-            state.ttl_holds().map(|(name, fence, ttl_ms, _)| (name.to_owned(), fence, Duration::from_millis(ttl_ms))),
+            ttl_holds.chain(delays).map(|(name, fence, ms)| (name.to_owned(), fence, Duration::from_millis(ms))),
             now,
         );
         let waiter_names: BTreeMap<Token, String> =
@@ -435,11 +437,14 @@ impl Events {
             if expire.len() >= limits::EXPIRE_BATCH_MAX {
                 return expire;
             }
-            let hold = state.holder(name).filter(|h| h.fence == fence);
-            if let Some(Lease::Ttl { expires_at_ms, .. }) = hold.map(|h| h.lease) {
-                if expires_at_ms <= wall_ms {
-                    expire.locks.push((name.clone(), fence));
-                }
+            // A TTL hold whose advertised end passed, or a lock-delay past its end.
+            let end = match state.holder(name).filter(|h| h.fence == fence).map(|h| h.lease) {
+                Some(Lease::Ttl { expires_at_ms, .. }) => Some(expires_at_ms),
+                Some(Lease::Delayed { free_at_ms }) => Some(free_at_ms),
+                Some(Lease::Session(_)) | None => None,
+            };
+            if end.is_some_and(|end| end <= wall_ms) {
+                expire.locks.push((name.clone(), fence));
             }
         }
         for (token, _) in inner.waiters.due(now) {
@@ -474,6 +479,7 @@ impl ApplyObserver for Events {
         let waits_elsewhere = |grant: &Grant| match grant.lease {
             Lease::Session(id) => !inner.streams.contains_key(&id),
             Lease::Ttl { .. } => !inner.watchers.contains_key(&grant.token),
+            Lease::Delayed { .. } => false,
         };
         let handed_over = applied.grants.iter().any(|grant| !own_grant(grant) && waits_elsewhere(grant));
         if handed_over || matches!(applied.outcome, Outcome::SessionOpened { .. }) {
@@ -490,6 +496,11 @@ impl ApplyObserver for Events {
                 }
             }
         }
+        for (name, fence, delay_ms) in &applied.delayed {
+            // A lock-delay runs out as a TTL hold does: a full delay on this node's clock from now (or from
+            // its promotion), and not before its end by leader time.
+            inner.holds.set(name, *fence, now, Duration::from_millis(*delay_ms));
+        }
         let renewed = match &applied.outcome {
             Outcome::Renewed(grant) => Some(grant),
             _ => None,
@@ -505,6 +516,7 @@ impl ApplyObserver for Events {
                         let _ = tx.send(SessionNote::Granted(grant.clone()));
                     }
                 }
+                Lease::Delayed { .. } => unreachable!("a grant is a live hold"),
             }
         }
         for grant in &applied.grants {

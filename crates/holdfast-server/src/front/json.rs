@@ -45,6 +45,11 @@ fn add_lease(body: &mut Value, lease: Lease) {
             body["ttl_ms"] = json!(ttl_ms);
         }
         Lease::Session(id) => body["session"] = json!(id.to_string()),
+        // Nobody holds it: this hold expired, and the lock is in its lock-delay until then.
+        Lease::Delayed { free_at_ms } => {
+            body["free_at"] = json!(rfc3339(free_at_ms));
+            body["free_at_ms"] = json!(free_at_ms);
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use holdfast_proto::v1::{self, Hold, Holder};
 pub fn hold(grant: &Grant) -> Hold {
     let (expires_at_ms, ttl_ms) = match grant.lease {
         Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms),
-        Lease::Session(_) => (0, 0),
+        Lease::Session(_) | Lease::Delayed { .. } => (0, 0),
     };
     Hold {
         name: grant.name.clone(),
@@ -26,6 +26,7 @@ pub fn holder(h: &HolderView) -> Holder {
     let (expires_at_ms, ttl_ms, session_id) = match h.lease {
         Lease::Ttl { ttl_ms, expires_at_ms } => (expires_at_ms, ttl_ms, 0),
         Lease::Session(id) => (0, 0, id),
+        Lease::Delayed { .. } => (0, 0, 0),
     };
     Holder {
         owner: h.owner.clone(),
@@ -35,6 +36,7 @@ pub fn holder(h: &HolderView) -> Holder {
         ttl_ms,
         session_id,
         value: h.value.clone(),
+        free_at_ms: h.lease.free_at_ms().unwrap_or(0),
     }
 }
 

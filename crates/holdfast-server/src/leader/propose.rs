@@ -7,11 +7,13 @@ use holdfast_store::Response;
 use super::Leader;
 use crate::peer::protocol::{NodeError, Request, Written};
 
-/// An acquire publishing `value`: a plain `Acquire` when it is empty, which every build reads.
-fn acquire_command(acquire: Acquire, value: Vec<u8>) -> Command {
-    match value.is_empty() {
-        true => Command::Acquire(acquire),
-        false => Command::AcquireValued { acquire, value },
+/// An acquire publishing `value` with a lock-delay: a plain `Acquire` when there is neither, which every
+/// build reads, and an `AcquireValued` when there is no delay.
+fn acquire_command(acquire: Acquire, value: Vec<u8>, lock_delay_ms: u64) -> Command {
+    match (value.is_empty(), lock_delay_ms) {
+        (true, 0) => Command::Acquire(acquire),
+        (false, 0) => Command::AcquireValued { acquire, value },
+        (_, lock_delay_ms) => Command::AcquireDelayed { acquire, value, lock_delay_ms },
     }
 }
 
@@ -53,10 +55,10 @@ impl Leader {
     /// opened session: the leader makes them before it proposes, so apply stays deterministic.
     fn command(&self, request: Request) -> (Command, Option<Token>, Option<SessionSecret>) {
         match request {
-            Request::Acquire { name, owner, ttl_ms, wait_ms, value } => {
+            Request::Acquire { name, owner, ttl_ms, wait_ms, value, lock_delay_ms } => {
                 let token = Token(self.random.draw());
                 let acquire = Acquire { name, owner, token, ttl_ms, wait_ms, session: None };
-                (acquire_command(acquire, value), Some(token), None)
+                (acquire_command(acquire, value, lock_delay_ms), Some(token), None)
             }
             Request::SetValue { name, token, value } => (Command::SetValue { name, token, value }, None, None),
             Request::Release { name, token } => (Command::Release { name, token }, None, None),
@@ -76,7 +78,7 @@ impl Leader {
             Request::CloseSession { id } => (Command::CloseSession { id }, None, None),
             Request::CreateKey { tenant, hash } => (Command::CreateKey { tenant, hash }, None, None),
             Request::RevokeKey { tenant } => (Command::RevokeKey { tenant }, None, None),
-            Request::SessionAcquire { id, name, wait, value } => {
+            Request::SessionAcquire { id, name, wait, value, lock_delay_ms } => {
                 let owner = crate::state::read(&self.state).session_summary(id).map(|(owner, ..)| owner.to_owned());
                 let token = Token(self.random.draw());
                 let acquire = Acquire {
@@ -87,7 +89,7 @@ impl Leader {
                     wait_ms: wait.into(),
                     session: Some(id),
                 };
-                (acquire_command(acquire, value), Some(token), None)
+                (acquire_command(acquire, value, lock_delay_ms), Some(token), None)
             }
         }
     }

@@ -36,8 +36,10 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 /// a `Command::Group`, which builds of version 1 cannot decode. Version 3: log entries may be a
 /// `Command::OpenSession` with its secret's digest, which builds of version 2 cannot decode. Version 4: log
 /// entries may be a `Command::AcquireValued` or `Command::SetValue`, and grants, holders and lock views carry
-/// values and revisions, which builds of version 3 cannot decode.
-pub const HELLO: &[u8; 8] = b"HFPEER/4";
+/// values and revisions, which builds of version 3 cannot decode. Version 5: log entries may be a
+/// `Command::AcquireDelayed`, forwarded acquires carry a lock-delay, and a holder's lease may be
+/// `Lease::Delayed`, which builds of version 4 cannot decode.
+pub const HELLO: &[u8; 8] = b"HFPEER/5";
 /// How long a new connection may take to say [`HELLO`].
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes read ahead on a peer connection, both ends: a small frame's length and body come in one read

@@ -17,13 +17,15 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// for an acquire, the token) and proposes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
-    /// Take a lock with a TTL, publishing `value` (empty: none) while held.
+    /// Take a lock with a TTL, publishing `value` (empty: none) while held, leaving a lock-delay of
+    /// `lock_delay_ms` (0: none) if the hold expires.
     Acquire {
         name: String,
         owner: String,
         ttl_ms: u64,
         wait_ms: u64,
         value: Vec<u8>,
+        lock_delay_ms: u64,
     },
     Release {
         name: String,
@@ -55,6 +57,7 @@ pub enum Request {
         name: String,
         wait: bool,
         value: Vec<u8>,
+        lock_delay_ms: u64,
     },
     /// Store an API key's hash for a new tenant (the node that made the key keeps the key to itself).
     CreateKey {

@@ -13,7 +13,7 @@ pub fn one_node(peer_addr: String, data_dir: PathBuf) -> Config {
         id: 1,
         members: BTreeMap::from([(1, peer_addr)]),
         data_dir,
-        limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 60_000, wait_ms_max: 60_000 },
+        limits: FrontLimits { ttl_ms_min: 100, ttl_ms_max: 60_000, wait_ms_max: 60_000, lock_delay_ms_max: 60_000 },
         heartbeat_ms: 50,
         election_timeout_ms: 200,
         snapshot_every_entries: 1000,

@@ -225,6 +225,11 @@ pub fn every_command() -> Vec<Command> {
             value: b"10.0.0.1:7070".to_vec(),
         },
         Command::SetValue { name: "v".into(), token, value: vec![0xff, 0, 1] },
+        Command::AcquireDelayed {
+            acquire: acquire("d", Some(9)).acquire().expect("an acquire").0.clone(),
+            value: vec![],
+            lock_delay_ms: 5_000,
+        },
     ];
     let mut kinds = BTreeSet::new();
     for cmd in &cmds {
@@ -245,8 +250,9 @@ pub fn every_command() -> Vec<Command> {
             Command::OpenSession { .. } => "open-session",
             Command::AcquireValued { .. } => "acquire-valued",
             Command::SetValue { .. } => "set-value",
+            Command::AcquireDelayed { .. } => "acquire-delayed",
         });
     }
-    assert_eq!(kinds.len(), 15, "a seed of every kind of command");
+    assert_eq!(kinds.len(), 16, "a seed of every kind of command");
     cmds
 }

@@ -15,7 +15,14 @@ use crate::front::proto::{hold, lock};
 
 pub async fn acquire(api: &Arc<Api>, scope: &auth::Scope, r: AcquireRequest) -> Result<Hold, ApiError> {
     let ttl_ms = ttl_or_default(api, r.ttl_ms);
-    let args = AcquireArgs { name: r.name, owner: or_anonymous(r.owner), ttl_ms, wait_ms: r.wait_ms, value: r.value };
+    let args = AcquireArgs {
+        name: r.name,
+        owner: or_anonymous(r.owner),
+        ttl_ms,
+        wait_ms: r.wait_ms,
+        value: r.value,
+        lock_delay_ms: r.lock_delay_ms,
+    };
     let grant = locks::acquire(api, scope, args).await?;
     Ok(hold(&grant))
 }

@@ -268,9 +268,14 @@ impl SessionStream {
                 });
             }
             RequestKind::Acquire(acquire) => {
-                match locks::check_name(&acquire.name).and_then(|()| locks::check_value(&acquire.value)) {
+                let checked = locks::check_name(&acquire.name)
+                    .and_then(|()| locks::check_value(&acquire.value))
+                    .and_then(|()| locks::check_lock_delay(&self.api, acquire.lock_delay_ms));
+                match checked {
                     Err(e) => self.send(session_error(&acquire.name, &e)).await?,
-                    Ok(()) => self.acquire(self.scope.inner(&acquire.name), acquire.wait, acquire.value).await?,
+                    Ok(_) => {
+                        self.acquire(v1::SessionAcquire { name: self.scope.inner(&acquire.name), ..acquire }).await?
+                    }
                 }
             }
             RequestKind::SetValue(set) => {
@@ -313,10 +318,9 @@ impl SessionStream {
         }
     }
 
-    async fn acquire(&mut self, name: String, wait: bool, value: Vec<u8>) -> Result<(), Status> {
-        if let Err(e) = locks::check_name(&name) {
-            return self.send(session_error(&name, &e)).await;
-        }
+    /// Asks for `acquire.name` (already in the session's scope).
+    async fn acquire(&mut self, acquire: v1::SessionAcquire) -> Result<(), Status> {
+        let v1::SessionAcquire { name, wait, value, lock_delay_ms } = acquire;
         if let Some(claim) = self.claims.get(&name) {
             // Asked again: answer what the session already has.
             return match claim.fence {
@@ -327,12 +331,12 @@ impl SessionStream {
                 }
             };
         }
-        let written =
-            match self.api.write(Request::SessionAcquire { id: self.id, name: name.clone(), wait, value }).await {
-                Ok(written) => written,
-                // The outcome is unknown: learn from the leader what the session has now.
-                Err(e) => return self.resync(&name, e).await,
-            };
+        let request = Request::SessionAcquire { id: self.id, name: name.clone(), wait, value, lock_delay_ms };
+        let written = match self.api.write(request).await {
+            Ok(written) => written,
+            // The outcome is unknown: learn from the leader what the session has now.
+            Err(e) => return self.resync(&name, e).await,
+        };
         match written.outcome().clone() {
             Outcome::Granted(grant) => {
                 self.claims.insert(name.clone(), Claim { token: grant.token, fence: Some(grant.fence) });
