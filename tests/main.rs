@@ -16,6 +16,7 @@ mod cli_run;
 mod containers;
 mod disk_damage;
 mod http_cluster;
+mod lock_delay;
 mod membership;
 mod observability;
 mod sessions_cluster;

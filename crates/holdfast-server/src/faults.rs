@@ -59,4 +59,6 @@ bugs! {
     campaign_despite_a_vote_granted,
     /// A watch stream is not sent the changes applied at odd log indexes.
     watch_skips_changes,
+    /// The leader proposes an acquire without the lock-delay its client asked for.
+    lock_delay_dropped,
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use crate::history::{Access, AccessKind, At, Call, Final, History, Hold, Op, Outcome, Watched};
+use crate::history::{Access, AccessKind, At, Call, Final, History, Hold, Leased, Op, Outcome, Watched};
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -421,6 +421,45 @@ fn linearizable_within(ops: &[Op], steps_max: u64) -> Vec<Violation> {
     violations
 }
 
+/// Every grant made during a lock-delay: after a grant that asked for one and whose client never sent a
+/// release (so it ended by expiry, no earlier than its advertised end), every later grant of the lock
+/// (a higher fence) must come no earlier than that end plus the delay. Both times are the leader's log
+/// time, which only goes forward, so clock faults do not excuse a miss.
+pub fn lock_delay(leased: &[Leased], ops: &[Op]) -> Vec<Violation> {
+    const CHECKER: &str = "lock_delay";
+    let release_sent: BTreeSet<(&str, u64)> = ops
+        .iter()
+        .filter_map(|op| match op.call {
+            Call::Release { fence } => Some((op.lock.as_str(), fence)),
+            _ => None,
+        })
+        .collect();
+    let mut violations = Vec::new();
+    for expired in leased.iter().filter(|l| l.lock_delay_ms > 0 && !release_sent.contains(&(l.lock.as_str(), l.fence)))
+    {
+        let free_at_ms = expired.expires_at_ms + expired.lock_delay_ms;
+        for later in leased.iter().filter(|l| l.lock == expired.lock && l.fence > expired.fence) {
+            if later.granted_at_ms < free_at_ms {
+                violations.push(Violation::new(
+                    CHECKER,
+                    format!(
+                        "lock {:?}: client {} was granted fence {} at {} ms, during the lock-delay of fence {} \
+                         (client {}, never released, expired at {} ms, free at {free_at_ms} ms)",
+                        later.lock,
+                        later.client,
+                        later.fence,
+                        later.granted_at_ms,
+                        expired.fence,
+                        expired.client,
+                        expired.expires_at_ms
+                    ),
+                ));
+            }
+        }
+    }
+    violations
+}
+
 /// Every checker over `history`: [`linearizable`] only on the calls whose lock `model_locks` selects (those
 /// whose grants cannot expire during the run), [`acknowledged`] only if the end state was read.
 pub fn all(
@@ -437,6 +476,7 @@ pub fn all(
     }
     violations.extend(liveness(&history.ops, healed, liveness_bound));
     violations.extend(watches(&history.watched, &history.ops));
+    violations.extend(lock_delay(&history.leased, &history.ops));
     let modelled: Vec<Op> = history.ops.iter().filter(|op| model_locks(&op.lock)).cloned().collect();
     violations.extend(linearizable(&modelled));
     violations
@@ -1453,6 +1493,7 @@ mod tests {
             holds: vec![hold(1, "a", 3, 10, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true)],
             watched: vec![seen(9, "a", 0, 0, None), seen(9, "a", 0, 3, Some(3))],
+            leased: vec![leased(1, "a", 3, 1_000, 61_000, 500)],
             end: Some(end(100, &[("a", 3)])),
             last_membership_change: None,
         };
@@ -1470,6 +1511,7 @@ mod tests {
             holds: vec![hold(1, "a", 3, 10, 60_000), hold(2, "a", 3, 30, 60_000)],
             accesses: vec![write(1, 3, 15, 0, 1, true), write(2, 3, 35, 0, 1, true)],
             watched: vec![seen(9, "a", 0, 1, None), seen(9, "a", 0, 5, None)],
+            leased: vec![leased(1, "d", 1, 0, 1_000, 500), leased(2, "d", 2, 1_400, 2_400, 500)],
             end: Some(end(100, &[])),
             last_membership_change: None,
         };
@@ -1486,10 +1528,50 @@ mod tests {
                 "acknowledged",
                 "liveness",
                 "watches",
+                "lock_delay",
                 "linearizable",
                 "linearizable",
             ]
         );
+    }
+
+    fn leased(client: u32, lock: &str, fence: u64, granted_at_ms: u64, expires_at_ms: u64, delay: u64) -> Leased {
+        Leased { client, lock: lock.to_owned(), fence, granted_at_ms, expires_at_ms, lock_delay_ms: delay }
+    }
+
+    #[test]
+    fn lock_delay_holds_a_grant_after_an_expiry_to_the_end_of_the_delay_and_not_after_a_release() {
+        // Fence 3 expired at 2 000 ms with a 500 ms delay: fence 9 at 2 500 ms is on time, fence 7 at 2 499 ms
+        // is not. Fence 9's client sent a release (answered or not): nothing waits after it.
+        let leased = [
+            leased(1, "d", 3, 1_000, 2_000, 500),
+            leased(2, "d", 7, 2_499, 3_499, 500),
+            leased(3, "d", 9, 2_500, 3_500, 500),
+            leased(4, "d", 11, 3_500, 4_500, 0),
+            leased(5, "e", 1, 1_000, 1_100, 500),
+        ];
+        let ops = [
+            Op {
+                client: 3,
+                lock: "d".into(),
+                call: Call::Release { fence: 9 },
+                invoked: ms(3_000),
+                completed: None,
+                outcome: Outcome::Unknown,
+            },
+            Op {
+                client: 2,
+                lock: "d".into(),
+                call: Call::Release { fence: 7 },
+                invoked: ms(2_600),
+                completed: Some(ms(2_610)),
+                outcome: Outcome::Released,
+            },
+        ];
+        let found = lock_delay(&leased, &ops);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].detail.contains("fence 7 at 2499 ms") && found[0].detail.contains("fence 3"), "{found:?}");
+        assert_eq!(lock_delay(&leased[2..], &ops), vec![], "a grant after a released hold waits for nothing");
     }
 
     fn seen(client: u32, lock: &str, segment: u64, revision: u64, holder: Option<u64>) -> Watched {

@@ -103,6 +103,18 @@ pub struct Watched {
     pub at: At,
 }
 
+/// A one-call grant with a lock-delay, in the leader's time (log time, which only goes forward): when it
+/// was granted and when its TTL runs out, as its answer said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leased {
+    pub client: u32,
+    pub lock: String,
+    pub fence: u64,
+    pub granted_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub lock_delay_ms: u64,
+}
+
 /// The locks the cluster holds at the end of a run, read from the healed cluster: lock name to the
 /// holder's fence.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -120,6 +132,8 @@ pub struct History {
     pub accesses: Vec<Access>,
     /// What watchers were sent, in the order each received it.
     pub watched: Vec<Watched>,
+    /// Grants that asked for a lock-delay.
+    pub leased: Vec<Leased>,
     pub end: Option<Final>,
     /// When the last membership change was made: one that removes the leader starts an election, so
     /// liveness is judged from after it as from after the faults' heal.

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::history::{Access, AccessKind, At, Call, History, Hold, Op, Outcome, Watched};
+use crate::history::{Access, AccessKind, At, Call, History, Hold, Leased, Op, Outcome, Watched};
 
 /// Simulated time since the run began (zero outside a simulated host).
 pub fn now() -> At {
@@ -49,6 +49,11 @@ impl Recorder {
     pub fn watched(&self, client: u32, lock: &str, segment: u64, revision: u64, holder: Option<u64>) {
         let watched = Watched { client, lock: lock.to_owned(), segment, revision, holder, at: now() };
         self.history().watched.push(watched);
+    }
+
+    /// Records a grant with a lock-delay, in the leader's time.
+    pub fn leased(&self, leased: Leased) {
+        self.history().leased.push(leased);
     }
 
     /// Records that a membership change was made at `at`.

@@ -97,6 +97,8 @@ pub enum Role {
     Watcher,
     /// Campaigns in an election on the client library, leads a while, resigns.
     Elector,
+    /// One-call holds of the delayed lock with a lock-delay, half of them left to expire.
+    Delayed,
 }
 
 /// A client written for one scenario: given its context, it runs to completion.
@@ -335,6 +337,7 @@ fn random_roles(rng: &mut StdRng, nodes: u64) -> (u64, Vec<Role>) {
     roles.push(Role::Reader);
     roles.push(Role::Watcher);
     roles.extend([Role::Elector, Role::Elector]);
+    roles.extend([Role::Delayed, Role::Delayed]);
     (spares, roles)
 }
 
@@ -533,6 +536,7 @@ fn start_clients(sim: &mut turmoil::Sim<'_>, plan: &Plan, recorder: &Recorder) -
             Role::Reader => sim.client(format!("c{client}"), workload::reader_client(ctx)),
             Role::Watcher => sim.client(format!("c{client}"), workload::watcher_client(ctx)),
             Role::Elector => sim.client(format!("c{client}"), workload::elector_client(ctx)),
+            Role::Delayed => sim.client(format!("c{client}"), workload::delayed_client(ctx)),
             Role::Admin { spare, victim } => {
                 // Changes begin well before the heal; faults may hold the last of them up past it, and
                 // liveness is then judged from after it (see `judge`).

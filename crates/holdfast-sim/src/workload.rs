@@ -10,7 +10,7 @@ use hyper::{Method, StatusCode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::history::{At, Call, Outcome};
+use crate::history::{At, Call, Leased, Outcome};
 use crate::http;
 use crate::record::{now, Recorder, Resource};
 
@@ -26,6 +26,10 @@ pub const KEPT_PREFIX: &str = "kept-";
 pub const MODEL_TTL_MS: u64 = 3_600_000;
 /// The TTL of a one-call client's hold on the fenced lock: short, so that stalled holders lose it.
 pub const FENCED_TTL_MS: u64 = 1_000;
+/// The lock the lock-delay clients contend for, the TTL of their holds, and the delay each asks for.
+pub const DELAYED_LOCK: &str = "delayed";
+pub const DELAYED_TTL_MS: u64 = 800;
+pub const LOCK_DELAY_MS: u64 = 1_500;
 /// The election the elector clients campaign in.
 pub const ELECTION: &str = "elected";
 /// The lease of a session client: long enough to outlive a leader's failover (an election takes about
@@ -49,12 +53,24 @@ pub struct Ctx {
 
 /// A one-call client's acquire of `lock` through `node`; records it. Answers the outcome and the token.
 pub async fn http_acquire(ctx: &Ctx, node: &str, lock: &str, ttl_ms: u64) -> (Outcome, Option<String>) {
+    let (outcome, grant) = http_acquire_with(ctx, node, lock, ttl_ms, "").await;
+    (outcome, grant.and_then(|body| body["token"].as_str().map(str::to_owned)))
+}
+
+/// [`http_acquire`] with more of the query (`&lock_delay=…`); answers the grant's body.
+async fn http_acquire_with(
+    ctx: &Ctx,
+    node: &str,
+    lock: &str,
+    ttl_ms: u64,
+    query: &str,
+) -> (Outcome, Option<serde_json::Value>) {
     let invoked = now();
-    let path = format!("/v1/locks/{lock}?ttl={ttl_ms}ms&owner=c{}", ctx.client);
+    let path = format!("/v1/locks/{lock}?ttl={ttl_ms}ms&owner=c{}{query}", ctx.client);
     let answer = http::call(node, Method::POST, &path).await;
     let (outcome, completed, token) = match &answer {
         Ok((StatusCode::OK, body)) => match (body["fence"].as_u64(), body["token"].as_str()) {
-            (Some(fence), Some(token)) => (Outcome::Granted { fence }, Some(now()), Some(token.to_owned())),
+            (Some(fence), Some(_)) => (Outcome::Granted { fence }, Some(now()), Some(body.clone())),
             _ => (Outcome::Unknown, Some(now()), None),
         },
         Ok((StatusCode::CONFLICT, body)) if body["type"] == "urn:holdfast:busy" => {
@@ -185,6 +201,42 @@ pub async fn fenced_http_client(ctx: Ctx) -> turmoil::Result {
             http_release_surely(&ctx, &mut rng, FENCED_LOCK, fence, &token).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
+    }
+    Ok(())
+}
+
+/// A one-call client of the delayed lock: try-locks it with a lock-delay through any node and, half the
+/// time, walks away without a release (a holder that died or stalled past its TTL), so that the lock must
+/// stay ungranted for the delay after its hold expires. Records each grant's leader times.
+pub async fn delayed_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    let query = format!("&lock_delay={LOCK_DELAY_MS}ms");
+    while now() < ctx.stop_at {
+        let node = &ctx.nodes[rng.gen_range(0..ctx.nodes.len())];
+        let (outcome, grant) = http_acquire_with(&ctx, node, DELAYED_LOCK, DELAYED_TTL_MS, &query).await;
+        if let (Outcome::Granted { fence }, Some(body)) = (outcome, grant) {
+            let (expires_at_ms, ttl_ms) = (body["expires_at_ms"].as_u64(), body["ttl_ms"].as_u64());
+            let (Some(expires_at_ms), Some(ttl_ms)) = (expires_at_ms, ttl_ms) else {
+                return Err(format!("a grant without its lease: {body}").into());
+            };
+            let granted_at_ms = expires_at_ms - ttl_ms;
+            let lock = DELAYED_LOCK.to_owned();
+            let lock_delay_ms = LOCK_DELAY_MS;
+            ctx.recorder.leased(Leased {
+                client: ctx.client,
+                lock,
+                fence,
+                granted_at_ms,
+                expires_at_ms,
+                lock_delay_ms,
+            });
+            if rng.gen_bool(0.5) {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..300))).await;
+                let token = body["token"].as_str().unwrap_or_default().to_owned();
+                http_release_surely(&ctx, &mut rng, DELAYED_LOCK, fence, &token).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..400))).await;
     }
     Ok(())
 }

@@ -290,3 +290,14 @@ fn watches_catch_a_stream_that_skips_changes() {
         caught(plan, Bugs { watch_skips_changes: true, ..Bugs::default() }, "watches");
     });
 }
+
+/// A leader that proposes acquires without their lock-delay: a lock whose holder walked away is granted
+/// again as soon as the hold expires.
+#[test]
+fn lock_delay_catches_a_leader_that_drops_the_delay() {
+    test_in_own_process("lock_delay_catches_a_leader_that_drops_the_delay", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(8.0));
+        plan.roles = vec![Role::Delayed, Role::Delayed, Role::Delayed];
+        caught(plan, Bugs { lock_delay_dropped: true, ..Bugs::default() }, "lock_delay");
+    });
+}

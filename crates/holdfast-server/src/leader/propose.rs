@@ -56,6 +56,7 @@ impl Leader {
     fn command(&self, request: Request) -> (Command, Option<Token>, Option<SessionSecret>) {
         match request {
             Request::Acquire { name, owner, ttl_ms, wait_ms, value, lock_delay_ms } => {
+                let lock_delay_ms = if self.bugs.lock_delay_dropped() { 0 } else { lock_delay_ms };
                 let token = Token(self.random.draw());
                 let acquire = Acquire { name, owner, token, ttl_ms, wait_ms, session: None };
                 (acquire_command(acquire, value, lock_delay_ms), Some(token), None)
