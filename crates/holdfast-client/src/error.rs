@@ -16,10 +16,10 @@ const PROBLEM_PREFIX: &str = "urn:holdfast:";
 pub enum Error {
     /// The lock is held by someone else (a one-shot acquire whose wait, if any, ran out). The holder is
     /// known when the server said who it is.
-    #[error("the lock is held{}", holder_suffix(.holder))]
+    #[error("{}", busy_text(.holder))]
     Busy {
-        /// Who holds it, when the answer said.
-        holder: Option<HolderInfo>,
+        /// Who holds it, when the answer said (boxed: it is most of the error's size).
+        holder: Option<Box<HolderInfo>>,
     },
     /// The token does not hold the lock: it is wrong, or its hold already ended.
     #[error("the token does not hold the lock (wrong, or its hold already ended)")]
@@ -63,13 +63,14 @@ pub enum Error {
     Unauthenticated(String),
 }
 
-fn holder_suffix(holder: &Option<HolderInfo>) -> String {
-    match holder {
-        Some(h @ HolderInfo { free_at_ms: Some(free_at_ms), .. }) => {
-            format!(" in its lock-delay until {free_at_ms} ms: the hold of {:?} (fence {}) expired", h.owner, h.fence)
-        }
-        Some(h) => format!(" by {:?} (fence {})", h.owner, h.fence),
-        None => String::new(),
+fn busy_text(holder: &Option<Box<HolderInfo>>) -> String {
+    match holder.as_deref() {
+        Some(h @ HolderInfo { free_at_ms: Some(free_at_ms), .. }) => format!(
+            "the lock is in its lock-delay until {free_at_ms} ms (leader time): the hold of {:?} (fence {}) expired",
+            h.owner, h.fence
+        ),
+        Some(h) => format!("the lock is held by {:?} (fence {})", h.owner, h.fence),
+        None => "the lock is held".to_owned(),
     }
 }
 
@@ -148,7 +149,7 @@ impl From<Status> for Error {
                     .get_bin(HOLDER_METADATA)
                     .and_then(|v| v.to_bytes().ok())
                     .and_then(|bytes| <holdfast_proto::v1::Holder as prost::Message>::decode(bytes).ok())
-                    .map(HolderInfo::from);
+                    .map(|holder| Box::new(HolderInfo::from(holder)));
                 Error::Busy { holder }
             }
             other => other,
@@ -223,7 +224,7 @@ mod tests {
         let mut busy = status(Code::AlreadyExists, Some("urn:holdfast:busy"), "held");
         let bytes = prost::Message::encode_to_vec(&holder);
         busy.metadata_mut().insert_bin(HOLDER_METADATA, tonic::metadata::MetadataValue::from_bytes(&bytes));
-        assert_eq!(Error::from(busy), Error::Busy { holder: Some(HolderInfo::from(holder)) });
+        assert_eq!(Error::from(busy), Error::Busy { holder: Some(Box::new(HolderInfo::from(holder))) });
         // Undecodable bytes are ignored: still busy, holder unknown.
         let mut garbled = status(Code::AlreadyExists, Some("urn:holdfast:busy"), "held");
         garbled.metadata_mut().insert_bin(HOLDER_METADATA, tonic::metadata::MetadataValue::from_bytes(&[0xff, 0xff]));
@@ -301,10 +302,10 @@ mod tests {
             free_at_ms: None,
         };
         let delayed = HolderInfo { free_at_ms: Some(5_000), session_id: None, ..holder.clone() };
-        assert_eq!(Error::Busy { holder: Some(holder) }.to_string(), "the lock is held by \"w1\" (fence 41)");
+        assert_eq!(Error::Busy { holder: Some(Box::new(holder)) }.to_string(), "the lock is held by \"w1\" (fence 41)");
         assert_eq!(
-            Error::Busy { holder: Some(delayed) }.to_string(),
-            "the lock is held in its lock-delay until 5000 ms: the hold of \"w1\" (fence 41) expired"
+            Error::Busy { holder: Some(Box::new(delayed)) }.to_string(),
+            "the lock is in its lock-delay until 5000 ms (leader time): the hold of \"w1\" (fence 41) expired"
         );
         assert_eq!(Error::Busy { holder: None }.to_string(), "the lock is held");
     }

@@ -241,7 +241,7 @@ impl Session {
         if wait == Some(Duration::ZERO) {
             return match self.acquire(name, false, None, value).await? {
                 Ok(held) => Ok(held),
-                Err(holder) => Err(Error::Busy { holder }),
+                Err(holder) => Err(Error::Busy { holder: holder.map(Box::new) }),
             };
         }
         let deadline = wait.map(|w| Instant::now() + w);

@@ -110,11 +110,8 @@ pub async fn run(args: RunArgs) -> u8 {
     };
     let held = match held {
         Ok(held) => held,
-        Err(ClientError::Busy { holder }) => {
-            match holder {
-                Some(h) => eprintln!("holdfast: {} is held by {} (fence {})", args.name, h.owner, h.fence),
-                None => eprintln!("holdfast: {} is held by someone else", args.name),
-            }
+        Err(busy @ ClientError::Busy { .. }) => {
+            eprintln!("holdfast: {}: {busy}", args.name);
             let _ = session.close().await;
             return args.busy_code;
         }

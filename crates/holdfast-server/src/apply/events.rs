@@ -468,6 +468,25 @@ impl Events {
     }
 }
 
+impl Events {
+    /// Forgets the holds `applied` ended (telling their sessions) and arms the lock-delays it began.
+    fn end_holds(inner: &mut Inner, applied: &Applied, now: Instant) {
+        for (name, fence) in &applied.ended {
+            inner.holds.end(name, *fence);
+            if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
+                if let Some(tx) = inner.streams.get(&id) {
+                    let _ = tx.send(SessionNote::Ended { name: name.clone(), fence: *fence });
+                }
+            }
+        }
+        for (name, fence, delay_ms) in &applied.delayed {
+            // A lock-delay runs out as a TTL hold does: a full delay on this node's clock from now (or from
+            // its promotion), and not before its end by leader time.
+            inner.holds.set(name, *fence, now, Duration::from_millis(*delay_ms));
+        }
+    }
+}
+
 impl ApplyObserver for Events {
     fn applied(&self, state: &LockState, index: u64, cmd: &Command, applied: &Applied) {
         self.count(applied);
@@ -488,19 +507,7 @@ impl ApplyObserver for Events {
         if !inner.lock_watchers.is_empty() || !inner.lock_streams.is_empty() || !inner.prefix_streams.is_empty() {
             self.tell_watches(&mut inner, state, index, cmd, applied);
         }
-        for (name, fence) in &applied.ended {
-            inner.holds.end(name, *fence);
-            if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
-                if let Some(tx) = inner.streams.get(&id) {
-                    let _ = tx.send(SessionNote::Ended { name: name.clone(), fence: *fence });
-                }
-            }
-        }
-        for (name, fence, delay_ms) in &applied.delayed {
-            // A lock-delay runs out as a TTL hold does: a full delay on this node's clock from now (or from
-            // its promotion), and not before its end by leader time.
-            inner.holds.set(name, *fence, now, Duration::from_millis(*delay_ms));
-        }
+        Events::end_holds(&mut inner, applied, now);
         let renewed = match &applied.outcome {
             Outcome::Renewed(grant) => Some(grant),
             _ => None,

@@ -85,7 +85,7 @@ pub fn watched_json(watched: &Watched) -> Value {
 
 /// Seconds until `holder` may be free, for `Retry-After` (at least 1).
 pub fn retry_after_s(holder: &HolderView) -> u64 {
-    match holder.lease.expires_at_ms() {
+    match holder.lease.expires_at_ms().or(holder.lease.free_at_ms()) {
         Some(end) => end.saturating_sub(wall_ms()).div_ceil(1000).max(1),
         None => 1,
     }
