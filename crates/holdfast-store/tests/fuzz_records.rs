@@ -453,7 +453,7 @@ fn the_template_store_and_its_records_read_back_as_written() {
 }
 
 /// The template's snapshot file with a byte set to 0 that breaks the state's invariants though the bytes
-/// still decode (found by the store target, then in a fence; now byte 401, lock `x`'s revision, which then
+/// still decode (found by the store target, then in a fence; now byte 425, lock `x`'s revision, which then
 /// lies below its fence). The open asserted the state's invariants before it checked the bytes against
 /// their recorded length and CRC: the assertion panicked. Now the check comes first, and the open refuses
 /// the file as corrupt.
@@ -461,8 +461,8 @@ fn the_template_store_and_its_records_read_back_as_written() {
 fn a_snapshot_file_changed_on_disk_is_refused_before_its_state_is_asserted() {
     let template = template();
     let mut bytes = std::fs::read(&template.snapshot).unwrap();
-    bytes[401] = 0;
-    assert!(breaks_invariants(&bytes), "byte 401 no longer breaks the state: find the byte this test means again");
+    bytes[425] = 0;
+    assert!(breaks_invariants(&bytes), "byte 425 no longer breaks the state: find the byte this test means again");
     let copy = copy_of_template(Some((&template.snapshot, &bytes)));
     let refused = reopened(copy.path()).unwrap_err();
     assert!(matches!(refused, StoreError::SnapshotCorrupt(_)), "{refused}");
