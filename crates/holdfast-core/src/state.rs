@@ -1523,10 +1523,11 @@ fn lock_view(name: &str, lock: &Lock) -> LockView {
 mod tests {
     use super::*;
 
-    /// The fields of [`LockState`] as builds before the persistent maps kept them (ordered maps).
+    /// The fields of [`LockState`] as builds before the persistent maps kept them (ordered maps), each lock
+    /// encoded as `L`: the lock itself, or the shape an older snapshot format gave it.
     #[derive(Serialize)]
-    struct OrderedMaps<'a> {
-        locks: BTreeMap<&'a String, &'a Lock>,
+    struct OrderedMaps<'a, L> {
+        locks: BTreeMap<&'a String, L>,
         sessions: BTreeMap<&'a SessionId, &'a Session>,
         keys: &'a BTreeMap<u64, ([u8; 32], u64)>,
         key_tenants: &'a BTreeMap<[u8; 32], u64>,
@@ -1535,6 +1536,38 @@ mod tests {
         forgotten_through: u64,
         now_ms: u64,
         applied_index: u64,
+    }
+
+    impl<'a, L> OrderedMaps<'a, L> {
+        fn of(state: &'a LockState, lock: impl Fn(&'a Lock) -> L) -> Self {
+            OrderedMaps {
+                locks: state.locks.iter().map(|(name, l)| (name, lock(l))).collect(),
+                sessions: state.sessions.iter().collect(),
+                keys: &state.keys,
+                key_tenants: &state.key_tenants,
+                freed: state.freed.iter().collect(),
+                frees: state.frees.iter().collect(),
+                forgotten_through: state.forgotten_through,
+                now_ms: state.now_ms,
+                applied_index: state.applied_index,
+            }
+        }
+    }
+
+    /// The secret digests a snapshot of a state with session 7 ([`open_session_7`]) carries after it.
+    fn secrets_of_7() -> BTreeMap<SessionId, SecretDigest> {
+        BTreeMap::from([(7u64, SessionSecret(Token(5)).digest())])
+    }
+
+    /// Session 7 open; "a" held by token 1 with session 7 waiting; "b" taken and released at 9.
+    fn state_for_older_formats() -> LockState {
+        let mut state = LockState::new();
+        let commands = [open_session_7(), acquire("a", 1, None), acquire("a", 2, Some(7)), acquire("b", 3, None)];
+        for (i, cmd) in commands.into_iter().enumerate() {
+            state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
+        }
+        state.apply(9, &Entry { at_ms: 2_000, cmd: Command::Release { name: "b".into(), token: Token(3) } });
+        state
     }
 
     /// An acquire of `name` by owner `w`, waiting up to a minute if it is held.
@@ -1569,19 +1602,8 @@ mod tests {
             state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
         }
         assert_eq!((state.lock_count(), state.session_count()), (3, 1));
-        let earlier = OrderedMaps {
-            locks: state.locks.iter().map(|(name, lock)| (name, &**lock)).collect(),
-            sessions: state.sessions.iter().collect(),
-            keys: &state.keys,
-            key_tenants: &state.key_tenants,
-            freed: state.freed.iter().collect(),
-            frees: state.frees.iter().collect(),
-            forgotten_through: state.forgotten_through,
-            now_ms: state.now_ms,
-            applied_index: state.applied_index,
-        };
-        let secrets = BTreeMap::from([(7u64, SessionSecret(Token(5)).digest())]);
-        assert_eq!(state.snapshot(), bincode::serialize(&(SNAPSHOT_FORMAT, &earlier, secrets)).unwrap());
+        let earlier = OrderedMaps::of(&state, |lock| lock);
+        assert_eq!(state.snapshot(), bincode::serialize(&(SNAPSHOT_FORMAT, &earlier, secrets_of_7())).unwrap());
     }
 
     #[test]
@@ -1612,13 +1634,7 @@ mod tests {
     /// value, its revision the snapshot's index; and one of format 2, without the sessions' secrets.
     #[test]
     fn snapshots_of_formats_3_and_2_restore_with_revisions_at_their_index() {
-        let mut state = LockState::new();
-        let open = open_session_7();
-        let commands = [open, acquire("a", 1, None), acquire("a", 2, Some(7)), acquire("b", 3, None)];
-        for (i, cmd) in commands.into_iter().enumerate() {
-            state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
-        }
-        state.apply(9, &Entry { at_ms: 2_000, cmd: Command::Release { name: "b".into(), token: Token(3) } });
+        let state = state_for_older_formats();
         // Format 3's encoding: each lock its holder and waiters, without values or revisions.
         #[derive(Serialize)]
         struct Format3<'a> {
@@ -1654,8 +1670,7 @@ mod tests {
             now_ms: state.now_ms,
             applied_index: state.applied_index,
         };
-        let secrets = BTreeMap::from([(7u64, SessionSecret(Token(5)).digest())]);
-        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_VALUES, &old, secrets)).unwrap();
+        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_VALUES, &old, secrets_of_7())).unwrap();
         let restored = LockState::restore(&bytes).expect("format 3 restores");
         restored.check_invariants();
         let mut expected = state.clone();
@@ -1676,60 +1691,24 @@ mod tests {
 
     #[test]
     fn a_snapshot_of_format_4_restores_with_no_lock_delays() {
-        let mut state = LockState::new();
-        let commands = [open_session_7(), acquire("a", 1, None), acquire("a", 2, Some(7)), acquire("b", 3, None)];
-        for (i, cmd) in commands.into_iter().enumerate() {
-            state.apply(i as u64 + 1, &Entry { at_ms: 1_000 + i as u64, cmd });
-        }
-        state.apply(9, &Entry { at_ms: 2_000, cmd: Command::Release { name: "b".into(), token: Token(3) } });
+        let state = state_for_older_formats();
         // Format 4's encoding: holders and waiters without their lock-delays.
-        #[derive(Serialize)]
-        struct Format4<'a> {
-            locks: BTreeMap<&'a String, (OldHolder<'a>, Vec<OldWaiter<'a>>, u64)>,
-            sessions: BTreeMap<&'a SessionId, &'a Session>,
-            keys: &'a BTreeMap<u64, ([u8; 32], u64)>,
-            key_tenants: &'a BTreeMap<[u8; 32], u64>,
-            freed: BTreeMap<&'a String, &'a u64>,
-            frees: Vec<&'a (u64, u64, String)>,
-            forgotten_through: u64,
-            now_ms: u64,
-            applied_index: u64,
-        }
         #[derive(Serialize)]
         struct OldHolder<'a>(&'a String, Token, u64, u64, Lease, &'a Vec<u8>);
         #[derive(Serialize)]
         struct OldWaiter<'a>(&'a String, Token, u64, u64, u64, Option<SessionId>, &'a Vec<u8>);
-        let old = Format4 {
-            locks: state
-                .locks
-                .iter()
-                .map(|(name, lock)| {
-                    let h = &lock.holder;
-                    let holder = OldHolder(&h.owner, h.token, h.fence, h.granted_at_ms, h.lease, &h.value);
-                    let waiters = (lock.waiters.iter())
-                        .map(|w| {
-                            OldWaiter(&w.owner, w.token, w.ttl_ms, w.queued_at_ms, w.wait_until_ms, w.session, &w.value)
-                        })
-                        .collect();
-                    (name, (holder, waiters, lock.revision))
-                })
-                .collect(),
-            sessions: state.sessions.iter().collect(),
-            keys: &state.keys,
-            key_tenants: &state.key_tenants,
-            freed: state.freed.iter().collect(),
-            frees: state.frees.iter().collect(),
-            forgotten_through: state.forgotten_through,
-            now_ms: state.now_ms,
-            applied_index: state.applied_index,
-        };
-        let secrets = BTreeMap::from([(7u64, SessionSecret(Token(5)).digest())]);
-        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_DELAYS, &old, secrets)).unwrap();
+        let old = OrderedMaps::of(&state, |lock| {
+            let h = &lock.holder;
+            let holder = OldHolder(&h.owner, h.token, h.fence, h.granted_at_ms, h.lease, &h.value);
+            let waiters: Vec<OldWaiter> = (lock.waiters.iter())
+                .map(|w| OldWaiter(&w.owner, w.token, w.ttl_ms, w.queued_at_ms, w.wait_until_ms, w.session, &w.value))
+                .collect();
+            (holder, waiters, lock.revision)
+        });
+        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_DELAYS, &old, secrets_of_7())).unwrap();
         let restored = LockState::restore(&bytes).expect("format 4 restores");
         restored.check_invariants();
-        let mut expected = state.clone();
-        expected.sessions.get_mut(&7).expect("open").secret = Some(SessionSecret(Token(5)).digest());
-        assert_eq!(restored, expected);
+        assert_eq!(restored, state, "the same state, every hold and waiter without a lock-delay");
         assert_eq!(restored.revision("b"), 9, "the free of b is remembered");
     }
 
