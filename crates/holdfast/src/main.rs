@@ -137,11 +137,22 @@ struct RunCli {
     /// The exit code when the lock is busy (as flock's -E).
     #[arg(short = 'E', long = "conflict-exit-code", default_value_t = run::EXIT_BUSY)]
     conflict_exit_code: u8,
-    /// If the session's lease runs out while it holds the lock (this host died or was cut off), nobody
-    /// else gets the lock for this long after (default: no delay; at most the server's --lock-delay-max).
+    #[command(flatten)]
+    hold: HoldCli,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// What `holdfast run` and `holdfast elect` share: how the lock is held, and the cluster.
+#[derive(clap::Args)]
+struct HoldCli {
+    /// If the session's lease runs out while this process holds the lock or leads (its host died or was
+    /// cut off), nobody else gets the lock for this long after (default: no delay; at most the server's
+    /// --lock-delay-max).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     lock_delay: Duration,
-    /// After the lock is lost: how long the command has between SIGTERM and SIGKILL.
+    /// After the lock (or the leadership) is lost: how long the command has between SIGTERM and SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     kill_after: Duration,
     /// Any nodes of the cluster, comma-separated (HOST:PORT of their client port).
@@ -149,9 +160,33 @@ struct RunCli {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: TlsArgs,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
+}
+
+impl HoldCli {
+    /// The client to hold the lock with; exits with the usage code if the TLS or key settings are wrong.
+    fn client(&self) -> holdfast_client::ClientBuilder {
+        match self.tls.builder(self.endpoints.clone()) {
+            Ok(client) => client,
+            Err(e) => {
+                eprintln!("holdfast: {e}");
+                exit(run::EXIT_USAGE)
+            }
+        }
+    }
+
+    /// What `holdfast run` is given to hold `name` with a session lease of `ttl`, publishing `value`.
+    fn run_args(&self, name: String, ttl: Duration, wait: run::Wait, value: Vec<u8>) -> run::RunArgs {
+        run::RunArgs {
+            client: self.client(),
+            name,
+            ttl,
+            wait,
+            options: AcquireOptions { value, lock_delay: self.lock_delay },
+            busy_code: run::EXIT_BUSY,
+            kill_after: self.kill_after,
+            command: Vec::new(),
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -171,18 +206,8 @@ struct ElectCli {
     /// The session's lease: leadership is lost if the cluster hears nothing for this long.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     ttl: Duration,
-    /// If the session's lease runs out while it leads (this host died or was cut off), nobody
-    /// else gets the lock for this long after (default: no delay; at most the server's --lock-delay-max).
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-    lock_delay: Duration,
-    /// After leadership is lost: how long the command has between SIGTERM and SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    kill_after: Duration,
-    /// Any nodes of the cluster, comma-separated (HOST:PORT of their client port).
-    #[arg(long, env = "HOLDFAST_ENDPOINTS", default_value = "127.0.0.1:7070", value_delimiter = ',')]
-    endpoints: Vec<String>,
     #[command(flatten)]
-    tls: TlsArgs,
+    hold: HoldCli,
     /// The command and its arguments, run while this process leads.
     #[arg(last = true, required_unless_present = "observe")]
     command: Vec<String>,
@@ -481,22 +506,10 @@ fn run_command(args: RunCli) -> anyhow::Result<()> {
         (false, Some(wait)) => run::Wait::For(wait),
         (false, None) => run::Wait::Forever,
     };
-    let client = match args.tls.builder(args.endpoints) {
-        Ok(client) => client,
-        Err(e) => {
-            eprintln!("holdfast: {e}");
-            exit(run::EXIT_USAGE)
-        }
-    };
     let run_args = run::RunArgs {
-        client,
-        name: args.name,
-        ttl: args.ttl,
-        wait,
-        options: AcquireOptions { value: Vec::new(), lock_delay: args.lock_delay },
         busy_code: args.conflict_exit_code,
-        kill_after: args.kill_after,
         command: args.command,
+        ..args.hold.run_args(args.name, args.ttl, wait, Vec::new())
     };
     exit(client_runtime()?.block_on(run::run(run_args)))
 }
@@ -504,14 +517,8 @@ fn run_command(args: RunCli) -> anyhow::Result<()> {
 /// `holdfast elect`: campaigns and runs the command while leading (exit codes as `holdfast run`'s), or
 /// observes.
 fn elect_command(args: ElectCli) -> anyhow::Result<()> {
-    let client = match args.tls.builder(args.endpoints) {
-        Ok(client) => client,
-        Err(e) => {
-            eprintln!("holdfast: {e}");
-            exit(run::EXIT_USAGE)
-        }
-    };
     if args.observe {
+        let client = args.hold.client();
         exit(client_runtime()?.block_on(async {
             match client.connect().await {
                 Ok(client) => cli::observe(&client, &args.name, args.json).await,
@@ -520,14 +527,8 @@ fn elect_command(args: ElectCli) -> anyhow::Result<()> {
         }));
     }
     let run_args = run::RunArgs {
-        client,
-        name: args.name,
-        ttl: args.ttl,
-        wait: run::Wait::Forever,
-        options: AcquireOptions { value: args.value.into_bytes(), lock_delay: args.lock_delay },
-        busy_code: run::EXIT_BUSY,
-        kill_after: args.kill_after,
         command: args.command,
+        ..args.hold.run_args(args.name, args.ttl, run::Wait::Forever, args.value.into_bytes())
     };
     exit(client_runtime()?.block_on(run::run(run_args)))
 }
