@@ -25,11 +25,6 @@ const EXIT_LOST: i32 = 70;
 const EXIT_CANNOT_RUN: i32 = 126;
 const EXIT_NOT_FOUND: i32 = 127;
 
-/// Every node's client address, comma-separated, for `--endpoints`.
-fn all_endpoints(cluster: &Cluster) -> String {
-    cluster.ids().map(|id| cluster.client_addr(id).to_string()).collect::<Vec<_>>().join(",")
-}
-
 /// The lock as the cluster's leader sees it (a 404 is returned, not failed).
 async fn lock_via_leader(cluster: &Cluster, name: &str) -> Reply {
     let leader = cluster.leader().await;
@@ -98,7 +93,7 @@ async fn run_exits_with_the_commands_code_and_releases_the_lock() {
     let cluster = Cluster::start(NODES).await;
     let work = tempfile::tempdir().expect("temporary directory for the jobs");
     let dir = work.path();
-    let endpoints = all_endpoints(&cluster);
+    let endpoints = cluster.endpoints();
     let not_executable = dir.join("not-executable.sh");
     std::fs::write(&not_executable, "#!/bin/sh\nexit 0\n").expect("write a script without the execute bit");
 
@@ -142,7 +137,7 @@ async fn the_command_sees_its_lock_fence_and_token() {
         "printf '%s\\n%s\\n%s\\n' \"$HOLDFAST_LOCK\" \"$HOLDFAST_FENCE\" \"$HOLDFAST_TOKEN\" > env.tmp && mv env.tmp env; {}",
         sh_wait_for_file("stop")
     );
-    let mut run = ClientProc::run(dir, "envjob", &["env-job", "--endpoints", &all_endpoints(&cluster)], &script);
+    let mut run = ClientProc::run(dir, "envjob", &["env-job", "--endpoints", &cluster.endpoints()], &script);
     let env = wait_for_file(&dir.join("env"), START_BOUND, "the command to write its environment").await;
     let lines: Vec<&str> = env.lines().collect();
     let [lock, fence, token] = lines[..] else { panic!("expected three lines, got {env:?}") };
@@ -172,7 +167,7 @@ async fn sigterm_to_run_reaches_the_command_and_the_lock_is_released() {
         sh_write_file("ready", "yes"),
         sh_wait_for_file("never")
     );
-    let mut run = ClientProc::run(dir, "trapper", &["trapjob", "--endpoints", &all_endpoints(&cluster)], &script);
+    let mut run = ClientProc::run(dir, "trapper", &["trapjob", "--endpoints", &cluster.endpoints()], &script);
     wait_for_file(&dir.join("ready"), START_BOUND, "the command to set its trap").await;
     let held = lock_via_leader(&cluster, "trapjob").await;
     held.ok("GET trapjob while the command runs");
@@ -241,7 +236,7 @@ async fn a_waiting_run_stopped_by_sigterm_leaves_the_queue_at_once() {
     let cluster = Cluster::start(NODES).await;
     let work = tempfile::tempdir().expect("temporary directory for the jobs");
     let dir = work.path();
-    let endpoints = all_endpoints(&cluster);
+    let endpoints = cluster.endpoints();
     let script = format!("{}; {}", sh_write_file("holding", "yes"), sh_wait_for_file("stop"));
     let mut holder = ClientProc::run(dir, "holder", &["queued-job", "--endpoints", &endpoints], &script);
     wait_for_file(&dir.join("holding"), START_BOUND, "the holder's command to start").await;

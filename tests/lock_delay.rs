@@ -12,6 +12,8 @@ use crate::common::{wait_for, ClientProc, Cluster, Grant, Reply};
 
 /// Three nodes, as in the smallest production deployment.
 const NODES: usize = 3;
+/// How long a queued acquire's request may take: its longest wait and a margin.
+const REPLY_BOUND: Duration = Duration::from_secs(90);
 
 /// The `free_at_ms` of the holder a read of `name` shows, once the lock is in its lock-delay.
 async fn in_delay(cluster: &Cluster, node: usize, name: &str) -> Value {
@@ -32,6 +34,18 @@ async fn reply_of(task: tokio::task::JoinHandle<reqwest::Result<reqwest::Respons
     let status = response.status().as_u16();
     let body = response.json().await.unwrap_or_else(|e| panic!("{what}: not JSON: {e}"));
     Reply { status, content_type: None, retry_after: None, body }
+}
+
+/// An acquire of `name` through `node` that queues up to `wait` for the lock, sent from a task of its own.
+fn queue(
+    cluster: &Cluster,
+    node: usize,
+    name: &str,
+    wait: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let url = format!("{}/v1/locks/{name}", cluster.client_url(node));
+    let request = cluster.http().post(&url).query(&[("ttl", "30s"), ("owner", "next"), ("wait", wait)]);
+    tokio::spawn(request.timeout(REPLY_BOUND).send())
 }
 
 /// When a grant was made (leader time): its advertised end less its TTL.
@@ -55,11 +69,7 @@ async fn an_expired_hold_with_a_lock_delay_goes_to_its_waiter_only_after_the_del
     let taken = cluster.post(follower, "/v1/locks/job?ttl=1s&owner=paused&value=10.0.0.1&lock_delay=4s").await;
     let first = Grant::from_reply(&taken, "the acquire with a lock-delay");
     // Another node's client waits in the queue.
-    let waiting = {
-        let url = format!("{}/v1/locks/job", cluster.client_url(other));
-        let request = cluster.http().post(&url).query(&[("ttl", "30s"), ("owner", "next"), ("wait", "60s")]);
-        tokio::spawn(request.timeout(Duration::from_secs(90)).send())
-    };
+    let waiting = queue(&cluster, other, "job", "60s");
 
     // The hold expires: nobody holds the lock, and reads say since when it is free again.
     let holder = in_delay(&cluster, follower, "job").await;
@@ -94,12 +104,8 @@ async fn a_released_hold_with_a_lock_delay_is_handed_over_at_once() {
 
     let taken = cluster.post(leader, "/v1/locks/job?ttl=60s&owner=first&lock_delay=60s").await;
     let first = Grant::from_reply(&taken, "the acquire with a lock-delay");
-    let waiting = {
-        let url = format!("{}/v1/locks/job", cluster.client_url(follower));
-        // A wait shorter than the delay: a grant within it is one the delay did not hold back.
-        let request = cluster.http().post(&url).query(&[("ttl", "30s"), ("owner", "next"), ("wait", "30s")]);
-        tokio::spawn(request.timeout(Duration::from_secs(60)).send())
-    };
+    // A wait shorter than the delay: a grant within it is one the delay did not hold back.
+    let waiting = queue(&cluster, follower, "job", "30s");
     wait_for(Duration::from_secs(20), "the waiter in the queue", async || {
         let read = cluster.lock(leader, "job").await;
         match read.body["waiters"].as_array().map(Vec::len) {
@@ -119,7 +125,7 @@ async fn a_released_hold_with_a_lock_delay_is_handed_over_at_once() {
 async fn a_holdfast_run_killed_with_9_leaves_the_lock_delay_its_session_asked_for() {
     let cluster = Cluster::start(NODES).await;
     let work = tempfile::tempdir().expect("a work directory");
-    let endpoints = cluster.ids().map(|id| cluster.client_addr(id).to_string()).collect::<Vec<_>>().join(",");
+    let endpoints = cluster.endpoints();
     let args = ["--ttl", "1s", "--lock-delay", "3s", "--endpoints", &endpoints, "job"];
     let mut holder = ClientProc::run(work.path(), "holder", &args, "echo $HOLDFAST_FENCE > fence; sleep 600");
     let fence: u64 = crate::common::wait_for_file(&work.path().join("fence"), Duration::from_secs(30), "the fence")

@@ -196,7 +196,7 @@ async fn three_elect_processes_follow_each_other_and_observers_see_the_leaders_i
     let cluster = Cluster::start(NODES).await;
     let work = tempfile::tempdir().expect("a work directory");
     let dir = work.path();
-    let endpoints = cluster.ids().map(|id| cluster.client_addr(id).to_string()).collect::<Vec<_>>().join(",");
+    let endpoints = cluster.endpoints();
     let observe = |label: &str| {
         let args = ["elect", "e", "--observe", "--json", "--endpoints", &endpoints];
         ClientProc::start(dir, label, &args.map(str::to_owned))

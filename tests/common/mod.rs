@@ -366,6 +366,11 @@ impl Cluster {
         format!("{}://{}", self.scheme, self.node(id).client_addr)
     }
 
+    /// Every node's client address, comma-separated, for a client's `--endpoints`.
+    pub fn endpoints(&self) -> String {
+        self.ids().map(|id| self.client_addr(id).to_string()).collect::<Vec<_>>().join(",")
+    }
+
     /// `127.0.0.1:PORT` of node `id`'s client port.
     pub fn client_addr(&self, id: usize) -> SocketAddr {
         self.node(id).client_addr

@@ -244,14 +244,20 @@ pub async fn renew(
     if let Some(ttl_ms) = ttl_ms {
         check_ttl(api, ttl_ms)?;
     }
-    let renewed = async {
-        match api.route.write(Request::Renew { name: scope.inner(&name), token, ttl_ms }).await?.outcome().clone() {
-            Outcome::Renewed(grant) => Ok(scope.grant(grant)),
+    hold_changed(api, scope, Request::Renew { name: scope.inner(&name), token, ttl_ms }).await
+}
+
+/// Writes `request`, a change to a hold (a renewal, a value), and answers the hold as it now is, in the
+/// caller's scope.
+async fn hold_changed(api: &Arc<Api>, scope: &Scope, request: Request) -> Result<Grant, ApiError> {
+    let changed = async {
+        match api.route.write(request).await?.outcome().clone() {
+            Outcome::Renewed(grant) | Outcome::ValueSet(grant) => Ok(scope.grant(grant)),
             Outcome::Rejected(reject) => Err(reject.into()),
             other => Err(ApiError::unexpected(other)),
         }
     };
-    renewed.await.map_err(|e| scope.error(e))
+    changed.await.map_err(|e| scope.error(e))
 }
 
 /// Publishes `value` on the hold `token` has on `name` (one log entry; the fence stays).
@@ -264,14 +270,7 @@ pub async fn set_value(
 ) -> Result<Grant, ApiError> {
     check_name(&name)?;
     check_value(&value)?;
-    let set = async {
-        match api.route.write(Request::SetValue { name: scope.inner(&name), token, value }).await?.outcome().clone() {
-            Outcome::ValueSet(grant) => Ok(scope.grant(grant)),
-            Outcome::Rejected(reject) => Err(reject.into()),
-            other => Err(ApiError::unexpected(other)),
-        }
-    };
-    set.await.map_err(|e| scope.error(e))
+    hold_changed(api, scope, Request::SetValue { name: scope.inner(&name), token, value }).await
 }
 
 /// A lock as a watch sees it: held or not, and its revision.
