@@ -103,6 +103,10 @@ pub struct Config {
     pub rng_seed: Option<u64>,
     /// Deliberately broken behaviours, all off: for the simulation's checker tests only.
     pub bugs: Bugs,
+    /// The operator's bound on how far two nodes' wall clocks may disagree (`--max-clock-skew`). `None`
+    /// (the default, safe under any clocks): a new leader gives every TTL hold a full lease from its
+    /// promotion. With a bound, it keeps each TTL hold's stamped end plus the bound and its election.
+    pub max_clock_skew: Option<Duration>,
 }
 
 /// Where a node listens.
@@ -225,7 +229,7 @@ where
     let metrics = metrics::Metrics::new();
     metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
     let metrics = Arc::new(metrics);
-    let events = Arc::new(Events::new(metrics.clone(), config.bugs));
+    let events = Arc::new(Events::new(metrics.clone(), config.bugs, config.max_clock_skew));
     let Storage { log: log_store, machine: sm_store, state, committed_index, durable } = storage(events.clone())?;
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
     let network =

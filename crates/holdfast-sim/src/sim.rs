@@ -123,6 +123,8 @@ pub struct Plan {
     pub spares: u64,
     /// Broken behaviours of the nodes (all off: the real thing).
     pub bugs: Bugs,
+    /// The nodes' `--max-clock-skew` (`None`: a full lease for every hold from a promotion).
+    pub max_clock_skew: Option<Duration>,
     /// Nodes whose disks acknowledge before they make writes durable (broken).
     pub broken_disks: bool,
     /// Faults and when they happen, in order.
@@ -228,6 +230,7 @@ impl Plan {
             nodes,
             spares,
             bugs: Bugs::default(),
+            max_clock_skew: None,
             broken_disks: false,
             faults,
             roles,
@@ -247,6 +250,7 @@ impl Plan {
             nodes,
             spares: 0,
             bugs: Bugs::default(),
+            max_clock_skew: None,
             broken_disks: false,
             faults: Vec::new(),
             roles: Vec::new(),
@@ -415,6 +419,7 @@ struct NodeSpec {
     seed: u64,
     snapshot_every_entries: u64,
     bugs: Bugs,
+    max_clock_skew: Option<Duration>,
     /// How far the node's wall clock is off the simulation's, in milliseconds.
     skew_ms: Arc<AtomicI64>,
 }
@@ -433,6 +438,7 @@ impl NodeSpec {
             seed: plan.seed,
             snapshot_every_entries: plan.snapshot_every_entries,
             bugs: plan.bugs,
+            max_clock_skew: plan.max_clock_skew,
             skew_ms: world.skews[&id].clone(),
         }
     }
@@ -468,6 +474,7 @@ impl NodeSpec {
             // Tokens and session ids differ between the starts of a node, as they would.
             rng_seed: Some(self.seed ^ (self.id << 48) ^ (start << 40)),
             bugs: self.bugs,
+            max_clock_skew: self.max_clock_skew,
         }
     }
 }

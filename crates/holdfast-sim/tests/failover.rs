@@ -330,6 +330,65 @@ fn a_ttl_hold_expires_after_a_failover_in_a_quiet_cluster() {
     });
 }
 
+/// A TTL hold taken at about 0.6 s with a 4 s TTL and never renewed, its leader crashing at 3.5 s: the
+/// plan, and when the hold was granted and granted again (polled through a follower once it knows of a new
+/// leader).
+fn a_hold_across_a_late_failover(max_clock_skew: Option<Duration>, jumps: Vec<(f64, Fault)>) -> (Report, Vec<At>) {
+    let mut plan = Plan::quiet(19, 3, secs(12.0));
+    plan.max_clock_skew = max_clock_skew;
+    let granted = client(&mut plan, |ctx, old, granted: Arc<Mutex<Vec<At>>>| async move {
+        let node = format!("n{}:7070", follower(old, 0)?);
+        if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &format!("n{old}:7070"), "late", 4_000).await {
+            granted.lock().expect("poisoned").push(now());
+        }
+        // Once the follower knows of a new leader (a write it forwards to the old one would wait for it).
+        until(secs(3.6)).await;
+        while now() < secs(6.0) && leader_of(&node).await.is_none_or(|leader| leader == old) {
+            tokio::time::sleep(secs(0.02)).await;
+        }
+        while now() < secs(10.0) {
+            if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &node, "late", 60_000).await {
+                granted.lock().expect("poisoned").push(now());
+                break;
+            }
+            tokio::time::sleep(secs(0.05)).await;
+        }
+        Ok(())
+    });
+    let mut faults = jumps;
+    faults.extend([(3.5, Fault::CrashLeader), (11.0, Fault::Heal)]);
+    schedule(&mut plan, faults);
+    let report = run_clean(&plan);
+    let granted = granted.lock().expect("poisoned").clone();
+    (report, granted)
+}
+
+/// `--max-clock-skew`: a new leader keeps a TTL hold's stamped end (plus the bound and its election)
+/// instead of giving it a whole TTL again from its promotion, so a hold whose holder died long before the
+/// failover is granted again about when it ran out, not a TTL after the failover. Whether the new leader's
+/// clock is within the bound of the old one's (150 ms ahead) or far outside it (3 s ahead), no hold ends
+/// before its TTL by the new leader's own monotonic clock, counted from when it applied the grant: every run
+/// keeps every guarantee (`run_clean`).
+#[test]
+fn a_bound_on_clock_skew_keeps_a_ttl_holds_stamped_end_through_a_failover() {
+    test_in_own_process("a_bound_on_clock_skew_keeps_a_ttl_holds_stamped_end_through_a_failover", || {
+        holdfast_sim::record::log_if_asked();
+        let (report, granted) = a_hold_across_a_late_failover(None, Vec::new());
+        let [first, second] = granted[..] else { panic!("not granted twice: {granted:?}") };
+        println!("without a bound: granted at {first:?}, again at {second:?}");
+        assert!(second >= secs(3.5 + 4.0), "a whole TTL from the promotion: granted again at {second:?}");
+        let old = (1..=3).find(|id| applied(&report, &format!("CrashLeader (n{id})"))).expect("a leader crashed");
+        for by_ms in [150, 3_000] {
+            let jumps = (1..=3).filter(|id| *id != old).map(|node| (1.0, Fault::ClockJump { node, by_ms })).collect();
+            let (_, granted) = a_hold_across_a_late_failover(Some(secs(0.2)), jumps);
+            let [first, second] = granted[..] else { panic!("not granted twice: {granted:?}") };
+            println!("bound 200 ms, survivors {by_ms} ms ahead: granted at {first:?}, again at {second:?}");
+            assert!(second >= first + secs(4.0), "granted again at {second:?}, before the TTL ran out");
+            assert!(second < secs(3.5 + 4.0), "not the stamped end: granted again at {second:?}");
+        }
+    });
+}
+
 /// Both survivors of a leader's crash once campaigned and were refused for a shorter log: each follower
 /// in turn is cut off while the leader writes, and its candidacies are refused when it comes back.
 /// openraft 0.9 then adds twice the longest election timeout (600 ms) to a node's election timer for as

@@ -439,6 +439,12 @@ struct ServerArgs {
     /// ran out stays ungranted.
     #[arg(long, env = "HOLDFAST_LOCK_DELAY_MAX", default_value = "60s", value_parser = humantime::parse_duration)]
     lock_delay_max: Duration,
+    /// The most two nodes' wall clocks may disagree, if the operator can promise a bound (NTP with an
+    /// alarm, say). With it, a new leader keeps each TTL hold's end as stamped by the leader that granted
+    /// or renewed it, plus this bound and its own election, instead of giving every hold a whole TTL again
+    /// from its promotion. Unset (the default): safe under any clocks. See docs/GUARANTEES.md.
+    #[arg(long, env = "HOLDFAST_MAX_CLOCK_SKEW", value_parser = humantime::parse_duration)]
+    max_clock_skew: Option<Duration>,
     /// How often the leader sends Raft heartbeats.
     #[arg(long, env = "HOLDFAST_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
@@ -690,6 +696,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         clock: holdfast_server::WallClock::system(),
         rng_seed: None,
         bugs: holdfast_server::Bugs::default(),
+        max_clock_skew: args.max_clock_skew,
         admin_key: admin_key.map(holdfast_server::Secret),
         auth: holdfast_server::AuthConfig {
             enabled: args.auth,
@@ -742,6 +749,9 @@ fn check_times(args: &ServerArgs) -> anyhow::Result<()> {
     }
     if millis(args.wait_max) > limits::WAIT_MS_MAX {
         bail!("--wait-max must be at most {} ms", limits::WAIT_MS_MAX);
+    }
+    if args.max_clock_skew.is_some_and(|skew| skew > Duration::from_secs(3600)) {
+        bail!("--max-clock-skew must be at most 1h");
     }
     if millis(args.lock_delay_max) > limits::LOCK_DELAY_MS_MAX {
         bail!("--lock-delay-max must be at most {} ms", limits::LOCK_DELAY_MS_MAX);

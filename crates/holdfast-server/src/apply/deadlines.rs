@@ -87,6 +87,11 @@ impl<K: Clone + Ord> Deadlines<K> {
         true
     }
 
+    /// Whether `key`'s deadline was set before `floor` (a promotion): it counts from a lease given earlier.
+    pub fn set_before(&self, key: &K, floor: Instant) -> bool {
+        self.by_key.get(key).is_some_and(|deadline| deadline.at < floor + deadline.lease)
+    }
+
     pub fn end(&mut self, key: &K, tag: u64) {
         if let Some(deadline) = self.by_key.get(key) {
             if deadline.tag == tag {

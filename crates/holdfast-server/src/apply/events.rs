@@ -71,6 +71,10 @@ pub struct Events {
     urgent_commit: tokio::sync::watch::Sender<u64>,
     /// Broken behaviours (the simulation's; none otherwise).
     bugs: Bugs,
+    /// The operator's bound on how far two nodes' wall clocks may disagree (`--max-clock-skew`): with it, a
+    /// new leader keeps each TTL hold's stamped end (and each lock-delay's) plus the bound and its own
+    /// election, instead of giving them a full lease from its promotion.
+    max_clock_skew: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -101,8 +105,11 @@ struct Inner {
     /// The term in which this node, as leader, last gave everything a full lease.
     promoted_term: Option<u64>,
     /// When it did: every deadline set before runs out no earlier than this plus its lease (see
-    /// [`Deadlines`]).
+    /// [`Deadlines`]); with a bound on clock skew, every session's and waiter's.
     floor: Option<Instant>,
+    /// How long the election that made this node leader took: from when it last followed a leader to its
+    /// promotion.
+    election_took: Duration,
 }
 
 /// Every deadline of a state replaced whole (from a snapshot), rebuilt: each TTL hold, one-shot waiter and
@@ -167,9 +174,9 @@ impl Inner {
 }
 
 impl Events {
-    pub fn new(metrics: Arc<Metrics>, bugs: Bugs) -> Self {
+    pub fn new(metrics: Arc<Metrics>, bugs: Bugs, max_clock_skew: Option<Duration>) -> Self {
         let urgent_commit = tokio::sync::watch::channel(0).0;
-        Events { inner: Mutex::default(), metrics, snapshot: Mutex::default(), urgent_commit, bugs }
+        Events { inner: Mutex::default(), metrics, snapshot: Mutex::default(), urgent_commit, bugs, max_clock_skew }
     }
 
     /// Marks the commit of the entry at `index` as one a follower may be waiting for: a lock handed over
@@ -403,20 +410,30 @@ impl Events {
         inner.sessions.extend(&id, Instant::now(), Duration::from_millis(lease_ms), floor)
     }
 
-    /// A leader's start in `term`: every hold, session and waiter gets a full lease from now, once per term.
-    /// True if this call did it. Whoever first acts as leader in a term calls it (the keeper's tick, a
-    /// heartbeat, a waiter ping), so that no deadline a follower kept stale is acted on or refused. Takes
-    /// the same time whatever the state's size (see [`Deadlines`]).
-    pub fn promote(&self, term: u64, bugs: Bugs) -> bool {
+    /// A leader's start in `term`, having last followed a leader at `followed`: every hold, session and
+    /// waiter gets a full lease from now, once per term; with a bound on clock skew, every session and
+    /// waiter, and each TTL hold and lock-delay its stamped end plus the bound and the election
+    /// ([`Events::due`]). True if this call did it. Whoever first acts as leader in a term calls it (the
+    /// keeper's tick, a heartbeat, a waiter ping), so that no deadline a follower kept stale is acted on or
+    /// refused. Takes the same time whatever the state's size (see [`Deadlines`]).
+    pub fn promote(&self, term: u64, followed: Instant, bugs: Bugs) -> bool {
         let mut inner = self.lock();
         if inner.promoted_term == Some(term) {
             return false;
         }
+        let now = Instant::now();
         if !bugs.no_promotion_grace() {
-            inner.floor = Some(Instant::now());
+            inner.floor = Some(now);
         }
+        inner.election_took = now.saturating_duration_since(followed);
         inner.promoted_term = Some(term);
         true
+    }
+
+    /// Whether a new leader keeps the stamped ends of TTL holds (`--max-clock-skew`) rather than giving
+    /// them a full lease.
+    pub fn keeps_stamped_ends(&self) -> bool {
+        self.max_clock_skew.is_some()
     }
 
     /// This node is not (or no longer) leader.
@@ -429,7 +446,8 @@ impl Events {
     pub fn due(&self, state: &LockState, now: Instant, wall_ms: u64) -> Expire {
         let mut inner = self.lock();
         let floor = inner.floor;
-        inner.holds.settle(now, floor);
+        // With a bound on clock skew, holds are not moved to a full lease from the promotion: see below.
+        inner.holds.settle(now, floor.filter(|_| self.max_clock_skew.is_none()));
         inner.waiters.settle(now, floor);
         inner.sessions.settle(now, floor);
         let mut expire = Expire::default();
@@ -443,7 +461,14 @@ impl Events {
                 Some(Lease::Delayed { free_at_ms }) => Some(free_at_ms),
                 Some(Lease::Session(_)) | None => None,
             };
-            if end.is_some_and(|end| end <= wall_ms) {
+            // One this node was given before its promotion (its end stamped by an earlier leader's clock,
+            // which may be up to the bound behind this one's) waits the bound and the election more.
+            let margin = match (self.max_clock_skew, floor) {
+                (Some(skew), Some(floor)) if inner.holds.set_before(name, floor) => skew + inner.election_took,
+                _ => Duration::ZERO,
+            };
+            let margin_ms = u64::try_from(margin.as_millis()).unwrap_or(u64::MAX);
+            if end.is_some_and(|end| end.saturating_add(margin_ms) <= wall_ms) {
                 expire.locks.push((name.clone(), fence));
             }
         }
@@ -728,8 +753,8 @@ mod tests {
             apply(&events, &mut state, 3, acquire_by("a", waiter, 60_000, None));
             // As a follower, past the hold's TTL and the session's lease (heartbeats go to the leader only).
             tokio::time::advance(Duration::from_secs(3)).await;
-            assert!(events.promote(1, bugs));
-            assert!(!events.promote(1, bugs), "once per term");
+            assert!(events.promote(1, Instant::now(), bugs));
+            assert!(!events.promote(1, Instant::now(), bugs), "once per term");
             if !grace {
                 // The broken variant acts on the follower's stale deadlines.
                 assert_eq!(due_holds(&events, &state), ["a"]);
@@ -759,6 +784,41 @@ mod tests {
             tokio::time::advance(Duration::from_millis(1)).await;
             assert_eq!(due_waiters(&events, &state), [waiter]);
         }
+    }
+
+    /// With `--max-clock-skew`, a new leader keeps the stamped end of each TTL hold it was given as a
+    /// follower, plus the bound and its election; a hold it grants itself needs no margin, and a session
+    /// still gets a full lease from the promotion.
+    #[tokio::test(start_paused = true)]
+    async fn a_bound_on_clock_skew_keeps_the_stamped_ends_of_holds_through_a_promotion() {
+        let skew = Duration::from_millis(500);
+        let events = Events { max_clock_skew: Some(skew), ..Events::default() };
+        let mut state = LockState::new();
+        // Every entry is stamped at 1 ms: "a" runs out at 1 001 ms by leader time.
+        apply(&events, &mut state, 1, acquire("a", None));
+        let open = Command::OpenSession {
+            id: 9,
+            owner: "s".into(),
+            lease_ms: 2_000,
+            secret: holdfast_core::SessionSecret(holdfast_core::Token(1)).digest(),
+        };
+        apply(&events, &mut state, 2, open);
+        // The last word from the old leader, then 200 ms of election; by then the hold's TTL has passed here.
+        tokio::time::advance(Duration::from_millis(2_800)).await;
+        let followed = Instant::now();
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(events.promote(1, followed, Bugs::default()));
+        let due_at = |state: &LockState, wall_ms: u64| -> Vec<String> {
+            events.due(state, Instant::now(), wall_ms).locks.into_iter().map(|(name, _)| name).collect()
+        };
+        assert!(due_at(&state, 1_001 + 699).is_empty(), "the stamped end plus the bound and the election to go");
+        assert_eq!(due_at(&state, 1_001 + 700), ["a"], "no full TTL from the promotion");
+        // A hold granted after the promotion: its own TTL and its stamped end, no margin.
+        apply(&events, &mut state, 3, acquire("b", None));
+        tokio::time::advance(TTL).await;
+        assert_eq!(due_at(&state, 1_001), ["b"]);
+        // The session, opened before the promotion, still has its whole lease from it (2 s; 1 s passed).
+        assert!(events.due(&state, Instant::now(), u64::MAX).sessions.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

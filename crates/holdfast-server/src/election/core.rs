@@ -34,12 +34,15 @@ struct LeaderContact {
     /// When this node last granted a candidate its vote: an election waits as long from then as from the
     /// last word from a leader, as openraft's timer would.
     granted_vote: Option<Instant>,
+    /// As `heard`, but only calls from a leader count (never the watch's own looks as leader): when this
+    /// node last followed one. A new leader's election took at most from then to its promotion.
+    followed: Instant,
 }
 
 impl LeaderContact {
     /// A node's contact as it starts at `now`.
     fn new(now: Instant) -> Self {
-        LeaderContact { heard: now, answering: 0, granted_vote: None }
+        LeaderContact { heard: now, answering: 0, granted_vote: None, followed: now }
     }
 
     /// When a leader was last heard from, as of `now`: `now` itself while one of its calls is answered.
@@ -315,6 +318,7 @@ impl Election {
     /// every moment ([`LeaderContact`]).
     pub fn leader_call(&mut self, now: Instant) {
         self.contact.heard = now;
+        self.contact.followed = now;
         self.contact.answering += 1;
     }
 
@@ -322,6 +326,17 @@ impl Election {
     pub fn leader_call_answered(&mut self, now: Instant) {
         self.contact.answering -= 1;
         self.contact.heard = now;
+        self.contact.followed = now;
+    }
+
+    /// When this node last followed a leader, as of `now` (`now` while a leader's call is answered): on a
+    /// new leader, the start of the time its election took.
+    pub fn followed(&self, now: Instant) -> Instant {
+        if self.contact.answering > 0 {
+            now
+        } else {
+            self.contact.followed
+        }
     }
 
     /// The watch looks at `now`; `draw` draws an election timeout, once per try. Either a try, a pre-vote

@@ -97,6 +97,11 @@ impl Elections {
         self.core().leader(Instant::now(), current)
     }
 
+    /// When this node last followed a leader ([`Election::followed`]).
+    pub fn followed(&self) -> Instant {
+        self.core().followed(Instant::now())
+    }
+
     /// Until when this node, as a follower, takes its leader for one.
     pub fn follows_until(&self, now: Instant) -> Instant {
         self.core().follows_until(now)

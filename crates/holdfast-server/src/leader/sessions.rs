@@ -8,12 +8,17 @@ use super::Leader;
 use crate::peer::protocol::{HeartbeatReply, NodeError};
 
 impl Leader {
-    /// As leader: gives every hold, session and waiter a full lease from now, once per term. True if this
-    /// call did it.
+    /// As leader: gives every hold, session and waiter a full lease from now (with `--max-clock-skew`, each
+    /// TTL hold its stamped end plus the bound and the election), once per term. True if this call did it.
     pub fn promote(&self) -> bool {
         let term = self.raft.metrics().borrow().current_term;
-        let promoted = self.events.promote(term, self.bugs);
-        if promoted {
+        let promoted = self.events.promote(term, self.elections.followed(), self.bugs);
+        if promoted && self.events.keeps_stamped_ends() {
+            tracing::info!(
+                term,
+                "became leader; sessions and waiters get a full lease from now, TTL holds keep their ends"
+            );
+        } else if promoted {
             tracing::info!(term, "became leader; every hold, session and waiter gets a full lease from now");
         }
         promoted

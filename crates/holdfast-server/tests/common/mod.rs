@@ -26,5 +26,6 @@ pub fn one_node(peer_addr: String, data_dir: PathBuf) -> Config {
         clock: holdfast_server::WallClock::system(),
         rng_seed: None,
         bugs: holdfast_server::Bugs::default(),
+        max_clock_skew: None,
     }
 }
