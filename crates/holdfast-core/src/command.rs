@@ -190,6 +190,14 @@ pub enum Command {
     /// At most [`limits::LOCK_DELAY_MS_MAX`](crate::limits::LOCK_DELAY_MS_MAX). Proposed only with a
     /// nonzero delay. (After `SetValue`, so that the variants before it keep their encoding in stored logs.)
     AcquireDelayed { acquire: Acquire, value: Vec<u8>, lock_delay_ms: u64 },
+    /// Take one of `limit` places of a semaphore, or queue for one, as [`Command::AcquireDelayed`] does
+    /// (a `lock_delay_ms` of 0: none): up to `limit` holders at once, each with its own token and fence.
+    /// Every acquirer of a name must give the lock's limit while anyone holds or waits for it
+    /// ([`Reject::LimitMismatch`](crate::Reject::LimitMismatch)). `limit` is 2 to
+    /// [`limits::SEMAPHORE_LIMIT_MAX`](crate::limits::SEMAPHORE_LIMIT_MAX); proposed only above 1 (the
+    /// other acquires have a limit of 1). (After `AcquireDelayed`, so that the variants before it keep
+    /// their encoding in stored logs.)
+    AcquireSemaphore { acquire: Acquire, value: Vec<u8>, lock_delay_ms: u64, limit: u32 },
 }
 
 impl Command {
@@ -199,6 +207,7 @@ impl Command {
             Command::Acquire(Acquire { name, .. })
             | Command::AcquireValued { acquire: Acquire { name, .. }, .. }
             | Command::AcquireDelayed { acquire: Acquire { name, .. }, .. }
+            | Command::AcquireSemaphore { acquire: Acquire { name, .. }, .. }
             | Command::SetValue { name, .. }
             | Command::Release { name, .. }
             | Command::Renew { name, .. }
@@ -220,14 +229,15 @@ impl Command {
         self.acquire().is_some()
     }
 
-    /// The acquire a [`Command::Acquire`], [`Command::AcquireValued`] or [`Command::AcquireDelayed`] makes,
-    /// with the value its grant publishes (empty for a plain `Acquire`).
+    /// The acquire an [`Command::Acquire`], [`Command::AcquireValued`], [`Command::AcquireDelayed`] or
+    /// [`Command::AcquireSemaphore`] makes, with the value its grant publishes (empty for a plain
+    /// `Acquire`).
     pub fn acquire(&self) -> Option<(&Acquire, &[u8])> {
         match self {
             Command::Acquire(acquire) => Some((acquire, &[])),
-            Command::AcquireValued { acquire, value } | Command::AcquireDelayed { acquire, value, .. } => {
-                Some((acquire, value))
-            }
+            Command::AcquireValued { acquire, value }
+            | Command::AcquireDelayed { acquire, value, .. }
+            | Command::AcquireSemaphore { acquire, value, .. } => Some((acquire, value)),
             _ => None,
         }
     }
@@ -235,8 +245,19 @@ impl Command {
     /// The lock-delay an acquire asks for (0: none, and for every other command).
     pub fn lock_delay_ms(&self) -> u64 {
         match self {
-            Command::AcquireDelayed { lock_delay_ms, .. } => *lock_delay_ms,
+            Command::AcquireDelayed { lock_delay_ms, .. } | Command::AcquireSemaphore { lock_delay_ms, .. } => {
+                *lock_delay_ms
+            }
             _ => 0,
+        }
+    }
+
+    /// How many may hold the lock an acquire asks for at once: its semaphore's limit, 1 for a lock (and for
+    /// every other command).
+    pub fn limit(&self) -> u32 {
+        match self {
+            Command::AcquireSemaphore { limit, .. } => *limit,
+            _ => 1,
         }
     }
 }

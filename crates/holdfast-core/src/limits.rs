@@ -34,6 +34,8 @@ pub const FREED_MAX: usize = 100_000;
 /// Longest lock-delay an acquire may ask for (1 hour): after its hold expires, the lock stays ungranted
 /// this long. Front doors set a tighter, configurable bound.
 pub const LOCK_DELAY_MS_MAX: u64 = 3600 * 1000;
+/// Most holders a semaphore may have at once (an acquire's `limit`).
+pub const SEMAPHORE_LIMIT_MAX: u32 = 1024;
 /// Most commands in one [`Command::Batch`](crate::Command::Batch) entry.
 pub const BATCH_MAX: usize = 256;
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use imbl::{OrdMap, Vector};
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
 use crate::limits;
@@ -78,7 +79,13 @@ pub struct WaiterView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockView {
     pub name: String,
+    /// The first of `holders`: the lock's holder, or a semaphore's longest-held place.
     pub holder: HolderView,
+    /// Every holder, ordered by fence: one for a lock, up to `limit` for a semaphore. A holder in its
+    /// lock-delay ([`Lease::Delayed`]) holds a place and nothing else.
+    pub holders: Vec<HolderView>,
+    /// How many may hold it at once: 1 for a lock.
+    pub limit: u32,
     pub waiters: Vec<WaiterView>,
     /// The log index of the lock's last change: a grant, release, expiry, hand-over, value change,
     /// renewal, or a waiter joining or leaving.
@@ -206,6 +213,13 @@ pub enum Reject {
     /// A lock-delay longer than [`limits::LOCK_DELAY_MS_MAX`].
     #[error("lock-delay {0} ms is longer than {max} ms", max = limits::LOCK_DELAY_MS_MAX)]
     InvalidLockDelay(u64),
+    /// A semaphore's limit of 0 or above [`limits::SEMAPHORE_LIMIT_MAX`].
+    #[error("limit {0} is outside 1..={max}", max = limits::SEMAPHORE_LIMIT_MAX)]
+    InvalidLimit(u32),
+    /// The lock exists (held, or in its lock-delay) with another limit: every acquirer of a name gives the
+    /// same limit while anyone holds or waits for it.
+    #[error("lock {name:?} has a limit of {limit}; an acquire must give the same")]
+    LimitMismatch { name: String, limit: u32 },
 }
 
 /// An open session and its claims.
@@ -254,6 +268,8 @@ pub struct Applied {
     /// Every waiter the entry removed from a queue without granting it, by name and token.
     pub dropped: Vec<(String, Token)>,
     /// Every lock-delay the entry began: the lock, the fence of the hold that expired, and the delay in ms.
+    /// A delay of 0 is a semaphore's place freed in an entry that already granted that semaphore: it is
+    /// handed over by the next `Expire` entry that names it, so that no two holders share a fence.
     pub delayed: Vec<(String, u64, u64)>,
 }
 
@@ -279,16 +295,18 @@ fn valid_batch(cmds: &[Command]) -> bool {
 }
 
 /// Whether `cmds` may be applied as one [`Command::Group`]: 1 to [`limits::BATCH_MAX`] one-lock commands,
-/// and per lock at most one that is not an acquire, before that lock's acquires. Then a lock is granted at
-/// most once in the entry: the one command that can free it comes first, and of the acquires after it only
-/// the first can find it free.
+/// and per lock at most one that is not an acquire, before that lock's acquires, and at most one acquire
+/// with a limit above 1. Then a lock is granted at most once in the entry: the one command that can free
+/// a place comes first, and of the acquires after it only the first can find a place free (a semaphore
+/// with a free place has no waiters, so a second acquire could take a second place).
 fn valid_group(cmds: &[Command]) -> bool {
     let mut seen = BTreeSet::new();
+    let mut semaphores = BTreeSet::new();
     (1..=limits::BATCH_MAX).contains(&cmds.len())
         && cmds.iter().all(|cmd| {
             cmd.lock_name().is_some_and(|name| {
                 let first = seen.insert(name);
-                first || cmd.is_acquire()
+                (first || cmd.is_acquire()) && (cmd.limit() == 1 || semaphores.insert(name))
             })
         })
 }
@@ -328,15 +346,64 @@ struct Waiter {
     lock_delay_ms: u64,
 }
 
-/// A lock exists while it is held or in its lock-delay ([`Lease::Delayed`]); a lock with waiters is always
-/// one or the other (a release hands it over in the same entry, and so does the entry that ends a
-/// lock-delay), so there is no "free lock with a queue".
+/// A lock's holders, ordered by fence: one for a lock, up to its limit for a semaphore. Kept inline for one,
+/// so that a lock costs no allocation more than before semaphores.
+type Holders = SmallVec<[Holder; 1]>;
+
+/// A lock (or semaphore) exists while one of its places is held or in its lock-delay ([`Lease::Delayed`]).
+/// A lock with waiters has every place taken (a release hands its place over in the same entry, and so
+/// does the entry that ends a lock-delay), so there is no "free place with a queue".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Lock {
-    holder: Holder,
+    /// Never empty; at most `limit`. Fences are unique: a lock is granted at most once per entry.
+    holders: Holders,
     waiters: VecDeque<Waiter>,
     /// The index of the entry that last changed it.
     revision: u64,
+    /// How many may hold it at once: 1 for a lock.
+    limit: u32,
+}
+
+impl Lock {
+    /// A lock of one holder, as the snapshot formats before semaphores kept every lock.
+    fn single(holder: Holder, waiters: VecDeque<Waiter>, revision: u64) -> Self {
+        Lock { holders: smallvec::smallvec![holder], waiters, revision, limit: 1 }
+    }
+
+    /// The first holder: the lock's, or a semaphore's longest-held place.
+    fn first(&self) -> &Holder {
+        &self.holders[0]
+    }
+
+    /// Where `token` holds a place now (not an expired hold in its lock-delay).
+    fn held_by(&self, token: Token) -> Option<usize> {
+        self.holders.iter().position(|h| h.holds(token))
+    }
+
+    /// Where the hold (or lock-delay) with `fence` is.
+    fn place(&self, fence: u64) -> Option<usize> {
+        self.holders.iter().position(|h| h.fence == fence)
+    }
+
+    /// Whether the claim `token` (a holder, expired or not, or a waiter) is on the lock.
+    fn has_claim(&self, token: Token) -> bool {
+        self.holders.iter().any(|h| h.token == token) || self.waiters.iter().any(|w| w.token == token)
+    }
+
+    /// Whether the entry at `index` granted the lock: a second grant there would share its fence.
+    fn granted_in(&self, index: u64) -> bool {
+        self.holders.last().is_some_and(|h| h.fence == index)
+    }
+
+    /// Whether every place is taken.
+    fn is_full(&self) -> bool {
+        self.holders.len() >= self.limit as usize
+    }
+
+    /// The place session `id` holds.
+    fn session_place(&self, id: SessionId) -> Option<usize> {
+        self.holders.iter().position(|h| h.lease == Lease::Session(id))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -474,11 +541,13 @@ pub enum SnapshotError {
     Write(#[source] bincode::Error),
 }
 
-/// Format 5: the state with lock-delays, values, revisions and freed locks, then the sessions' secret
-/// digests ([`SessionSecrets`]). Format 4 (without lock-delays) restores through [`before_delays`]; format
-/// 3 (the state without values, revisions or freed locks, then the digests) and format 2 (without digests)
-/// through [`before_values`].
-const SNAPSHOT_FORMAT: u32 = 5;
+/// Format 6: the state with semaphores (each lock its holders and limit), lock-delays, values, revisions
+/// and freed locks, then the sessions' secret digests ([`SessionSecrets`]). Format 5 (one holder a lock)
+/// restores through [`before_semaphores`]; format 4 (without lock-delays) through [`before_delays`];
+/// format 3 (the state without values, revisions or freed locks, then the digests) and format 2 (without
+/// digests) through [`before_values`].
+const SNAPSHOT_FORMAT: u32 = 6;
+const SNAPSHOT_FORMAT_WITHOUT_SEMAPHORES: u32 = 5;
 const SNAPSHOT_FORMAT_WITHOUT_DELAYS: u32 = 4;
 const SNAPSHOT_FORMAT_WITHOUT_VALUES: u32 = 3;
 const SNAPSHOT_FORMAT_WITHOUT_SECRETS: u32 = 2;
@@ -550,7 +619,7 @@ mod before_values {
                         lock_delay_ms: 0,
                     })
                     .collect();
-                Arc::new(Lock { holder, waiters, revision })
+                Arc::new(Lock::single(holder, waiters, revision))
             };
             super::LockState {
                 locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
@@ -645,8 +714,56 @@ mod before_delays {
                         lock_delay_ms: 0,
                     })
                     .collect();
-                Arc::new(Lock { holder, waiters, revision: l.revision })
+                Arc::new(Lock::single(holder, waiters, l.revision))
             };
+            super::LockState {
+                locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
+                sessions: self.sessions.into_iter().collect(),
+                keys: self.keys,
+                key_tenants: self.key_tenants,
+                freed: self.freed.into_iter().collect(),
+                frees: self.frees.into_iter().collect(),
+                forgotten_through: self.forgotten_through,
+                now_ms: self.now_ms,
+                applied_index: self.applied_index,
+            }
+        }
+    }
+}
+
+/// The state as snapshot format 5 encoded it: one holder a lock, no limits.
+mod before_semaphores {
+    use std::collections::{BTreeMap, VecDeque};
+    use std::sync::Arc;
+
+    use serde::Deserialize;
+
+    use super::{Holder, Lock, SessionId, Waiter};
+
+    #[derive(Deserialize)]
+    struct Lock5 {
+        holder: Holder,
+        waiters: VecDeque<Waiter>,
+        revision: u64,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct LockState {
+        locks: BTreeMap<String, Lock5>,
+        sessions: BTreeMap<SessionId, super::Session>,
+        keys: BTreeMap<u64, ([u8; 32], u64)>,
+        key_tenants: BTreeMap<[u8; 32], u64>,
+        freed: BTreeMap<String, u64>,
+        frees: Vec<(u64, u64, String)>,
+        forgotten_through: u64,
+        now_ms: u64,
+        applied_index: u64,
+    }
+
+    impl LockState {
+        /// The state as this build keeps it: every lock a lock of one holder.
+        pub(super) fn into_current(self) -> super::LockState {
+            let lock = |l: Lock5| Arc::new(Lock::single(l.holder, l.waiters, l.revision));
             super::LockState {
                 locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
                 sessions: self.sessions.into_iter().collect(),
@@ -798,19 +915,21 @@ impl LockState {
                 }
                 None => Outcome::Rejected(Reject::NoKey(*tenant)),
             },
-            Command::Acquire(acquire) => self.acquire(acquire, &[], 0, &mut applied),
-            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, 0, &mut applied),
+            Command::Acquire(acquire) => self.acquire(acquire, &[], 0, 1, &mut applied),
+            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, 0, 1, &mut applied),
             Command::AcquireDelayed { acquire, value, lock_delay_ms } => {
-                self.acquire(acquire, value, *lock_delay_ms, &mut applied)
+                self.acquire(acquire, value, *lock_delay_ms, 1, &mut applied)
+            }
+            Command::AcquireSemaphore { acquire, value, lock_delay_ms, limit } => {
+                self.acquire(acquire, value, *lock_delay_ms, *limit, &mut applied)
             }
             Command::SetValue { name, token, value } => self.set_value(name, *token, value),
             Command::Release { name, token } => {
-                match self.locks.get(name.as_str()).map(|l| (l.holder.token, l.holder.lease)) {
+                let lock = self.locks.get(name.as_str());
+                match lock.and_then(|l| l.held_by(*token).map(|i| l.holders[i].lease)) {
                     // A session lets go through its stream (a Cancel); a one-shot release must not end a session's
                     // hold behind its back.
-                    Some((held, Lease::Session(_))) if held == *token => {
-                        Outcome::Rejected(Reject::SessionHold { name: name.clone() })
-                    }
+                    Some(Lease::Session(_)) => Outcome::Rejected(Reject::SessionHold { name: name.clone() }),
                     _ => self.release(name, *token, &mut applied),
                 }
             }
@@ -837,24 +956,33 @@ impl LockState {
         applied
     }
 
-    fn acquire(&mut self, a: &Acquire, value: &[u8], lock_delay_ms: u64, applied: &mut Applied) -> Outcome {
-        if !limits::valid_name(&a.name) {
-            return Outcome::Rejected(Reject::InvalidName);
+    /// Why an acquire with these arguments must change nothing, if it must, whatever the state.
+    fn invalid_acquire(a: &Acquire, value: &[u8], lock_delay_ms: u64, limit: u32) -> Option<Reject> {
+        Some(if !limits::valid_name(&a.name) {
+            Reject::InvalidName
+        } else if !limits::valid_owner(&a.owner) {
+            Reject::InvalidOwner
+        } else if value.len() > limits::VALUE_LEN_MAX {
+            Reject::ValueTooLong(value.len())
+        } else if lock_delay_ms > limits::LOCK_DELAY_MS_MAX {
+            Reject::InvalidLockDelay(lock_delay_ms)
+        } else if !(1..=limits::SEMAPHORE_LIMIT_MAX).contains(&limit) {
+            Reject::InvalidLimit(limit)
+        } else if a.session.is_none() && !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&a.ttl_ms) {
+            Reject::InvalidTtl(a.ttl_ms)
+        } else if a.session.is_none() && a.wait_ms > limits::WAIT_MS_MAX {
+            Reject::InvalidWait(a.wait_ms)
+        } else {
+            return None;
+        })
+    }
+
+    fn acquire(&mut self, a: &Acquire, value: &[u8], lock_delay_ms: u64, limit: u32, applied: &mut Applied) -> Outcome {
+        if let Some(reject) = Self::invalid_acquire(a, value, lock_delay_ms, limit) {
+            return Outcome::Rejected(reject);
         }
-        if !limits::valid_owner(&a.owner) {
-            return Outcome::Rejected(Reject::InvalidOwner);
-        }
-        if value.len() > limits::VALUE_LEN_MAX {
-            return Outcome::Rejected(Reject::ValueTooLong(value.len()));
-        }
-        if lock_delay_ms > limits::LOCK_DELAY_MS_MAX {
-            return Outcome::Rejected(Reject::InvalidLockDelay(lock_delay_ms));
-        }
-        if a.session.is_none() && !(limits::TTL_MS_MIN..=limits::TTL_MS_MAX).contains(&a.ttl_ms) {
-            return Outcome::Rejected(Reject::InvalidTtl(a.ttl_ms));
-        }
-        if a.session.is_none() && a.wait_ms > limits::WAIT_MS_MAX {
-            return Outcome::Rejected(Reject::InvalidWait(a.wait_ms));
+        if let Some(held) = self.locks.get(&a.name).map(|l| l.limit).filter(|held| *held != limit) {
+            return Outcome::Rejected(Reject::LimitMismatch { name: a.name.clone(), limit: held });
         }
         if let Some(id) = a.session {
             let Some(session) = self.sessions.get(&id) else {
@@ -863,66 +991,77 @@ impl LockState {
             // A session asking again for a lock it holds or waits for gets the same answer again.
             if session.claims.contains(&a.name) {
                 let lock = &self.locks[&a.name];
-                if lock.holder.lease == Lease::Session(id) {
-                    return Outcome::Granted(grant_of(&a.name, &lock.holder));
+                if let Some(i) = lock.session_place(id) {
+                    return Outcome::Granted(grant_of(&a.name, &lock.holders[i]));
                 }
                 let position = lock.waiters.iter().position(|w| w.session == Some(id));
                 let position = position.expect("a session's claim is a hold or a wait") + 1;
-                return Outcome::Queued { position, holder: view_of(&lock.holder) };
+                return Outcome::Queued { position, holder: view_of(lock.first()) };
             }
             if session.claims.len() >= limits::CLAIMS_PER_SESSION_MAX {
                 return Outcome::Rejected(Reject::TooManyClaims);
             }
         }
         let (at, index) = (self.now_ms, self.applied_index);
+        let holder = || Holder {
+            owner: a.owner.clone(),
+            token: a.token,
+            fence: index,
+            granted_at_ms: at,
+            lease: match a.session {
+                Some(id) => Lease::Session(id),
+                None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: at.saturating_add(a.ttl_ms) },
+            },
+            value: value.to_vec(),
+            lock_delay_ms,
+        };
         let outcome = match lock_mut(&mut self.locks, &a.name) {
             None => {
                 if self.locks.len() >= limits::LOCKS_MAX {
                     return Outcome::Rejected(Reject::TooManyLocks);
                 }
-                let lease = match a.session {
-                    Some(id) => Lease::Session(id),
-                    None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: at.saturating_add(a.ttl_ms) },
-                };
-                let holder = Holder {
-                    owner: a.owner.clone(),
-                    token: a.token,
-                    fence: index,
-                    granted_at_ms: at,
-                    lease,
-                    value: value.to_vec(),
-                    lock_delay_ms,
-                };
-                let grant = grant_of(&a.name, &holder);
-                self.locks.insert(a.name.clone(), Arc::new(Lock { holder, waiters: VecDeque::new(), revision: index }));
+                let lock = Lock { limit, ..Lock::single(holder(), VecDeque::new(), index) };
+                let grant = grant_of(&a.name, lock.first());
+                self.locks.insert(a.name.clone(), Arc::new(lock));
                 applied.grants.push(grant.clone());
                 Outcome::Granted(grant)
             }
             Some(lock) => {
-                if lock.holder.token == a.token || lock.waiters.iter().any(|w| w.token == a.token) {
+                if lock.has_claim(a.token) {
                     return Outcome::Rejected(Reject::DuplicateToken);
                 }
-                if a.wait_ms == 0 {
-                    return Outcome::Busy { holder: view_of(&lock.holder) };
+                // A free place has no queue (see `Lock`); a group names a semaphore in one acquire at most,
+                // so a free place is never found in an entry that granted one already.
+                if !lock.is_full() {
+                    debug_assert!(lock.waiters.is_empty() && !lock.granted_in(index));
+                    lock.holders.push(holder());
+                    lock.revision = index;
+                    let grant = grant_of(&a.name, lock.holders.last().expect("just pushed"));
+                    applied.grants.push(grant.clone());
+                    Outcome::Granted(grant)
+                } else {
+                    if a.wait_ms == 0 {
+                        return Outcome::Busy { holder: view_of(lock.first()) };
+                    }
+                    if lock.waiters.len() >= limits::WAITERS_PER_LOCK_MAX {
+                        return Outcome::Rejected(Reject::QueueFull { name: a.name.clone() });
+                    }
+                    lock.waiters.push_back(Waiter {
+                        owner: a.owner.clone(),
+                        token: a.token,
+                        ttl_ms: a.ttl_ms,
+                        queued_at_ms: at,
+                        wait_until_ms: match a.session {
+                            Some(_) => u64::MAX,
+                            None => at.saturating_add(a.wait_ms),
+                        },
+                        session: a.session,
+                        value: value.to_vec(),
+                        lock_delay_ms,
+                    });
+                    lock.revision = index;
+                    Outcome::Queued { position: lock.waiters.len(), holder: view_of(lock.first()) }
                 }
-                if lock.waiters.len() >= limits::WAITERS_PER_LOCK_MAX {
-                    return Outcome::Rejected(Reject::QueueFull { name: a.name.clone() });
-                }
-                lock.waiters.push_back(Waiter {
-                    owner: a.owner.clone(),
-                    token: a.token,
-                    ttl_ms: a.ttl_ms,
-                    queued_at_ms: at,
-                    wait_until_ms: match a.session {
-                        Some(_) => u64::MAX,
-                        None => at.saturating_add(a.wait_ms),
-                    },
-                    session: a.session,
-                    value: value.to_vec(),
-                    lock_delay_ms,
-                });
-                lock.revision = index;
-                Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
             }
         };
         if let Some(id) = a.session {
@@ -932,16 +1071,19 @@ impl LockState {
         outcome
     }
 
+    /// The answer to a claim `token` does not hold on `name`.
+    fn not_holder(&self, name: &str) -> Outcome {
+        let holder = self.locks.get(name).map(|l| view_of(l.first()));
+        Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder })
+    }
+
     fn release(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
-        match self.locks.get(name) {
-            Some(lock) if lock.holder.holds(token) => {
-                let fence = lock.holder.fence;
-                self.end_hold(name, &BTreeSet::new(), false, applied);
+        match self.locks.get(name).and_then(|l| l.held_by(token).map(|i| l.holders[i].fence)) {
+            Some(fence) => {
+                self.end_hold(name, fence, &BTreeSet::new(), false, applied);
                 Outcome::Released { name: name.to_owned(), fence }
             }
-            lock => {
-                Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: lock.map(|l| view_of(&l.holder)) })
-            }
+            None => self.not_holder(name),
         }
     }
 
@@ -951,16 +1093,11 @@ impl LockState {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let (at, index) = (self.now_ms, self.applied_index);
-        let lock = match lock_mut(&mut self.locks, name) {
-            Some(lock) if lock.holder.holds(token) => lock,
-            lock => {
-                return Outcome::Rejected(Reject::NotHolder {
-                    name: name.to_owned(),
-                    holder: lock.map(|l| view_of(&l.holder)),
-                })
-            }
+        let Some((lock, i)) = lock_mut(&mut self.locks, name).and_then(|l| l.held_by(token).map(|i| (l, i))) else {
+            return self.not_holder(name);
         };
-        match lock.holder.lease {
+        let holder = &mut lock.holders[i];
+        match holder.lease {
             Lease::Session(_) => Outcome::Rejected(Reject::SessionHold { name: name.to_owned() }),
             Lease::Delayed { .. } => unreachable!("an expired hold is nobody's"),
             // Once the advertised end has passed, the holder (counting from when it sent its last
@@ -970,9 +1107,10 @@ impl LockState {
             }
             Lease::Ttl { ttl_ms: held, .. } => {
                 let ttl_ms = ttl_ms.unwrap_or(held);
-                lock.holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: at.saturating_add(ttl_ms) };
+                holder.lease = Lease::Ttl { ttl_ms, expires_at_ms: at.saturating_add(ttl_ms) };
+                let grant = grant_of(name, holder);
                 lock.revision = index;
-                Outcome::Renewed(grant_of(name, &lock.holder))
+                Outcome::Renewed(grant)
             }
         }
     }
@@ -984,33 +1122,29 @@ impl LockState {
             return Outcome::Rejected(Reject::ValueTooLong(value.len()));
         }
         let (at, index) = (self.now_ms, self.applied_index);
-        let lock = match lock_mut(&mut self.locks, name) {
-            Some(lock) if lock.holder.holds(token) => lock,
-            lock => {
-                return Outcome::Rejected(Reject::NotHolder {
-                    name: name.to_owned(),
-                    holder: lock.map(|l| view_of(&l.holder)),
-                })
-            }
+        let Some((lock, i)) = lock_mut(&mut self.locks, name).and_then(|l| l.held_by(token).map(|i| (l, i))) else {
+            return self.not_holder(name);
         };
-        if lock.holder.lease.expires_at_ms().is_some_and(|end| at >= end) {
+        let holder = &mut lock.holders[i];
+        if holder.lease.expires_at_ms().is_some_and(|end| at >= end) {
             return Outcome::Rejected(Reject::Expired { name: name.to_owned() });
         }
-        lock.holder.value = value.to_vec();
+        holder.value = value.to_vec();
+        let grant = grant_of(name, holder);
         lock.revision = index;
-        Outcome::ValueSet(grant_of(name, &lock.holder))
+        Outcome::ValueSet(grant)
     }
 
     fn cancel(&mut self, name: &str, token: Token, applied: &mut Applied) -> Outcome {
         let index = self.applied_index;
         let Some(lock) = lock_mut(&mut self.locks, name) else {
-            return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: None });
+            return self.not_holder(name);
         };
-        if lock.holder.holds(token) {
+        if lock.held_by(token).is_some() {
             return self.release(name, token, applied);
         }
         let Some(i) = lock.waiters.iter().position(|w| w.token == token) else {
-            return Outcome::Rejected(Reject::NotHolder { name: name.to_owned(), holder: Some(view_of(&lock.holder)) });
+            return self.not_holder(name);
         };
         let waiter = lock.waiters.remove(i).expect("position is in range");
         lock.revision = index;
@@ -1055,8 +1189,9 @@ impl LockState {
         let index = self.applied_index;
         for name in &claims {
             let lock = lock_mut(&mut self.locks, name).expect("a session's claim names an existing lock");
-            if lock.holder.lease == Lease::Session(id) {
-                self.end_hold(name, ending, expired, applied);
+            if let Some(i) = lock.session_place(id) {
+                let fence = lock.holders[i].fence;
+                self.end_hold(name, fence, ending, expired, applied);
             } else {
                 let i = lock.waiters.iter().position(|w| w.session == Some(id));
                 let waiter = lock.waiters.remove(i.expect("a claim that is not a hold is a wait"));
@@ -1079,16 +1214,20 @@ impl LockState {
             expire.sessions.iter().copied().filter(|id| self.sessions.contains_key(id)).collect();
         let (mut locks, mut waiters, mut sessions) = (0, 0, 0);
         for (name, fence) in &expire.locks {
-            let Some(lease) = self.locks.get(name).filter(|lock| lock.holder.fence == *fence).map(|l| l.holder.lease)
-            else {
+            let lock = self.locks.get(name);
+            let Some(lease) = lock.and_then(|l| l.place(*fence).map(|i| l.holders[i].lease)) else {
                 continue;
             };
-            match lease {
-                Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms => self.end_hold(name, &ending, true, applied),
-                Lease::Delayed { free_at_ms } if at >= free_at_ms => self.grant_next(name, &ending, applied),
-                _ => continue,
-            }
-            locks += 1;
+            let ended = match lease {
+                Lease::Ttl { expires_at_ms, .. } if at >= expires_at_ms => {
+                    self.end_hold(name, *fence, &ending, true, applied);
+                    true
+                }
+                // Left as it is if the entry granted the lock already: the next `Expire` frees it.
+                Lease::Delayed { free_at_ms } if at >= free_at_ms => self.free_place(name, *fence, &ending, applied),
+                _ => false,
+            };
+            locks += usize::from(ended);
         }
         for (name, token) in &expire.waiters {
             let Some(lock) = lock_mut(&mut self.locks, name) else {
@@ -1110,36 +1249,49 @@ impl LockState {
         Outcome::Expired { locks, waiters, sessions }
     }
 
-    /// Ends the hold on `name`. If it `expired` and asked for a lock-delay, the lock stays ungranted until
-    /// the delay has passed, its waiters in their places; else the lock goes to the first waiter still
-    /// waiting, in this same entry ([`LockState::grant_next`]).
-    fn end_hold(&mut self, name: &str, ending: &BTreeSet<SessionId>, expired: bool, applied: &mut Applied) {
+    /// Ends the hold on `name` with `fence`. If it `expired` and asked for a lock-delay, its place stays
+    /// ungranted until the delay has passed, the waiters in their places; else the place goes to the first
+    /// waiter still waiting, in this same entry ([`LockState::free_place`]).
+    fn end_hold(&mut self, name: &str, fence: u64, ending: &BTreeSet<SessionId>, expired: bool, applied: &mut Applied) {
         let (at, index) = (self.now_ms, self.applied_index);
         let lock = lock_mut(&mut self.locks, name).expect("ending a hold on an existing lock");
-        let fence = lock.holder.fence;
-        lock.revision = index;
+        let holder = lock.place(fence).map(|i| &mut lock.holders[i]).expect("ending an existing hold");
         applied.ended.push((name.to_owned(), fence));
-        if let Lease::Session(id) = lock.holder.lease {
+        if let Lease::Session(id) = holder.lease {
             self.sessions.get_mut(&id).expect("a holder's session is open").claims.remove(name);
         }
-        let delay = lock.holder.lock_delay_ms;
+        let delay = holder.lock_delay_ms;
         if expired && delay > 0 {
             // What the holder published goes with it: nobody leads a lock in its delay.
-            lock.holder.lease = Lease::Delayed { free_at_ms: at.saturating_add(delay) };
-            lock.holder.value = Vec::new();
+            holder.lease = Lease::Delayed { free_at_ms: at.saturating_add(delay) };
+            holder.value = Vec::new();
+            lock.revision = index;
             applied.delayed.push((name.to_owned(), fence, delay));
             return;
         }
-        self.grant_next(name, ending, applied);
+        if !self.free_place(name, fence, ending, applied) {
+            // A semaphore granted by this entry already: its next `Expire` hands this place over.
+            let lock = lock_mut(&mut self.locks, name).expect("still there");
+            let holder = lock.place(fence).map(|i| &mut lock.holders[i]).expect("still there");
+            holder.lease = Lease::Delayed { free_at_ms: at };
+            holder.value = Vec::new();
+            lock.revision = index;
+            applied.delayed.push((name.to_owned(), fence, 0));
+        }
     }
 
-    /// Grants `name`, whose hold just ended or whose lock-delay just passed, to the first waiter still
-    /// waiting (dropping the ones whose wait ran out or whose session ends in this entry). Removes the lock
-    /// if nobody waits.
-    fn grant_next(&mut self, name: &str, ending: &BTreeSet<SessionId>, applied: &mut Applied) {
+    /// Frees the place of `name` held (or kept by a lock-delay) under `fence`, and grants it to the first
+    /// waiter still waiting (dropping the ones whose wait ran out or whose session ends in this entry);
+    /// removes the lock if that was its last place. False, changing nothing, if the entry granted the lock
+    /// already and someone waits: a second grant would share the entry's index as its fence.
+    fn free_place(&mut self, name: &str, fence: u64, ending: &BTreeSet<SessionId>, applied: &mut Applied) -> bool {
         let (at, index) = (self.now_ms, self.applied_index);
-        let lock = lock_mut(&mut self.locks, name).expect("granting an existing lock");
-        let old = lock.holder.fence;
+        let lock = lock_mut(&mut self.locks, name).expect("freeing a place of an existing lock");
+        if !lock.waiters.is_empty() && lock.granted_in(index) {
+            return false;
+        }
+        let i = lock.place(fence).expect("freeing an existing place");
+        lock.holders.remove(i);
         lock.revision = index;
         while let Some(waiter) = lock.waiters.pop_front() {
             if waiter.session.is_none() && waiter.wait_until_ms <= at {
@@ -1156,13 +1308,17 @@ impl LockState {
                 None => Lease::Ttl { ttl_ms: waiter.ttl_ms, expires_at_ms: at.saturating_add(waiter.ttl_ms) },
             };
             let (owner, token, value, lock_delay_ms) = (waiter.owner, waiter.token, waiter.value, waiter.lock_delay_ms);
-            lock.holder = Holder { owner, token, fence: index, granted_at_ms: at, lease, value, lock_delay_ms };
-            assert!(index > old, "fences of lock {name:?} went from {old} to {index}");
-            applied.grants.push(grant_of(name, &lock.holder));
-            return;
+            let last = lock.holders.last().map_or(0, |h| h.fence);
+            assert!(index > last.max(fence), "fences of lock {name:?} went from {} to {index}", last.max(fence));
+            lock.holders.push(Holder { owner, token, fence: index, granted_at_ms: at, lease, value, lock_delay_ms });
+            applied.grants.push(grant_of(name, lock.holders.last().expect("just pushed")));
+            return true;
         }
-        self.locks.remove(name);
-        self.note_freed(name);
+        if lock.holders.is_empty() {
+            self.locks.remove(name);
+            self.note_freed(name);
+        }
+        true
     }
 
     // --- queries ---
@@ -1248,15 +1404,34 @@ impl LockState {
         self.locks.contains_key(name)
     }
 
-    /// Who holds `name`, if anyone: a cheaper [`LockState::get`] when the waiters do not matter.
+    /// Whether every place of `name` is taken (held, or kept by a lock-delay): an acquire of it now would
+    /// be busy or queue.
+    pub fn is_full(&self, name: &str) -> bool {
+        self.locks.get(name).is_some_and(|lock| lock.is_full())
+    }
+
+    /// How many may hold `name` at once, if it exists (held or in its lock-delay): an acquire must give the
+    /// same.
+    pub fn limit(&self, name: &str) -> Option<u32> {
+        self.locks.get(name).map(|lock| lock.limit)
+    }
+
+    /// Who holds `name` (for a semaphore, its longest-held place), if anyone: a cheaper [`LockState::get`]
+    /// when the waiters and the other holders do not matter.
     pub fn holder(&self, name: &str) -> Option<HolderView> {
-        self.locks.get(name).map(|lock| view_of(&lock.holder))
+        self.locks.get(name).map(|lock| view_of(lock.first()))
+    }
+
+    /// The hold (or lock-delay) of `name` under `fence`, if it is still there.
+    pub fn hold(&self, name: &str, fence: u64) -> Option<HolderView> {
+        let lock = self.locks.get(name)?;
+        lock.place(fence).map(|i| view_of(&lock.holders[i]))
     }
 
     /// The grant `token` holds on `name`, if it holds it now.
     pub fn grant(&self, name: &str, token: Token) -> Option<Grant> {
         let lock = self.locks.get(name)?;
-        lock.holder.holds(token).then(|| grant_of(name, &lock.holder))
+        lock.held_by(token).map(|i| grant_of(name, &lock.holders[i]))
     }
 
     /// Whether `token` is queued for `name`.
@@ -1266,18 +1441,21 @@ impl LockState {
 
     /// Every TTL hold: name, fence, TTL and advertised end. For the leader's lease keeper.
     pub fn ttl_holds(&self) -> impl Iterator<Item = (&str, u64, u64, u64)> + '_ {
-        self.locks.iter().filter_map(|(name, lock)| match lock.holder.lease {
-            Lease::Ttl { ttl_ms, expires_at_ms } => Some((name.as_str(), lock.holder.fence, ttl_ms, expires_at_ms)),
-            Lease::Session(_) | Lease::Delayed { .. } => None,
+        self.locks.iter().flat_map(|(name, lock)| {
+            lock.holders.iter().filter_map(move |h| match h.lease {
+                Lease::Ttl { ttl_ms, expires_at_ms } => Some((name.as_str(), h.fence, ttl_ms, expires_at_ms)),
+                Lease::Session(_) | Lease::Delayed { .. } => None,
+            })
         })
     }
 
     /// Every lock in its lock-delay: name, the fence of the hold that expired, the delay, and when the lock
     /// becomes grantable. For the leader's lease keeper, which proposes the end of each.
     pub fn lock_delays(&self) -> impl Iterator<Item = (&str, u64, u64, u64)> + '_ {
-        self.locks.iter().filter_map(|(name, lock)| {
-            let free_at_ms = lock.holder.lease.free_at_ms()?;
-            Some((name.as_str(), lock.holder.fence, lock.holder.lock_delay_ms, free_at_ms))
+        self.locks.iter().flat_map(|(name, lock)| {
+            lock.holders
+                .iter()
+                .filter_map(move |h| Some((name.as_str(), h.fence, h.lock_delay_ms, h.lease.free_at_ms()?)))
         })
     }
 
@@ -1302,7 +1480,7 @@ impl LockState {
     /// [`LockState::session`]: nothing is copied.
     pub fn session_summary(&self, id: SessionId) -> Option<(&str, u64, usize, usize)> {
         let session = self.sessions.get(&id)?;
-        let holds = session.claims.iter().filter(|name| self.locks[*name].holder.lease == Lease::Session(id)).count();
+        let holds = session.claims.iter().filter(|name| self.locks[*name].session_place(id).is_some()).count();
         Some((&session.owner, session.lease_ms, holds, session.claims.len() - holds))
     }
 
@@ -1319,8 +1497,8 @@ impl LockState {
         };
         for name in &session.claims {
             let lock = &self.locks[name];
-            if lock.holder.lease == Lease::Session(id) {
-                view.holds.push(grant_of(name, &lock.holder));
+            if let Some(i) = lock.session_place(id) {
+                view.holds.push(grant_of(name, &lock.holders[i]));
             } else {
                 let i = lock.waiters.iter().position(|w| w.session == Some(id));
                 let i = i.expect("a session's claim that is not a hold is a wait");
@@ -1328,14 +1506,14 @@ impl LockState {
                     name: name.clone(),
                     token: lock.waiters[i].token,
                     position: i + 1,
-                    holder: view_of(&lock.holder),
+                    holder: view_of(lock.first()),
                 });
             }
         }
         Some(view)
     }
 
-    /// Locks held.
+    /// Locks held (a semaphore counts once, however many hold it), or kept by a lock-delay.
     pub fn lock_count(&self) -> usize {
         self.locks.len()
     }
@@ -1407,6 +1585,10 @@ impl LockState {
         let format: u32 = bounded().deserialize_from(&mut input)?;
         let mut state = match format {
             SNAPSHOT_FORMAT => bounded().deserialize_from(&mut input)?,
+            SNAPSHOT_FORMAT_WITHOUT_SEMAPHORES => {
+                let state: before_semaphores::LockState = bounded().deserialize_from(&mut input)?;
+                state.into_current()
+            }
             SNAPSHOT_FORMAT_WITHOUT_DELAYS => {
                 let state: before_delays::LockState = bounded().deserialize_from(&mut input)?;
                 state.into_current()
@@ -1453,25 +1635,36 @@ impl LockState {
         }
         for (name, lock) in &self.locks {
             assert!(limits::valid_name(name), "stored name {name:?} is valid");
-            assert!(lock.holder.fence <= self.applied_index, "fence of {name:?} is not from the future");
-            assert!(lock.holder.fence <= lock.revision, "revision of {name:?} is at or after its grant");
+            assert!((1..=limits::SEMAPHORE_LIMIT_MAX).contains(&lock.limit), "{name:?}'s limit is valid");
+            assert!(
+                !lock.holders.is_empty() && lock.holders.len() <= lock.limit as usize,
+                "{name:?} has 1..=limit holders"
+            );
+            assert!(lock.waiters.is_empty() || lock.is_full(), "{name:?} has waiters only with every place taken");
+            assert!(lock.holders.windows(2).all(|w| w[0].fence < w[1].fence), "{name:?}'s fences are unique, in order");
             assert!(lock.revision <= self.applied_index, "revision of {name:?} is not from the future");
-            assert!(lock.holder.value.len() <= limits::VALUE_LEN_MAX);
-            assert!(lock.holder.lock_delay_ms <= limits::LOCK_DELAY_MS_MAX);
-            if let Lease::Delayed { free_at_ms } = lock.holder.lease {
-                assert!(lock.holder.lock_delay_ms > 0, "only a hold with a lock-delay leaves one");
-                assert!(free_at_ms <= self.now_ms + lock.holder.lock_delay_ms, "{name:?}'s delay began in the past");
-                assert!(lock.holder.value.is_empty(), "a lock in its delay publishes nothing");
+            let mut tokens = BTreeSet::new();
+            for holder in &lock.holders {
+                assert!(tokens.insert(holder.token), "tokens on {name:?} are unique");
+                assert!(holder.fence <= lock.revision, "revision of {name:?} is at or after its grants");
+                assert!(holder.value.len() <= limits::VALUE_LEN_MAX);
+                assert!(holder.lock_delay_ms <= limits::LOCK_DELAY_MS_MAX);
+                if let Lease::Delayed { free_at_ms } = holder.lease {
+                    // A semaphore's place freed in an entry that granted it already waits for the next, with
+                    // no delay of its own.
+                    assert!(holder.lock_delay_ms > 0 || lock.limit > 1, "only a hold with a lock-delay leaves one");
+                    assert!(free_at_ms <= self.now_ms + holder.lock_delay_ms, "{name:?}'s delay began in the past");
+                    assert!(holder.value.is_empty(), "a place in its delay publishes nothing");
+                }
+                if let Lease::Session(id) = holder.lease {
+                    assert!(claims.entry(id).or_default().insert(name.clone()), "a session holds once per lock");
+                }
             }
             assert!(lock.waiters.len() <= limits::WAITERS_PER_LOCK_MAX);
-            let mut tokens = BTreeSet::from([lock.holder.token]);
             for w in &lock.waiters {
                 assert!(tokens.insert(w.token), "tokens on {name:?} are unique");
                 assert!(w.lock_delay_ms <= limits::LOCK_DELAY_MS_MAX);
                 assert!(w.queued_at_ms <= self.now_ms, "waiters on {name:?} were queued in the past");
-            }
-            if let Lease::Session(id) = lock.holder.lease {
-                assert!(claims.entry(id).or_default().insert(name.clone()));
             }
             for id in lock.waiters.iter().filter_map(|w| w.session) {
                 assert!(claims.entry(id).or_default().insert(name.clone()), "a session waits once per lock");
@@ -1509,7 +1702,9 @@ fn view_of(h: &Holder) -> HolderView {
 fn lock_view(name: &str, lock: &Lock) -> LockView {
     LockView {
         name: name.to_owned(),
-        holder: view_of(&lock.holder),
+        holder: view_of(lock.first()),
+        holders: lock.holders.iter().map(view_of).collect(),
+        limit: lock.limit,
         waiters: lock
             .waiters
             .iter()
@@ -1654,7 +1849,7 @@ mod tests {
                 .locks
                 .iter()
                 .map(|(name, lock)| {
-                    let h = &lock.holder;
+                    let h = lock.first();
                     let holder = OldHolder(&h.owner, h.token, h.fence, h.granted_at_ms, h.lease);
                     let waiters = lock
                         .waiters
@@ -1698,7 +1893,7 @@ mod tests {
         #[derive(Serialize)]
         struct OldWaiter<'a>(&'a String, Token, u64, u64, u64, Option<SessionId>, &'a Vec<u8>);
         let old = OrderedMaps::of(&state, |lock| {
-            let h = &lock.holder;
+            let h = lock.first();
             let holder = OldHolder(&h.owner, h.token, h.fence, h.granted_at_ms, h.lease, &h.value);
             let waiters: Vec<OldWaiter> = (lock.waiters.iter())
                 .map(|w| OldWaiter(&w.owner, w.token, w.ttl_ms, w.queued_at_ms, w.wait_until_ms, w.session, &w.value))
@@ -1710,6 +1905,18 @@ mod tests {
         restored.check_invariants();
         assert_eq!(restored, state, "the same state, every hold and waiter without a lock-delay");
         assert_eq!(restored.revision("b"), 9, "the free of b is remembered");
+    }
+
+    #[test]
+    fn a_snapshot_of_format_5_restores_with_every_lock_of_one_holder() {
+        let state = state_for_older_formats();
+        // Format 5's encoding: each lock its one holder, its waiters and its revision; no limit.
+        let old = OrderedMaps::of(&state, |lock| (lock.first(), &lock.waiters, lock.revision));
+        let bytes = bincode::serialize(&(SNAPSHOT_FORMAT_WITHOUT_SEMAPHORES, &old, secrets_of_7())).unwrap();
+        let restored = LockState::restore(&bytes).expect("format 5 restores");
+        restored.check_invariants();
+        assert_eq!(restored, state, "the same state, every lock of limit 1");
+        assert_eq!(restored.get("a").map(|view| (view.limit, view.holders.len())), Some((1, 1)));
     }
 
     #[test]

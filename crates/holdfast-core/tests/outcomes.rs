@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use holdfast_core::limits::{
     CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, FREED_KEEP_MS, FREED_MAX, LOCK_DELAY_MS_MAX, NAME_LEN_MAX, OWNER_LEN_MAX,
-    SESSIONS_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX, WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
+    SEMAPHORE_LIMIT_MAX, SESSIONS_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX, WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
 };
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
@@ -122,7 +122,7 @@ fn waiter(owner: &str, queued_at_ms: u64, session: Option<SessionId>) -> WaiterV
 
 /// The view of a lock last changed by its grant.
 fn view(g: &Grant, waiters: Vec<WaiterView>) -> LockView {
-    LockView { name: g.name.clone(), holder: holder(g), waiters, revision: g.fence }
+    LockView { name: g.name.clone(), holder: holder(g), holders: vec![holder(g)], limit: 1, waiters, revision: g.fence }
 }
 
 /// The view of a lock last changed by the entry at `revision`.
@@ -233,6 +233,14 @@ fn acquire_of_a_free_lock_grants_it_with_the_entry_index_as_fence() {
                 lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 30_000 },
                 value: vec![],
             },
+            holders: vec![HolderView {
+                owner: s("worker-1"),
+                fence: 7,
+                granted_at_ms: T0,
+                lease: Lease::Ttl { ttl_ms: 30_000, expires_at_ms: T0 + 30_000 },
+                value: vec![],
+            }],
+            limit: 1,
             waiters: vec![],
             revision: 7,
         })
@@ -1288,7 +1296,7 @@ fn restore_of_garbage_or_another_format_is_an_error() {
     other[..4].copy_from_slice(&99u32.to_le_bytes());
     assert!(matches!(LockState::restore(&other), Err(SnapshotError::Format(99))));
     let err = LockState::restore(&other).unwrap_err();
-    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 5)");
+    assert_eq!(err.to_string(), "snapshot format 99 is not supported (expected 6)");
 }
 
 #[test]
@@ -1301,7 +1309,7 @@ fn a_snapshot_keeps_session_secrets_and_one_of_format_2_restores_its_sessions_wi
     // Formats 2 and 3 (before values and revisions) restore too: see the state module's own tests, which
     // can write their layout.
     // A digest for a session the snapshot does not have is corruption.
-    let stray = bincode::serialize(&(4u32, &state, BTreeMap::from([(99u64, secret(1).digest())]))).unwrap();
+    let stray = bincode::serialize(&(6u32, &state, BTreeMap::from([(99u64, secret(1).digest())]))).unwrap();
     assert!(matches!(LockState::restore(&stray), Err(SnapshotError::Decode(_))));
 }
 
@@ -1794,7 +1802,7 @@ fn delayed(cmd: Command, lock_delay_ms: u64) -> Command {
 fn delayed_view(g: &Grant, expired_at_ms: u64, lock_delay_ms: u64, waiters: Vec<WaiterView>) -> LockView {
     let free_at_ms = expired_at_ms + lock_delay_ms;
     let holder = HolderView { lease: Lease::Delayed { free_at_ms }, value: vec![], ..holder(g) };
-    LockView { name: g.name.clone(), holder, waiters, revision: 0 }
+    LockView { name: g.name.clone(), holder: holder.clone(), holders: vec![holder], limit: 1, waiters, revision: 0 }
 }
 
 /// "job" held by worker-1 (fence 1, TTL 10 s, lock-delay 5 s, publishing a value), worker-2 waiting a
@@ -1960,4 +1968,225 @@ fn a_lock_in_its_delay_survives_a_snapshot() {
     let restored = LockState::restore(&state.snapshot()).expect("restores");
     assert_eq!(restored, state);
     assert_eq!(restored.lock_delays().collect::<Vec<_>>(), vec![("job", 1, 5_000, T0 + 15_000)]);
+}
+
+// --- semaphores ---
+
+/// An acquire of one of `limit` places (and no value or lock-delay).
+fn semaphore(cmd: Command, limit: u32) -> Command {
+    let Command::Acquire(acquire) = cmd else { panic!("a plain acquire") };
+    Command::AcquireSemaphore { acquire, value: vec![], lock_delay_ms: 0, limit }
+}
+
+/// The view of a semaphore of `limit` held by `grants` (in fence order), last changed at `revision`.
+fn semaphore_view(limit: u32, grants: &[&Grant], waiters: Vec<WaiterView>, revision: u64) -> LockView {
+    let holders: Vec<HolderView> = grants.iter().map(|g| holder(g)).collect();
+    LockView { name: grants[0].name.clone(), holder: holders[0].clone(), holders, limit, waiters, revision }
+}
+
+#[test]
+fn a_semaphore_grants_up_to_its_limit_then_queues_and_hands_a_freed_place_over_in_the_same_entry() {
+    let mut state = LockState::new();
+    let mut grants = Vec::new();
+    for (i, owner) in ["a", "b", "c"].into_iter().enumerate() {
+        let index = i as u64 + 1;
+        let applied = state.apply(index, &at(T0, semaphore(acquire("pool", owner, tok(index as u128), 10_000, 0), 3)));
+        let grant = ttl_grant("pool", owner, tok(index as u128), index, T0, 10_000);
+        let expected = Applied { grants: vec![grant.clone()], ..only(T0, Outcome::Granted(grant.clone())) };
+        assert_eq!(applied, expected);
+        grants.push(grant);
+    }
+    let full = semaphore_view(3, &[&grants[0], &grants[1], &grants[2]], vec![], 3);
+    assert_eq!(state.get("pool"), Some(full.clone()));
+    assert!(state.is_full("pool"));
+
+    // Full: an acquire that does not wait is busy (shown the longest-held place), one that waits queues.
+    let busy = state.apply(4, &at(T0 + 1, semaphore(acquire("pool", "e", tok(5), 10_000, 0), 3)));
+    assert_eq!(busy, only(T0 + 1, Outcome::Busy { holder: holder(&grants[0]) }));
+    let queued = state.apply(5, &at(T0 + 2, semaphore(acquire("pool", "d", tok(4), 10_000, 60_000), 3)));
+    assert_eq!(queued, only(T0 + 2, Outcome::Queued { position: 1, holder: holder(&grants[0]) }));
+
+    // The middle place is released: the waiter takes it in the same entry, under that entry's fence.
+    let released = state.apply(6, &at(T0 + 3, release("pool", tok(2))));
+    let d = ttl_grant("pool", "d", tok(4), 6, T0 + 3, 10_000);
+    let expected = Applied {
+        grants: vec![d.clone()],
+        ended: vec![(s("pool"), 2)],
+        ..only(T0 + 3, Outcome::Released { name: s("pool"), fence: 2 })
+    };
+    assert_eq!(released, expected);
+    assert_eq!(state.get("pool"), Some(semaphore_view(3, &[&grants[0], &grants[2], &d], vec![], 6)));
+    assert_eq!(state.grant("pool", tok(4)), Some(d.clone()));
+    assert_eq!(state.grant("pool", tok(2)), None);
+    assert_eq!(state.hold("pool", 3), Some(holder(&grants[2])));
+    assert_eq!(state.ttl_holds().map(|(_, fence, _, _)| fence).collect::<Vec<_>>(), [1, 3, 6]);
+
+    // A renew and a value change reach the place their token holds, and only it.
+    let renewed = state.apply(7, &at(T0 + 4, renew("pool", tok(3), 20_000)));
+    let c = ttl_grant("pool", "c", tok(3), 3, T0 + 4, 20_000);
+    let c = Grant { granted_at_ms: T0, ..c };
+    assert_eq!(renewed, only(T0 + 4, Outcome::Renewed(c.clone())));
+    let set = state.apply(8, &at(T0 + 5, Command::SetValue { name: s("pool"), token: tok(1), value: b"x".to_vec() }));
+    let a = Grant { value: b"x".to_vec(), ..grants[0].clone() };
+    assert_eq!(set, only(T0 + 5, Outcome::ValueSet(a.clone())));
+    assert_eq!(state.get("pool"), Some(semaphore_view(3, &[&a, &c, &d], vec![], 8)));
+
+    // Every place let go: the semaphore is gone, and its name may be taken with another limit.
+    for (index, token) in [(9, 1), (10, 3), (11, 4)] {
+        assert!(matches!(
+            state.apply(index, &at(T0 + 6, release("pool", tok(token)))).outcome,
+            Outcome::Released { .. }
+        ));
+    }
+    assert_eq!(state.get("pool"), None);
+    assert_eq!(state.revision("pool"), 11);
+    let again = state.apply(12, &at(T0 + 7, acquire("pool", "f", tok(6), 10_000, 0)));
+    assert!(matches!(again.outcome, Outcome::Granted(Grant { fence: 12, .. })));
+    let restored = LockState::restore(&state.snapshot()).expect("restores");
+    assert_eq!(restored, state);
+    state.check_invariants();
+}
+
+#[test]
+fn an_acquire_that_gives_another_limit_or_an_invalid_one_is_refused_and_changes_nothing() {
+    let mut state = LockState::new();
+    state.apply(1, &at(T0, semaphore(acquire("pool", "a", tok(1), 10_000, 0), 2)));
+    let before = state.clone();
+    let mismatch = Outcome::Rejected(Reject::LimitMismatch { name: s("pool"), limit: 2 });
+    let cases = [
+        (semaphore(acquire("pool", "b", tok(2), 10_000, 60_000), 3), mismatch.clone()),
+        (acquire("pool", "b", tok(2), 10_000, 60_000), mismatch.clone()),
+        (semaphore(acquire("other", "b", tok(2), 10_000, 0), 0), Outcome::Rejected(Reject::InvalidLimit(0))),
+        (
+            semaphore(acquire("other", "b", tok(2), 10_000, 0), SEMAPHORE_LIMIT_MAX + 1),
+            Outcome::Rejected(Reject::InvalidLimit(SEMAPHORE_LIMIT_MAX + 1)),
+        ),
+    ];
+    for (i, (cmd, outcome)) in cases.into_iter().enumerate() {
+        let mut state = before.clone();
+        let index = i as u64 + 2;
+        assert_eq!(state.apply(index, &at(T0 + 1, cmd)), only(T0 + 1, outcome));
+        assert_eq!(state.get("pool"), before.get("pool"), "nothing changed");
+        assert_eq!((state.get("other"), state.revision("pool")), (None, 1));
+    }
+    // A lock of limit 1 refuses a semaphore's acquire the same way.
+    let mut state = LockState::new();
+    state.apply(1, &at(T0, acquire("job", "a", tok(1), 10_000, 0)));
+    let refused = state.apply(2, &at(T0, semaphore(acquire("job", "b", tok(2), 10_000, 0), 2)));
+    assert_eq!(refused, only(T0, Outcome::Rejected(Reject::LimitMismatch { name: s("job"), limit: 1 })));
+    // The largest limit is accepted.
+    let largest = state.apply(3, &at(T0, semaphore(acquire("wide", "b", tok(2), 10_000, 0), SEMAPHORE_LIMIT_MAX)));
+    assert!(matches!(largest.outcome, Outcome::Granted(_)));
+    state.check_invariants();
+}
+
+/// A semaphore of 2 held by TTL holds at fences 1 and 2, with "c" (TTL) and "d" (session 9) waiting.
+fn full_semaphore_with_two_waiting() -> (LockState, Grant, Grant) {
+    let mut state = LockState::new();
+    state.apply(1, &at(T0, semaphore(acquire("pool", "a", tok(1), 1_000, 0), 2)));
+    state.apply(2, &at(T0, semaphore(acquire("pool", "b", tok(2), 1_000, 0), 2)));
+    state.apply(3, &at(T0, open(9, "d", 60_000)));
+    state.apply(4, &at(T0 + 1, semaphore(acquire("pool", "c", tok(3), 5_000, 60_000), 2)));
+    state.apply(5, &at(T0 + 2, semaphore(session_acquire("pool", "d", tok(4), 9), 2)));
+    (state, ttl_grant("pool", "a", tok(1), 1, T0, 1_000), ttl_grant("pool", "b", tok(2), 2, T0, 1_000))
+}
+
+#[test]
+fn places_of_one_semaphore_that_run_out_together_are_handed_over_one_entry_at_a_time() {
+    let (mut state, _, _) = full_semaphore_with_two_waiting();
+    let t = T0 + 1_000;
+    // Both places ran out: the first goes to "c" under this entry's fence; the second would share it, so
+    // it stays taken, free now, until the next entry that names it.
+    let applied = state.apply(6, &at(t, expire(&[("pool", 1), ("pool", 2)], &[], &[])));
+    let c = ttl_grant("pool", "c", tok(3), 6, t, 5_000);
+    let expected = Applied {
+        grants: vec![c.clone()],
+        ended: vec![(s("pool"), 1), (s("pool"), 2)],
+        delayed: vec![(s("pool"), 2, 0)],
+        ..only(t, Outcome::Expired { locks: 2, waiters: 0, sessions: 0 })
+    };
+    assert_eq!(applied, expected);
+    let b_freed =
+        HolderView { lease: Lease::Delayed { free_at_ms: t }, ..holder(&ttl_grant("pool", "b", tok(2), 2, T0, 1_000)) };
+    let view = state.get("pool").expect("held");
+    assert_eq!((view.holders.clone(), view.revision), (vec![b_freed, holder(&c)], 6));
+    assert_eq!(state.lock_delays().collect::<Vec<_>>(), [("pool", 2, 0, t)]);
+    assert_eq!(state.grant("pool", tok(2)), None, "a place being handed over is nobody's");
+
+    // The next entry that names it hands it on, under its own fence.
+    let d = session_grant("pool", "d", tok(4), 7, t + 1, 9);
+    let handed = state.apply(7, &at(t + 1, expire(&[("pool", 2)], &[], &[])));
+    let expected =
+        Applied { grants: vec![d.clone()], ..only(t + 1, Outcome::Expired { locks: 1, waiters: 0, sessions: 0 }) };
+    assert_eq!(handed, expected);
+    assert_eq!(state.get("pool"), Some(semaphore_view(2, &[&c, &d], vec![], 7)));
+    state.check_invariants();
+}
+
+#[test]
+fn sessions_that_expire_together_hand_their_places_over_one_entry_at_a_time_and_never_to_an_ending_session() {
+    let mut state = LockState::new();
+    for id in 1..=4 {
+        state.apply(id, &at(T0, open(id, "s", 1_000)));
+    }
+    for id in 1..=4u64 {
+        state.apply(4 + id, &at(T0, semaphore(session_acquire("pool", "s", tok(id.into()), id), 2)));
+    }
+    // Sessions 1 and 2 hold (fences 5 and 6), 3 and 4 wait. 1, 2 and 3 run out in one entry.
+    let applied = state.apply(9, &at(T0 + 1_000, expire(&[], &[], &[1, 2, 3])));
+    let four = session_grant("pool", "s", tok(4), 9, T0 + 1_000, 4);
+    let expected = Applied {
+        grants: vec![four.clone()],
+        ended: vec![(s("pool"), 5), (s("pool"), 6)],
+        dropped: vec![(s("pool"), tok(3))],
+        delayed: vec![],
+        ..only(T0 + 1_000, Outcome::Expired { locks: 0, waiters: 0, sessions: 3 })
+    };
+    assert_eq!(applied, expected, "session 3 ends in this entry: it is dropped, never granted");
+    assert_eq!(state.get("pool"), Some(semaphore_view(2, &[&four], vec![], 9)));
+    assert_eq!(state.session(4).map(|v| v.holds), Some(vec![four]));
+    state.check_invariants();
+}
+
+#[test]
+fn a_group_carries_at_most_one_semaphore_acquire_of_a_lock() {
+    let (state, _, _) = full_semaphore_with_two_waiting();
+    let two = Command::Group(vec![
+        release("pool", tok(1)),
+        semaphore(acquire("pool", "e", tok(5), 1_000, 60_000), 2),
+        semaphore(acquire("pool", "f", tok(6), 1_000, 60_000), 2),
+    ]);
+    let mut refused = state.clone();
+    assert_eq!(refused.apply(6, &at(T0 + 3, two)), only(T0 + 3, Outcome::Rejected(Reject::InvalidBatch)));
+    assert_eq!(refused.get("pool"), state.get("pool"));
+    // One acquire after the release: the place goes to the first waiter, the acquire queues behind.
+    let mut grouped = state.clone();
+    let one = Command::Group(vec![release("pool", tok(1)), semaphore(acquire("pool", "e", tok(5), 1_000, 60_000), 2)]);
+    let applied = grouped.apply(6, &at(T0 + 3, one));
+    let c = ttl_grant("pool", "c", tok(3), 6, T0 + 3, 5_000);
+    let queued = Outcome::Queued { position: 2, holder: holder(&ttl_grant("pool", "b", tok(2), 2, T0, 1_000)) };
+    let outcomes = vec![Outcome::Released { name: s("pool"), fence: 1 }, queued];
+    let expected = Applied { grants: vec![c], ended: vec![(s("pool"), 1)], ..only(T0 + 3, Outcome::Batch(outcomes)) };
+    assert_eq!(applied, expected);
+    grouped.check_invariants();
+}
+
+#[test]
+fn a_semaphores_place_that_expires_with_a_lock_delay_stays_taken_until_the_delay_passed() {
+    let mut state = LockState::new();
+    let Command::Acquire(a) = acquire("pool", "a", tok(1), 1_000, 0) else { unreachable!() };
+    state.apply(1, &at(T0, Command::AcquireSemaphore { acquire: a, value: vec![], lock_delay_ms: 500, limit: 2 }));
+    state.apply(2, &at(T0, semaphore(acquire("pool", "b", tok(2), 60_000, 0), 2)));
+    let expired = state.apply(3, &at(T0 + 1_000, expire(&[("pool", 1)], &[], &[])));
+    assert_eq!(expired.delayed, vec![(s("pool"), 1, 500)]);
+    assert!(state.is_full("pool"), "the delay keeps its place");
+    let busy = state.apply(4, &at(T0 + 1_001, semaphore(acquire("pool", "c", tok(3), 1_000, 0), 2)));
+    assert!(matches!(busy.outcome, Outcome::Busy { .. }));
+    let early = state.apply(5, &at(T0 + 1_499, expire(&[("pool", 1)], &[], &[])));
+    assert_eq!(early.outcome, Outcome::Expired { locks: 0, waiters: 0, sessions: 0 });
+    let freed = state.apply(6, &at(T0 + 1_500, expire(&[("pool", 1)], &[], &[])));
+    assert_eq!(freed.outcome, Outcome::Expired { locks: 1, waiters: 0, sessions: 0 });
+    let taken = state.apply(7, &at(T0 + 1_501, semaphore(acquire("pool", "c", tok(3), 1_000, 0), 2)));
+    assert!(matches!(taken.outcome, Outcome::Granted(Grant { fence: 7, .. })));
+    state.check_invariants();
 }
