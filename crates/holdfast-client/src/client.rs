@@ -427,6 +427,7 @@ impl Client {
             wait_ms: millis_ceil(wait),
             value: options.value,
             lock_delay_ms: millis_ceil(options.lock_delay),
+            limit: options.limit,
         };
         match self.one_shot("acquire", self.pool.retry(wait), CallKind::Acquire(request)).await? {
             ResultKind::Hold(hold) => Ok(hold.into()),

@@ -61,6 +61,10 @@ pub enum Error {
     /// An admin call without the server's admin key, or with a wrong one.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
+    /// The lock is held or waited for under another limit (a semaphore's, or 1 for a lock) than the
+    /// acquire gave; nothing changed. Every acquirer of a name gives the same limit.
+    #[error("limit mismatch: {0}")]
+    LimitMismatch(String),
 }
 
 fn busy_text(holder: &Option<Box<HolderInfo>>) -> String {
@@ -99,6 +103,7 @@ impl Error {
             }
             Some("unauthenticated") => return Error::Unauthenticated(detail.to_owned()),
             Some("compacted") => return Error::Compacted(detail.to_owned()),
+            Some("limit-mismatch") => return Error::LimitMismatch(detail.to_owned()),
             Some("too-many-changes") => return Error::LimitReached(detail.to_owned()),
             // A watch stream that fell behind its node ended: nothing is wrong but the pace; resume.
             Some("watch-behind") => return Error::Unavailable(detail.to_owned()),

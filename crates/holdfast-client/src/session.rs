@@ -1115,6 +1115,7 @@ fn acquire(name: &str, wait: bool, ask: &AcquireOptions) -> RequestKind {
         wait,
         value: ask.value.clone(),
         lock_delay_ms: millis_ceil(ask.lock_delay),
+        limit: ask.limit,
     })
 }
 

@@ -49,6 +49,10 @@ pub struct AcquireOptions {
     /// was only paused can notice before anyone else starts. Zero: none. At most the server's
     /// `--lock-delay-max`.
     pub lock_delay: Duration,
+    /// A semaphore: up to this many holders at once, each with its own token and fence, the others queued
+    /// in order. 0 or 1: a lock. Every acquirer of a name must give the same limit while anyone holds or
+    /// waits for it ([`Error::LimitMismatch`](crate::Error::LimitMismatch) otherwise); at most 1,024.
+    pub limit: u32,
 }
 
 impl From<v1::Holder> for HolderInfo {
@@ -88,8 +92,13 @@ impl From<v1::Waiter> for WaiterInfo {
 pub struct LockInfo {
     /// The lock's name.
     pub name: String,
-    /// Its holder; `None` when nobody holds it (a watch's view of a free lock).
+    /// Its holder (a semaphore's longest-held place); `None` when nobody holds it (a watch's view of a
+    /// free lock).
     pub holder: Option<HolderInfo>,
+    /// Every holder, ordered by fence: one for a lock, up to `limit` for a semaphore.
+    pub holders: Vec<HolderInfo>,
+    /// How many may hold it at once: 1 for a lock (0 in a watch's view of a free lock).
+    pub limit: u32,
     /// Its waiters, next in line first.
     pub waiters: Vec<WaiterInfo>,
     /// The log index of its last change (grant, release, expiry, hand-over, value change, renewal, a
@@ -103,6 +112,8 @@ impl From<v1::Lock> for LockInfo {
         LockInfo {
             name: l.name,
             holder: l.holder.map(HolderInfo::from),
+            holders: l.holders.into_iter().map(HolderInfo::from).collect(),
+            limit: l.limit,
             waiters: l.waiters.into_iter().map(WaiterInfo::from).collect(),
             revision: l.revision,
         }

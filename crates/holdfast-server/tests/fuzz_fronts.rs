@@ -772,7 +772,7 @@ fn endpoint() -> impl Strategy<Value = (String, String, &'static [&'static str])
     let fixed = |path: &'static str| Just(path.to_owned()).boxed();
     let lock = || segment().prop_map(|s| format!("/v1/locks/{s}")).boxed();
     prop_oneof![
-        6 => own(&["POST"], lock(), &["ttl", "owner", "wait", "value", "lock_delay"]),
+        6 => own(&["POST"], lock(), &["ttl", "owner", "wait", "value", "lock_delay", "limit"]),
         3 => own(&["DELETE"], lock(), &["token"]),
         2 => own(&["GET", "HEAD"], lock(), &["after", "wait"]),
         2 => own(&["POST"], segment().prop_map(|s| format!("/v1/locks/{s}/value")).boxed(), &["token", "value"]),
@@ -1268,6 +1268,17 @@ fn ms(special: &'static [u64]) -> impl Strategy<Value = u64> {
 
 const TTLS_MS: &[u64] = &[0, 1, TTL_MS_MIN - 1, TTL_MS_MIN, TTL_MS_MIN + 1, TTL_MS_MAX, TTL_MS_MAX + 1, u64::MAX];
 const WAITS_MS: &[u64] = &[0, 0, 0, 1, 50, WAIT_MS_MAX, WAIT_MS_MAX + 1, u64::MAX];
+/// Limits: a lock (unset or 1), semaphores, the largest, past it.
+const LIMITS: &[u32] = &[
+    0,
+    1,
+    1,
+    2,
+    3,
+    holdfast_core::limits::SEMAPHORE_LIMIT_MAX,
+    holdfast_core::limits::SEMAPHORE_LIMIT_MAX + 1,
+    u32::MAX,
+];
 /// Lock-delays: none, within the node's bound, past it, past the hard bound.
 const LOCK_DELAYS_MS: &[u64] =
     &[0, 0, 1, LOCK_DELAY_MS_MAX, LOCK_DELAY_MS_MAX + 1, holdfast_core::limits::LOCK_DELAY_MS_MAX + 1, u64::MAX];
@@ -1329,16 +1340,10 @@ fn value_bytes() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn acquire_request() -> impl Strategy<Value = AcquireRequest> {
-    (name_text(), owner_text(), ms(TTLS_MS), ms(WAITS_MS), value_bytes(), ms(LOCK_DELAYS_MS)).prop_map(
-        |(name, owner, ttl_ms, wait_ms, value, lock_delay_ms)| AcquireRequest {
-            name,
-            owner,
-            ttl_ms,
-            wait_ms,
-            value,
-            lock_delay_ms,
-        },
-    )
+    let ask = (ms(TTLS_MS), ms(WAITS_MS), value_bytes(), ms(LOCK_DELAYS_MS), select(LIMITS));
+    (name_text(), owner_text(), ask).prop_map(|(name, owner, (ttl_ms, wait_ms, value, lock_delay_ms, limit))| {
+        AcquireRequest { name, owner, ttl_ms, wait_ms, value, lock_delay_ms, limit }
+    })
 }
 
 fn renew_request() -> impl Strategy<Value = (RenewRequest, TokenText)> {
@@ -1539,9 +1544,11 @@ fn session_msg() -> impl Strategy<Value = SessionMsg> {
     prop_oneof![
         3 => (owner_text(), lease_ms).prop_map(|(owner, lease_ms)| SessionMsg::Open(Open { owner, lease_ms })),
         2 => resume,
-        4 => (name_text(), any::<bool>(), value_bytes(), ms(LOCK_DELAYS_MS)).prop_map(|(name, wait, value, lock_delay_ms)| {
-            SessionMsg::Acquire(SessionAcquire { name, wait, value, lock_delay_ms })
-        }),
+        4 => (name_text(), any::<bool>(), value_bytes(), ms(LOCK_DELAYS_MS), select(LIMITS)).prop_map(
+            |(name, wait, value, lock_delay_ms, limit)| {
+                SessionMsg::Acquire(SessionAcquire { name, wait, value, lock_delay_ms, limit })
+            }
+        ),
         2 => name_text().prop_map(|name| SessionMsg::Release(SessionRelease { name })),
         2 => any::<u64>().prop_map(|seq| SessionMsg::Heartbeat(Heartbeat { seq })),
         1 => Just(SessionMsg::Close),

@@ -101,7 +101,7 @@ fn open(owner: &str, lease_ms: u64) -> RequestKind {
 }
 
 fn acquire(name: &str, wait: bool) -> RequestKind {
-    RequestKind::Acquire(SessionAcquire { name: name.into(), wait, value: vec![], lock_delay_ms: 0 })
+    RequestKind::Acquire(SessionAcquire { name: name.into(), wait, value: vec![], lock_delay_ms: 0, limit: 0 })
 }
 
 /// The session's id and secret from its `Opened`.
@@ -314,6 +314,7 @@ async fn a_busy_one_shot_acquire_names_the_holder_in_its_status() {
         wait_ms: 0,
         value: vec![],
         lock_delay_ms: 0,
+        limit: 0,
     };
     let held = client.acquire(request("first")).await.expect("first acquire").into_inner();
     let status = client.acquire(request("second")).await.expect_err("the lock is held");
@@ -383,6 +384,7 @@ fn call_acquire(name: &str, owner: &str, wait_ms: u64) -> holdfast_proto::v1::Ca
         wait_ms,
         value: vec![],
         lock_delay_ms: 0,
+        limit: 0,
     };
     holdfast_proto::v1::CallKind::Acquire(request)
 }

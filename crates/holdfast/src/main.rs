@@ -137,6 +137,10 @@ struct RunCli {
     /// The exit code when the lock is busy (as flock's -E).
     #[arg(short = 'E', long = "conflict-exit-code", default_value_t = run::EXIT_BUSY)]
     conflict_exit_code: u8,
+    /// At most this many run the command at once: the lock is a semaphore of this many places (every
+    /// process running under the name gives the same).
+    #[arg(long, default_value_t = 1)]
+    limit: u32,
     #[command(flatten)]
     hold: HoldCli,
     /// The command and its arguments.
@@ -181,7 +185,7 @@ impl HoldCli {
             name,
             ttl,
             wait,
-            options: AcquireOptions { value, lock_delay: self.lock_delay },
+            options: AcquireOptions { value, lock_delay: self.lock_delay, limit: 1 },
             busy_code: run::EXIT_BUSY,
             kill_after: self.kill_after,
             command: Vec::new(),
@@ -229,6 +233,9 @@ enum LockCli {
         /// If the hold expires (not renewed in time), nobody gets the lock for this long after.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         lock_delay: Duration,
+        /// A semaphore: up to this many holders at once (every acquirer of the name gives the same).
+        #[arg(long, default_value_t = 1)]
+        limit: u32,
     },
     /// Publish a new value on a lock held with --token.
     SetValue {
@@ -512,11 +519,12 @@ fn run_command(args: RunCli) -> anyhow::Result<()> {
         (false, Some(wait)) => run::Wait::For(wait),
         (false, None) => run::Wait::Forever,
     };
-    let run_args = run::RunArgs {
+    let mut run_args = run::RunArgs {
         busy_code: args.conflict_exit_code,
         command: args.command,
         ..args.hold.run_args(args.name, args.ttl, wait, Vec::new())
     };
+    run_args.options.limit = args.limit;
     exit(client_runtime()?.block_on(run::run(run_args)))
 }
 
@@ -542,8 +550,8 @@ fn elect_command(args: ElectCli) -> anyhow::Result<()> {
 /// `holdfast lock …`: one call.
 fn lock_command(target: Target, command: LockCli) -> anyhow::Result<()> {
     let command = match command {
-        LockCli::Acquire { name, ttl, wait, value, lock_delay } => {
-            let options = AcquireOptions { value: value.into_bytes(), lock_delay };
+        LockCli::Acquire { name, ttl, wait, value, lock_delay, limit } => {
+            let options = AcquireOptions { value: value.into_bytes(), lock_delay, limit };
             cli::LockCommand::Acquire { name, ttl, wait, options }
         }
         LockCli::SetValue { name, token, value } => {

@@ -178,6 +178,8 @@ impl Scope {
         LockView {
             name: self.outer(&view.name),
             holder: self.holder(view.holder),
+            holders: view.holders.into_iter().map(|h| self.holder(h)).collect(),
+            limit: view.limit,
             waiters: view
                 .waiters
                 .into_iter()

@@ -92,6 +92,8 @@ impl From<Reject> for ApiError {
             Reject::InvalidWait(_) => ApiError::invalid("invalid-wait", detail),
             Reject::ValueTooLong(_) => ApiError::invalid("invalid-value", detail),
             Reject::InvalidLockDelay(_) => ApiError::invalid("invalid-lock-delay", detail),
+            Reject::InvalidLimit(_) => ApiError::invalid("invalid-limit", detail),
+            Reject::LimitMismatch { .. } => ApiError::Conflict { slug: "limit-mismatch".into(), detail },
             Reject::NotHolder { name, .. } => ApiError::NotHolder { name },
             Reject::Expired { name } => ApiError::Expired { name },
             Reject::SessionHold { .. } => ApiError::invalid("session-hold", detail),

@@ -68,6 +68,15 @@ pub fn check_lock_delay(api: &Api, lock_delay_ms: u64) -> Result<u64, ApiError> 
     Err(ApiError::invalid("invalid-lock-delay", detail))
 }
 
+/// A semaphore's limit from 1 (a lock) to [`limits::SEMAPHORE_LIMIT_MAX`].
+pub fn check_limit(limit: u32) -> Result<u32, ApiError> {
+    if (1..=limits::SEMAPHORE_LIMIT_MAX).contains(&limit) {
+        return Ok(limit);
+    }
+    let detail = format!("limit {limit}: a number from 1 (a lock) to {}", limits::SEMAPHORE_LIMIT_MAX);
+    Err(ApiError::invalid("invalid-limit", detail))
+}
+
 /// A value of at most [`limits::VALUE_LEN_MAX`] bytes.
 pub fn check_value(value: &[u8]) -> Result<(), ApiError> {
     if value.len() <= limits::VALUE_LEN_MAX {
@@ -107,6 +116,8 @@ pub struct AcquireArgs {
     pub value: Vec<u8>,
     /// How long the lock stays ungranted if the hold expires (0: not at all).
     pub lock_delay_ms: u64,
+    /// How many may hold it at once: 1 for a lock, more for a semaphore.
+    pub limit: u32,
 }
 
 /// Takes a lock for a TTL, waiting in its queue up to the wait asked for if it is held.
@@ -117,6 +128,7 @@ pub async fn acquire(api: &Arc<Api>, scope: &Scope, args: AcquireArgs) -> Result
     check_wait(api, args.wait_ms)?;
     check_value(&args.value)?;
     check_lock_delay(api, args.lock_delay_ms)?;
+    check_limit(args.limit)?;
     let args = AcquireArgs { name: scope.inner(&args.name), owner: scope.inner(&args.owner), ..args };
     let granted = acquire_stored(api, args).await;
     granted
@@ -129,8 +141,8 @@ pub async fn acquire(api: &Arc<Api>, scope: &Scope, args: AcquireArgs) -> Result
 
 async fn acquire_stored(api: &Arc<Api>, args: AcquireArgs) -> Result<Grant, ApiError> {
     let started = Instant::now();
-    let AcquireArgs { name, owner, ttl_ms, wait_ms, value, lock_delay_ms } = args;
-    let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms, value, lock_delay_ms };
+    let AcquireArgs { name, owner, ttl_ms, wait_ms, value, lock_delay_ms, limit } = args;
+    let request = Request::Acquire { name: name.clone(), owner, ttl_ms, wait_ms, value, lock_delay_ms, limit };
     let written = acquire_or_undo(api, name.clone(), request).await?;
     match written.outcome().clone() {
         Outcome::Granted(grant) => Ok(grant),

@@ -131,9 +131,10 @@ impl Api {
         self.route.heartbeat(id).await
     }
 
-    /// The value lock `name` publishes as this node has applied it (empty if nobody holds it).
-    pub fn value_here(&self, name: &str) -> Vec<u8> {
-        crate::state::read(&self.state).holder(name).map(|h| h.value).unwrap_or_default()
+    /// The value the hold of `name` under `fence` publishes as this node has applied it (empty if that
+    /// hold is not there).
+    pub fn value_here(&self, name: &str, fence: u64) -> Vec<u8> {
+        crate::state::read(&self.state).hold(name, fence).map(|h| h.value).unwrap_or_default()
     }
 
     /// Waits until this node applied the log up to `index`.

@@ -95,8 +95,8 @@ struct Inner {
     streams: BTreeMap<SessionId, mpsc::UnboundedSender<SessionNote>>,
     /// Which session holds each session-held lock (name, fence), to route the end of a hold.
     session_holds: BTreeMap<(String, u64), SessionId>,
-    /// TTL holds and lock-delays by name, tagged with the fence.
-    holds: Deadlines<String>,
+    /// TTL holds and lock-delays by name and fence (a semaphore has several), tagged with the fence.
+    holds: Deadlines<(String, u64)>,
     /// Sessions, tagged 0.
     sessions: Deadlines<SessionId>,
     /// One-shot waiters by token, tagged 0, and the lock each waits for.
@@ -117,7 +117,7 @@ struct Inner {
 /// work is in proportion to the state (about 0.6 s for a million held locks on a 2-core host, release
 /// build), and the node's worker threads would wait for the lock meanwhile.
 struct Rebuilt {
-    holds: Deadlines<String>,
+    holds: Deadlines<(String, u64)>,
     waiters: Deadlines<Token>,
     waiter_names: BTreeMap<Token, String>,
     sessions: Deadlines<SessionId>,
@@ -129,7 +129,9 @@ impl Rebuilt {
         let ttl_holds = state.ttl_holds().map(|(name, fence, ttl_ms, _)| (name, fence, ttl_ms));
         let delays = state.lock_delays().map(|(name, fence, delay_ms, _)| (name, fence, delay_ms));
         let holds = Deadlines::of(
-            ttl_holds.chain(delays).map(|(name, fence, ms)| (name.to_owned(), fence, Duration::from_millis(ms))),
+            ttl_holds
+                .chain(delays)
+                .map(|(name, fence, ms)| ((name.to_owned(), fence), fence, Duration::from_millis(ms))),
             now,
         );
         let waiter_names: BTreeMap<Token, String> =
@@ -451,12 +453,13 @@ impl Events {
         inner.waiters.settle(now, floor);
         inner.sessions.settle(now, floor);
         let mut expire = Expire::default();
-        for (name, fence) in inner.holds.due(now) {
+        for (key, fence) in inner.holds.due(now) {
+            let name = &key.0;
             if expire.len() >= limits::EXPIRE_BATCH_MAX {
                 return expire;
             }
             // A TTL hold whose advertised end passed, or a lock-delay past its end.
-            let end = match state.holder(name).filter(|h| h.fence == fence).map(|h| h.lease) {
+            let end = match state.hold(name, fence).map(|h| h.lease) {
                 Some(Lease::Ttl { expires_at_ms, .. }) => Some(expires_at_ms),
                 Some(Lease::Delayed { free_at_ms }) => Some(free_at_ms),
                 Some(Lease::Session(_)) | None => None,
@@ -464,7 +467,7 @@ impl Events {
             // One this node was given before its promotion (its end stamped by an earlier leader's clock,
             // which may be up to the bound behind this one's) waits the bound and the election more.
             let margin = match (self.max_clock_skew, floor) {
-                (Some(skew), Some(floor)) if inner.holds.set_before(name, floor) => skew + inner.election_took,
+                (Some(skew), Some(floor)) if inner.holds.set_before(key, floor) => skew + inner.election_took,
                 _ => Duration::ZERO,
             };
             let margin_ms = u64::try_from(margin.as_millis()).unwrap_or(u64::MAX);
@@ -497,7 +500,7 @@ impl Events {
     /// Forgets the holds `applied` ended (telling their sessions) and arms the lock-delays it began.
     fn end_holds(inner: &mut Inner, applied: &Applied, now: Instant) {
         for (name, fence) in &applied.ended {
-            inner.holds.end(name, *fence);
+            inner.holds.end(&(name.clone(), *fence), *fence);
             if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
                 if let Some(tx) = inner.streams.get(&id) {
                     let _ = tx.send(SessionNote::Ended { name: name.clone(), fence: *fence });
@@ -507,7 +510,7 @@ impl Events {
         for (name, fence, delay_ms) in &applied.delayed {
             // A lock-delay runs out as a TTL hold does: a full delay on this node's clock from now (or from
             // its promotion), and not before its end by leader time.
-            inner.holds.set(name, *fence, now, Duration::from_millis(*delay_ms));
+            inner.holds.set(&(name.clone(), *fence), *fence, now, Duration::from_millis(*delay_ms));
         }
     }
 }
@@ -540,7 +543,8 @@ impl ApplyObserver for Events {
         for grant in applied.grants.iter().chain(renewed) {
             match grant.lease {
                 Lease::Ttl { ttl_ms, .. } => {
-                    inner.holds.set(&grant.name, grant.fence, now, Duration::from_millis(ttl_ms));
+                    let key = (grant.name.clone(), grant.fence);
+                    inner.holds.set(&key, grant.fence, now, Duration::from_millis(ttl_ms));
                 }
                 Lease::Session(id) => {
                     inner.session_holds.insert((grant.name.clone(), grant.fence), id);
@@ -862,7 +866,8 @@ mod tests {
         assert!(matches!(waiting.try_recv(), Err(oneshot::error::TryRecvError::Empty)), "still waiting");
         {
             let inner = events.lock();
-            assert_eq!(inner.holds.keys().collect::<Vec<_>>(), ["a", "b"], "the old hold's deadline is gone");
+            let names: Vec<&str> = inner.holds.keys().map(|(name, _)| name.as_str()).collect();
+            assert_eq!(names, ["a", "b"], "the old hold's deadline is gone");
             let fence = state.holder("s").expect("held by the session").fence;
             assert_eq!(inner.session_holds.get(&("s".to_owned(), fence)), Some(&session));
         }

@@ -68,7 +68,15 @@ pub fn holder_json(holder: &HolderView) -> Value {
 pub fn lock_json(view: &LockView) -> Value {
     let waiters: Vec<Value> =
         view.waiters.iter().map(|w| json!({"owner": w.owner, "queued_at": rfc3339(w.queued_at_ms)})).collect();
-    json!({"name": view.name, "holder": holder_json(&view.holder), "waiters": waiters, "revision": view.revision})
+    let holders: Vec<Value> = view.holders.iter().map(holder_json).collect();
+    json!({
+        "name": view.name,
+        "holder": holder_json(&view.holder),
+        "holders": holders,
+        "limit": view.limit,
+        "waiters": waiters,
+        "revision": view.revision,
+    })
 }
 
 /// A watch's answer: the lock as [`lock_json`] shows it (`holder` null and no waiters when nobody holds
@@ -76,7 +84,7 @@ pub fn lock_json(view: &LockView) -> Value {
 pub fn watched_json(watched: &Watched) -> Value {
     let mut body = match &watched.view {
         Some(view) => lock_json(view),
-        None => json!({"name": watched.name, "holder": null, "waiters": []}),
+        None => json!({"name": watched.name, "holder": null, "holders": [], "waiters": []}),
     };
     body["revision"] = json!(watched.revision);
     body["changed"] = json!(watched.changed);

@@ -55,6 +55,8 @@ pub fn lock(view: &LockView) -> v1::Lock {
             })
             .collect(),
         revision: view.revision,
+        holders: view.holders.iter().map(holder).collect(),
+        limit: view.limit,
     }
 }
 
@@ -62,6 +64,13 @@ pub fn lock(view: &LockView) -> v1::Lock {
 pub fn watched_lock(watched: &crate::api::locks::Watched) -> v1::Lock {
     match &watched.view {
         Some(view) => lock(view),
-        None => v1::Lock { name: watched.name.clone(), holder: None, waiters: vec![], revision: watched.revision },
+        None => v1::Lock {
+            name: watched.name.clone(),
+            holder: None,
+            waiters: vec![],
+            revision: watched.revision,
+            holders: vec![],
+            limit: 0,
+        },
     }
 }

@@ -7,13 +7,16 @@ use holdfast_store::Response;
 use super::Leader;
 use crate::peer::protocol::{NodeError, Request, Written};
 
-/// An acquire publishing `value` with a lock-delay: a plain `Acquire` when there is neither, which every
-/// build reads, and an `AcquireValued` when there is no delay.
-fn acquire_command(acquire: Acquire, value: Vec<u8>, lock_delay_ms: u64) -> Command {
-    match (value.is_empty(), lock_delay_ms) {
-        (true, 0) => Command::Acquire(acquire),
-        (false, 0) => Command::AcquireValued { acquire, value },
-        (_, lock_delay_ms) => Command::AcquireDelayed { acquire, value, lock_delay_ms },
+/// An acquire of one of `limit` places publishing `value` with a lock-delay: the oldest command that
+/// carries them, so that builds from before semaphores, lock-delays or values read what does not need
+/// them: a plain `Acquire` when there is none, an `AcquireValued` with only a value, an `AcquireDelayed`
+/// with a lock-delay, an `AcquireSemaphore` with a limit above 1.
+fn acquire_command(acquire: Acquire, value: Vec<u8>, lock_delay_ms: u64, limit: u32) -> Command {
+    match (value.is_empty(), lock_delay_ms, limit) {
+        (true, 0, 1) => Command::Acquire(acquire),
+        (false, 0, 1) => Command::AcquireValued { acquire, value },
+        (_, lock_delay_ms, 1) => Command::AcquireDelayed { acquire, value, lock_delay_ms },
+        (_, lock_delay_ms, limit) => Command::AcquireSemaphore { acquire, value, lock_delay_ms, limit },
     }
 }
 
@@ -21,8 +24,8 @@ impl Leader {
     /// Proposes `request` and answers once its entry is committed and applied here.
     pub(super) async fn propose(&self, request: Request) -> Result<Written, NodeError> {
         self.check_tenant_limits(&request)?;
-        if let Request::Acquire { name, wait_ms: 0, .. } = &request {
-            if let Some(busy) = self.busy_without_a_log_entry(name).await? {
+        if let Request::Acquire { name, wait_ms: 0, limit, .. } = &request {
+            if let Some(busy) = self.busy_without_a_log_entry(name, *limit).await? {
                 return Ok(busy);
             }
         }
@@ -55,11 +58,11 @@ impl Leader {
     /// opened session: the leader makes them before it proposes, so apply stays deterministic.
     fn command(&self, request: Request) -> (Command, Option<Token>, Option<SessionSecret>) {
         match request {
-            Request::Acquire { name, owner, ttl_ms, wait_ms, value, lock_delay_ms } => {
+            Request::Acquire { name, owner, ttl_ms, wait_ms, value, lock_delay_ms, limit } => {
                 let lock_delay_ms = if self.bugs.lock_delay_dropped() { 0 } else { lock_delay_ms };
                 let token = Token(self.random.draw());
                 let acquire = Acquire { name, owner, token, ttl_ms, wait_ms, session: None };
-                (acquire_command(acquire, value, lock_delay_ms), Some(token), None)
+                (acquire_command(acquire, value, lock_delay_ms, limit), Some(token), None)
             }
             Request::SetValue { name, token, value } => (Command::SetValue { name, token, value }, None, None),
             Request::Release { name, token } => (Command::Release { name, token }, None, None),
@@ -79,7 +82,7 @@ impl Leader {
             Request::CloseSession { id } => (Command::CloseSession { id }, None, None),
             Request::CreateKey { tenant, hash } => (Command::CreateKey { tenant, hash }, None, None),
             Request::RevokeKey { tenant } => (Command::RevokeKey { tenant }, None, None),
-            Request::SessionAcquire { id, name, wait, value, lock_delay_ms } => {
+            Request::SessionAcquire { id, name, wait, value, lock_delay_ms, limit } => {
                 let owner = crate::state::read(&self.state).session_summary(id).map(|(owner, ..)| owner.to_owned());
                 let token = Token(self.random.draw());
                 let acquire = Acquire {
@@ -90,26 +93,28 @@ impl Leader {
                     wait_ms: wait.into(),
                     session: Some(id),
                 };
-                (acquire_command(acquire, value, lock_delay_ms), Some(token), None)
+                (acquire_command(acquire, value, lock_delay_ms, limit), Some(token), None)
             }
         }
     }
 
-    /// A try-lock of a lock that is held needs no log entry: if this leader's state says `name` is held,
-    /// it confirms its leadership (a quorum round, and everything committed before it applied here) and, if
-    /// the lock is still held, answers busy from its state. That answer is linearizable, and polling
+    /// A try-lock of a lock that is held needs no log entry: if this leader's state says every place of
+    /// `name` is taken, under the `limit` the acquire gives (another limit is refused through the log), it
+    /// confirms its leadership (a quorum round, and everything committed before it applied here) and, if
+    /// that is still so, answers busy from its state. That answer is linearizable, and polling
     /// clients (cron fleets) do not grow the log or pay an fsync. A lock that looks free is proposed as
     /// usual, so the uncontended path costs nothing more.
-    async fn busy_without_a_log_entry(&self, name: &str) -> Result<Option<Written>, NodeError> {
+    async fn busy_without_a_log_entry(&self, name: &str, limit: u32) -> Result<Option<Written>, NodeError> {
         self.elections.check_leader()?;
-        if crate::state::read(&self.state).holder(name).is_none() {
+        let busy = |state: &holdfast_core::LockState| state.is_full(name) && state.limit(name) == Some(limit);
+        if !busy(&crate::state::read(&self.state)) {
             return Ok(None);
         }
         if !self.bugs.unconfirmed_busy() {
             self.confirmer.confirm_leader().await?;
         }
         let state = crate::state::read(&self.state);
-        Ok(state.holder(name).map(|holder| Written {
+        Ok(state.holder(name).filter(|_| busy(&state)).map(|holder| Written {
             index: state.applied_index(),
             response: Response { at_ms: state.now_ms(), outcome: Some(Outcome::Busy { holder }) },
             token: None,

@@ -10,8 +10,9 @@
 //! flush per node and one round trip serve the whole batch.
 //!
 //! A lock may appear in an entry more than once only as a [`Command::Group`] allows: one command that is
-//! not an acquire, then acquires. A second such command on a lock waits for the next entry, as does one
-//! that follows an acquire of its lock: no lock is granted twice under one fence. Batches are taken in
+//! not an acquire, then acquires, of which at most one is a semaphore's (a limit above 1). A second such
+//! command on a lock waits for the next entry, as does one that follows an acquire of its lock, and a
+//! second semaphore acquire: no lock is granted twice under one fence. Batches are taken in
 //! order of arrival, but two entries in flight at once may commit in either order; their commands were all
 //! outstanding together, so either order is linearizable (a client's next command is only sent after the
 //! answer to its previous one).
@@ -153,10 +154,10 @@ enum Taken {
 }
 
 /// Whether `cmd` is an acquire that will queue, by `state`, and may wait for its lock's release to share
-/// its entry: it waits for the lock, the lock is held, and it has not waited `hold` yet.
+/// its entry: it waits for the lock, every place of the lock is taken, and it has not waited `hold` yet.
 fn held_back(state: &LockState, queued: &Queued, now: Instant, hold: Duration) -> bool {
     match queued.cmd.acquire() {
-        Some((acquire, _)) => acquire.wait_ms > 0 && now < queued.since + hold && state.is_held(&acquire.name),
+        Some((acquire, _)) => acquire.wait_ms > 0 && now < queued.since + hold && state.is_full(&acquire.name),
         None => false,
     }
 }
@@ -167,8 +168,9 @@ fn held_back(state: &LockState, queued: &Queued, now: Instant, hold: Duration) -
 /// command whose caller went away before it was proposed (a client that disconnected, a request that
 /// timed out) is dropped: as before batching, a request abandoned before its proposal changes nothing.
 fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, hold: Duration) -> (Taken, usize) {
-    // The locks the batch has a command on.
+    // The locks the batch has a command on, and those it has a semaphore's acquire of.
     let mut taken: BTreeSet<String> = BTreeSet::new();
+    let mut semaphores: BTreeSet<String> = BTreeSet::new();
     let mut batch = Vec::new();
     let mut rest = VecDeque::new();
     let mut until: Option<Instant> = None;
@@ -182,29 +184,35 @@ fn take_batch(waiting: &mut VecDeque<Queued>, state: &LockState, now: Instant, h
             break;
         }
         let name = queued.cmd.lock_name().expect("only one-lock commands are queued");
-        if queued.cmd.is_acquire() {
+        if queued.cmd.limit() > 1 && semaphores.contains(name) {
+            // A second acquire of a semaphore could take a second free place under the same fence.
+            rest.push_back((queued, false));
+        } else if queued.cmd.is_acquire() {
             if !taken.contains(name) && held_back(state, &queued, now, hold) {
                 until = Some(until.map_or(queued.since, |u| u.min(queued.since)));
                 held += 1;
-                rest.push_back(queued);
+                rest.push_back((queued, true));
                 continue;
+            }
+            if queued.cmd.limit() > 1 {
+                semaphores.insert(name.to_owned());
             }
             taken.insert(name.to_owned());
             batch.push(queued);
         } else if taken.contains(name) {
             // A lock's second command that is not an acquire, or one after an acquire of its lock.
-            rest.push_back(queued);
+            rest.push_back((queued, false));
         } else {
             taken.insert(name.to_owned());
             batch.push(queued);
         }
     }
-    // The acquires held back whose lock the batch has a command on follow it.
+    // The acquires held back whose lock the batch has a command on follow it (a semaphore's, one).
     let mut kept = VecDeque::new();
-    for queued in rest {
+    for (queued, was_held_back) in rest {
         let name = queued.cmd.lock_name().expect("only one-lock commands are queued");
-        if queued.cmd.is_acquire() && taken.contains(name) && batch.len() < limits::BATCH_MAX {
-            // Only held-back acquires can be in `rest` with their lock taken.
+        let follows = was_held_back && taken.contains(name) && batch.len() < limits::BATCH_MAX;
+        if follows && (queued.cmd.limit() == 1 || semaphores.insert(name.to_owned())) {
             held -= 1;
             batch.push(queued);
         } else {

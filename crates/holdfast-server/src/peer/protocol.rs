@@ -17,8 +17,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// for an acquire, the token) and proposes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
-    /// Take a lock with a TTL, publishing `value` (empty: none) while held, leaving a lock-delay of
-    /// `lock_delay_ms` (0: none) if the hold expires.
+    /// Take a lock (or one of `limit` places of a semaphore; 1: a lock) with a TTL, publishing `value`
+    /// (empty: none) while held, leaving a lock-delay of `lock_delay_ms` (0: none) if the hold expires.
     Acquire {
         name: String,
         owner: String,
@@ -26,6 +26,7 @@ pub enum Request {
         wait_ms: u64,
         value: Vec<u8>,
         lock_delay_ms: u64,
+        limit: u32,
     },
     Release {
         name: String,
@@ -58,6 +59,7 @@ pub enum Request {
         wait: bool,
         value: Vec<u8>,
         lock_delay_ms: u64,
+        limit: u32,
     },
     /// Store an API key's hash for a new tenant (the node that made the key keeps the key to itself).
     CreateKey {

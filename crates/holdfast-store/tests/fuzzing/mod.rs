@@ -230,6 +230,12 @@ pub fn every_command() -> Vec<Command> {
             value: vec![],
             lock_delay_ms: 5_000,
         },
+        Command::AcquireSemaphore {
+            acquire: acquire("p", None).acquire().expect("an acquire").0.clone(),
+            value: b"slot".to_vec(),
+            lock_delay_ms: 0,
+            limit: 3,
+        },
     ];
     let mut kinds = BTreeSet::new();
     for cmd in &cmds {
@@ -251,8 +257,9 @@ pub fn every_command() -> Vec<Command> {
             Command::AcquireValued { .. } => "acquire-valued",
             Command::SetValue { .. } => "set-value",
             Command::AcquireDelayed { .. } => "acquire-delayed",
+            Command::AcquireSemaphore { .. } => "acquire-semaphore",
         });
     }
-    assert_eq!(kinds.len(), 16, "a seed of every kind of command");
+    assert_eq!(kinds.len(), 17, "a seed of every kind of command");
     cmds
 }

@@ -22,6 +22,8 @@ pub async fn acquire(api: &Arc<Api>, scope: &auth::Scope, r: AcquireRequest) -> 
         wait_ms: r.wait_ms,
         value: r.value,
         lock_delay_ms: r.lock_delay_ms,
+        // Unset (0) is a lock, as 1 is.
+        limit: r.limit.max(1),
     };
     let grant = locks::acquire(api, scope, args).await?;
     Ok(hold(&grant))

@@ -270,7 +270,8 @@ impl SessionStream {
             RequestKind::Acquire(acquire) => {
                 let checked = locks::check_name(&acquire.name)
                     .and_then(|()| locks::check_value(&acquire.value))
-                    .and_then(|()| locks::check_lock_delay(&self.api, acquire.lock_delay_ms));
+                    .and_then(|()| locks::check_lock_delay(&self.api, acquire.lock_delay_ms))
+                    .and_then(|_| locks::check_limit(acquire.limit.max(1)));
                 match checked {
                     Err(e) => self.send(session_error(&acquire.name, &e)).await?,
                     Ok(_) => {
@@ -320,18 +321,19 @@ impl SessionStream {
 
     /// Asks for `acquire.name` (already in the session's scope).
     async fn acquire(&mut self, acquire: v1::SessionAcquire) -> Result<(), Status> {
-        let v1::SessionAcquire { name, wait, value, lock_delay_ms } = acquire;
+        let v1::SessionAcquire { name, wait, value, lock_delay_ms, limit } = acquire;
         if let Some(claim) = self.claims.get(&name) {
             // Asked again: answer what the session already has.
             return match claim.fence {
-                Some(fence) => self.send(acquired(&name, fence, claim.token, self.api.value_here(&name))).await,
+                Some(fence) => self.send(acquired(&name, fence, claim.token, self.api.value_here(&name, fence))).await,
                 None => {
                     let waiting = v1::Waiting { name, position: 0, holder: None };
                     self.send(event(EventKind::Waiting(waiting))).await
                 }
             };
         }
-        let request = Request::SessionAcquire { id: self.id, name: name.clone(), wait, value, lock_delay_ms };
+        let limit = limit.max(1);
+        let request = Request::SessionAcquire { id: self.id, name: name.clone(), wait, value, lock_delay_ms, limit };
         let written = match self.api.write(request).await {
             Ok(written) => written,
             // The outcome is unknown: learn from the leader what the session has now.
@@ -365,7 +367,7 @@ impl SessionStream {
                 self.adopt(&view);
                 match self.claims.get(name) {
                     Some(Claim { token, fence: Some(fence) }) => {
-                        self.send(acquired(name, *fence, *token, self.api.value_here(name))).await
+                        self.send(acquired(name, *fence, *token, self.api.value_here(name, *fence))).await
                     }
                     Some(Claim { fence: None, .. }) => {
                         let waiting = v1::Waiting { name: name.to_owned(), position: 0, holder: None };

@@ -52,14 +52,15 @@ async fn acquire(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let scope = api.authenticate(authorization.as_deref()).await?;
-    let p = Parsed::new(&params, &["ttl", "owner", "wait", "value", "lock_delay"])?;
+    let p = Parsed::new(&params, &["ttl", "owner", "wait", "value", "lock_delay", "limit"])?;
     let default_ttl_ms = TTL_MS_DEFAULT.clamp(api.limits().ttl_ms_min, api.limits().ttl_ms_max);
     let ttl_ms = p.duration_ms("ttl", "invalid-ttl")?.unwrap_or(default_ttl_ms);
     let wait_ms = p.duration_ms("wait", "invalid-wait")?.unwrap_or(0);
     let owner = p.get("owner").unwrap_or("anonymous").to_owned();
     let value = p.value(&headers, &body)?;
     let lock_delay_ms = p.duration_ms("lock_delay", "invalid-lock-delay")?.unwrap_or(0);
-    let args = AcquireArgs { name, owner, ttl_ms, wait_ms, value, lock_delay_ms };
+    let limit = p.limit()?;
+    let args = AcquireArgs { name, owner, ttl_ms, wait_ms, value, lock_delay_ms, limit };
     let grant = locks::acquire(&api, &scope, args).await?;
     Ok(Json(grant_json(&grant)).into_response())
 }

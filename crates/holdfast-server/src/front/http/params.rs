@@ -223,6 +223,13 @@ impl<'a> Parsed<'a> {
         Ok(body.to_vec())
     }
 
+    /// A semaphore's `limit=N` (absent: 1, a lock); its bounds are checked by the operation.
+    pub fn limit(&self) -> Result<u32, ApiError> {
+        let Some(text) = self.get("limit") else { return Ok(1) };
+        text.parse()
+            .map_err(|_| ApiError::invalid("invalid-limit", format!("limit={text:?}: a whole number of holders")))
+    }
+
     pub fn token(&self) -> Result<Token, ApiError> {
         let Some(text) = self.get("token") else {
             return Err(ApiError::invalid("invalid-token", "token is required".into()));
