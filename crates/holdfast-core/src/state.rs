@@ -306,7 +306,7 @@ fn valid_group(cmds: &[Command]) -> bool {
         && cmds.iter().all(|cmd| {
             cmd.lock_name().is_some_and(|name| {
                 let first = seen.insert(name);
-                (first || cmd.is_acquire()) && (cmd.limit() == 1 || semaphores.insert(name))
+                (first || cmd.is_acquire()) && (cmd.limit() <= 1 || semaphores.insert(name))
             })
         })
 }

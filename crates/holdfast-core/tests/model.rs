@@ -12,21 +12,37 @@
 //! The model encodes the intended rule for an `Expire` that ends sessions: a session that ends in an
 //! entry is never handed a lock in that same entry (its wait is dropped at the hand-over instead). See
 //! the `bug_expire_…` tests in `outcomes.rs`.
+//!
+//! Semaphores: a lock has a limit (1 unless an `AcquireSemaphore` gave another) and up to that many
+//! places, each a holder of its own, in fence order. An entry grants a lock at most once: a place whose
+//! hold ends in an entry that granted the lock already, while anyone waits, is kept (a lock-delay that
+//! ends now) for the next `Expire` to hand over.
 
-use holdfast_core::limits::{FREED_KEEP_MS, LOCK_DELAY_MS_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX};
+use holdfast_core::limits::{
+    FREED_KEEP_MS, LOCK_DELAY_MS_MAX, SEMAPHORE_LIMIT_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX,
+};
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
-    SessionId, SessionSecret, Token, WaiterView,
+    SessionId, SessionSecret, SessionWait, Token, WaiterView,
 };
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestRunner;
 
 const T0: u64 = 1_700_000_000_000;
 /// "a" is a prefix of "a.1", so `list` by prefix has something to tell apart.
 const NAMES: [&str; 4] = ["a", "a.1", "b", "c"];
+/// The limit most acquires of each name give: "a.1" and "c" are semaphores, of 2 and 3 places; "a" and
+/// "b" locks, taken by the acquires without a limit.
+const NAME_LIMITS: [u32; 4] = [1, 2, 1, 3];
+/// Limits an `AcquireSemaphore` may give instead of its name's (one past the end: an acquire without a
+/// limit): a lock asked for as a semaphore of 1, a limit other than the lock's, or an invalid one (0 and
+/// the last).
+const LIMITS: [u32; 5] = [1, 2, 3, 0, SEMAPHORE_LIMIT_MAX + 1];
 /// 5 is below `TTL_MS_MIN`: some acquires, renews and opens are rejected.
 const TTLS: [u64; 5] = [5, 10, 40, 150, 600];
 const WAITS: [u64; 5] = [0, 20, 200, 2_000, 2_000];
-const TOKENS: u8 = 5;
+const TOKENS: u8 = 6;
 /// Values an acquire (one past the end: a plain `Acquire`) or a value change gives; the last is too long.
 const VALUES: [&[u8]; 4] = [b"", b"10.0.0.1:7070", &[0xff, 0, 7], &[b'x'; VALUE_LEN_MAX + 1]];
 const SESSIONS: SessionId = 3;
@@ -51,7 +67,7 @@ struct MHolder {
 }
 
 impl MHolder {
-    /// Whether `token` holds the lock now (not an expired hold in its lock-delay).
+    /// Whether `token` holds this place now (not an expired hold in its lock-delay).
     fn holds(&self, token: Token) -> bool {
         self.token == token && !matches!(self.lease, Lease::Delayed { .. })
     }
@@ -73,9 +89,32 @@ struct MWaiter {
 #[derive(Debug, Clone)]
 struct MLock {
     name: String,
-    holder: MHolder,
+    /// Its places, held or in their lock-delay, in fence order: never empty, at most `limit`.
+    holders: Vec<MHolder>,
+    limit: u32,
+    /// Only while every place is taken.
     waiters: Vec<MWaiter>,
     revision: u64,
+}
+
+impl MLock {
+    fn first(&self) -> &MHolder {
+        &self.holders[0]
+    }
+
+    /// The place `token` holds now.
+    fn held_by(&self, token: Token) -> Option<&MHolder> {
+        self.holders.iter().find(|h| h.holds(token))
+    }
+
+    /// The place (held or in its delay) under `fence`.
+    fn place(&self, fence: u64) -> Option<&MHolder> {
+        self.holders.iter().find(|h| h.fence == fence)
+    }
+
+    fn is_full(&self) -> bool {
+        self.holders.len() == self.limit as usize
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -90,6 +129,9 @@ struct Model {
     freed: Vec<(String, u64, u64)>,
     /// The highest revision of a free forgotten.
     forgotten_through: u64,
+    /// How many `Expire` items found a place whose delay had passed but left it for a later entry (for
+    /// the coverage test).
+    held_back: usize,
 }
 
 /// What an entry did besides its outcome.
@@ -126,7 +168,9 @@ fn view_of(h: &MHolder) -> HolderView {
 fn lock_view(l: &MLock) -> LockView {
     LockView {
         name: l.name.clone(),
-        holder: view_of(&l.holder),
+        holder: view_of(l.first()),
+        holders: l.holders.iter().map(view_of).collect(),
+        limit: l.limit,
         waiters: l
             .waiters
             .iter()
@@ -149,6 +193,12 @@ impl Model {
         self.find(name).map(|i| &self.locks[i])
     }
 
+    /// The place of `name` under `fence`, to change it.
+    fn place_mut(&mut self, name: &str, fence: u64) -> &mut MHolder {
+        let i = self.find(name).expect("a place of an existing lock");
+        self.locks[i].holders.iter_mut().find(|h| h.fence == fence).expect("an existing place")
+    }
+
     fn is_open(&self, id: SessionId) -> bool {
         self.sessions.iter().any(|(s, _)| *s == id)
     }
@@ -156,7 +206,7 @@ impl Model {
     fn not_holder(&self, name: &str) -> Outcome {
         Outcome::Rejected(Reject::NotHolder {
             name: name.to_owned(),
-            holder: self.lock(name).map(|l| view_of(&l.holder)),
+            holder: self.lock(name).map(|l| view_of(l.first())),
         })
     }
 
@@ -226,7 +276,7 @@ impl Model {
         let index = self.index;
         for lock in &mut self.locks {
             let old = before.iter().find(|l| l.name == lock.name);
-            let same = old.is_some_and(|old| old.holder == lock.holder && old.waiters == lock.waiters);
+            let same = old.is_some_and(|old| old.holders == lock.holders && old.waiters == lock.waiters);
             if !same || written.as_ref() == Some(&lock.name) {
                 lock.revision = index;
             }
@@ -244,17 +294,20 @@ impl Model {
 
     fn apply_one(&mut self, cmd: &Command, fx: &mut Effects) -> Outcome {
         match cmd {
-            Command::Acquire(a) => self.acquire(a, &[], 0, fx),
-            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, 0, fx),
+            Command::Acquire(a) => self.acquire(a, &[], 0, 1, fx),
+            Command::AcquireValued { acquire, value } => self.acquire(acquire, value, 0, 1, fx),
             Command::AcquireDelayed { acquire, value, lock_delay_ms } => {
-                self.acquire(acquire, value, *lock_delay_ms, fx)
+                self.acquire(acquire, value, *lock_delay_ms, 1, fx)
+            }
+            Command::AcquireSemaphore { acquire, value, lock_delay_ms, limit } => {
+                self.acquire(acquire, value, *lock_delay_ms, *limit, fx)
             }
             Command::SetValue { name, token, value } => self.set_value(name, *token, value),
-            Command::Release { name, token } => match self.lock(name) {
-                Some(l) if l.holder.token == *token && matches!(l.holder.lease, Lease::Session(_)) => {
+            Command::Release { name, token } => match self.lock(name).and_then(|l| l.held_by(*token)) {
+                Some(h) if matches!(h.lease, Lease::Session(_)) => {
                     Outcome::Rejected(Reject::SessionHold { name: name.clone() })
                 }
-                _ => self.release(name, *token, &[], fx),
+                _ => self.release(name, *token, fx),
             },
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, Some(*ttl_ms)),
             Command::RenewKeepingTtl { name, token } => self.renew(name, *token, None),
@@ -283,83 +336,90 @@ impl Model {
         }
     }
 
-    fn acquire(&mut self, a: &Acquire, value: &[u8], lock_delay_ms: u64, fx: &mut Effects) -> Outcome {
+    /// The answer to an acquire that changes nothing whatever the lock's places: a refusal, or what a
+    /// session asking again for a lock it holds a place of or waits for was answered before.
+    fn answer_unchanged(&self, a: &Acquire, value: &[u8], lock_delay_ms: u64, limit: u32) -> Option<Outcome> {
         // The generator only makes valid names, owners and waits.
-        if value.len() > VALUE_LEN_MAX {
-            return Outcome::Rejected(Reject::ValueTooLong(value.len()));
-        }
-        if lock_delay_ms > LOCK_DELAY_MS_MAX {
-            return Outcome::Rejected(Reject::InvalidLockDelay(lock_delay_ms));
-        }
-        if a.session.is_none() && !valid_ttl(a.ttl_ms) {
-            return Outcome::Rejected(Reject::InvalidTtl(a.ttl_ms));
-        }
-        if let Some(id) = a.session {
-            if !self.is_open(id) {
-                return Outcome::Rejected(Reject::NoSession(id));
+        let reject = if value.len() > VALUE_LEN_MAX {
+            Reject::ValueTooLong(value.len())
+        } else if lock_delay_ms > LOCK_DELAY_MS_MAX {
+            Reject::InvalidLockDelay(lock_delay_ms)
+        } else if limit == 0 || limit > SEMAPHORE_LIMIT_MAX {
+            Reject::InvalidLimit(limit)
+        } else if a.session.is_none() && !valid_ttl(a.ttl_ms) {
+            Reject::InvalidTtl(a.ttl_ms)
+        } else if let Some(lock) = self.lock(&a.name).filter(|l| l.limit != limit) {
+            Reject::LimitMismatch { name: a.name.clone(), limit: lock.limit }
+        } else if let Some(id) = a.session.filter(|id| !self.is_open(*id)) {
+            Reject::NoSession(id)
+        } else {
+            let (id, lock) = (a.session?, self.lock(&a.name)?);
+            if let Some(h) = lock.holders.iter().find(|h| h.lease == Lease::Session(id)) {
+                return Some(Outcome::Granted(grant_of(&a.name, h)));
             }
-            if let Some(lock) = self.lock(&a.name) {
-                if lock.holder.lease == Lease::Session(id) {
-                    return Outcome::Granted(grant_of(&a.name, &lock.holder));
-                }
-                if let Some(i) = lock.waiters.iter().position(|w| w.session == Some(id)) {
-                    return Outcome::Queued { position: i + 1, holder: view_of(&lock.holder) };
-                }
-            }
-        }
-        let now = self.now_ms;
-        match self.find(&a.name) {
-            None => {
-                let holder = MHolder {
-                    owner: a.owner.clone(),
-                    token: a.token,
-                    fence: self.index,
-                    granted_at_ms: now,
-                    lease: match a.session {
-                        Some(id) => Lease::Session(id),
-                        None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: now + a.ttl_ms },
-                    },
-                    value: value.to_vec(),
-                    lock_delay_ms,
-                };
-                let grant = grant_of(&a.name, &holder);
-                let at = self.locks.partition_point(|l| l.name < a.name);
-                let revision = self.index;
-                self.locks.insert(at, MLock { name: a.name.clone(), holder, waiters: vec![], revision });
-                fx.grants.push(grant.clone());
-                Outcome::Granted(grant)
-            }
-            Some(i) => {
-                let lock = &mut self.locks[i];
-                if lock.holder.token == a.token || lock.waiters.iter().any(|w| w.token == a.token) {
-                    return Outcome::Rejected(Reject::DuplicateToken);
-                }
-                if a.wait_ms == 0 {
-                    return Outcome::Busy { holder: view_of(&lock.holder) };
-                }
-                lock.waiters.push(MWaiter {
-                    owner: a.owner.clone(),
-                    token: a.token,
-                    ttl_ms: a.ttl_ms,
-                    queued_at_ms: now,
-                    wait_until_ms: a.session.is_none().then(|| now + a.wait_ms),
-                    session: a.session,
-                    value: value.to_vec(),
-                    lock_delay_ms,
-                });
-                Outcome::Queued { position: lock.waiters.len(), holder: view_of(&lock.holder) }
-            }
-        }
+            let i = lock.waiters.iter().position(|w| w.session == Some(id))?;
+            return Some(Outcome::Queued { position: i + 1, holder: view_of(lock.first()) });
+        };
+        Some(Outcome::Rejected(reject))
     }
 
-    fn release(&mut self, name: &str, token: Token, ending: &[SessionId], fx: &mut Effects) -> Outcome {
-        match self.lock(name) {
-            Some(l) if l.holder.holds(token) => {
-                let fence = l.holder.fence;
-                self.end_hold(name, ending, false, fx);
+    fn acquire(&mut self, a: &Acquire, value: &[u8], lock_delay_ms: u64, limit: u32, fx: &mut Effects) -> Outcome {
+        if let Some(outcome) = self.answer_unchanged(a, value, lock_delay_ms, limit) {
+            return outcome;
+        }
+        let now = self.now_ms;
+        let holder = MHolder {
+            owner: a.owner.clone(),
+            token: a.token,
+            fence: self.index,
+            granted_at_ms: now,
+            lease: match a.session {
+                Some(id) => Lease::Session(id),
+                None => Lease::Ttl { ttl_ms: a.ttl_ms, expires_at_ms: now + a.ttl_ms },
+            },
+            value: value.to_vec(),
+            lock_delay_ms,
+        };
+        let grant = grant_of(&a.name, &holder);
+        let Some(i) = self.find(&a.name) else {
+            let at = self.locks.partition_point(|l| l.name < a.name);
+            let (name, revision) = (a.name.clone(), self.index);
+            self.locks.insert(at, MLock { name, holders: vec![holder], limit, waiters: vec![], revision });
+            fx.grants.push(grant.clone());
+            return Outcome::Granted(grant);
+        };
+        let lock = &mut self.locks[i];
+        if lock.holders.iter().any(|h| h.token == a.token) || lock.waiters.iter().any(|w| w.token == a.token) {
+            return Outcome::Rejected(Reject::DuplicateToken);
+        }
+        if !lock.is_full() {
+            lock.holders.push(holder);
+            fx.grants.push(grant.clone());
+            return Outcome::Granted(grant);
+        }
+        if a.wait_ms == 0 {
+            return Outcome::Busy { holder: view_of(lock.first()) };
+        }
+        lock.waiters.push(MWaiter {
+            owner: a.owner.clone(),
+            token: a.token,
+            ttl_ms: a.ttl_ms,
+            queued_at_ms: now,
+            wait_until_ms: a.session.is_none().then(|| now + a.wait_ms),
+            session: a.session,
+            value: value.to_vec(),
+            lock_delay_ms,
+        });
+        Outcome::Queued { position: lock.waiters.len(), holder: view_of(lock.first()) }
+    }
+
+    fn release(&mut self, name: &str, token: Token, fx: &mut Effects) -> Outcome {
+        match self.lock(name).and_then(|l| l.held_by(token)).map(|h| h.fence) {
+            Some(fence) => {
+                self.end_hold(name, fence, &[], false, fx);
                 Outcome::Released { name: name.to_owned(), fence }
             }
-            _ => self.not_holder(name),
+            None => self.not_holder(name),
         }
     }
 
@@ -368,13 +428,13 @@ impl Model {
             return Outcome::Rejected(Reject::InvalidTtl(ttl_ms));
         }
         let now = self.now_ms;
-        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.holds(token)) else {
+        let Some(fence) = self.lock(name).and_then(|l| l.held_by(token)).map(|h| h.fence) else {
             return self.not_holder(name);
         };
-        let holder = &mut self.locks[i].holder;
+        let holder = self.place_mut(name, fence);
         match holder.lease {
             Lease::Session(_) => Outcome::Rejected(Reject::SessionHold { name: name.to_owned() }),
-            Lease::Delayed { .. } => unreachable!("nobody holds a lock in its delay"),
+            Lease::Delayed { .. } => unreachable!("nobody holds a place in its delay"),
             Lease::Ttl { expires_at_ms, .. } if now >= expires_at_ms => {
                 Outcome::Rejected(Reject::Expired { name: name.to_owned() })
             }
@@ -391,10 +451,10 @@ impl Model {
             return Outcome::Rejected(Reject::ValueTooLong(value.len()));
         }
         let now = self.now_ms;
-        let Some(i) = self.find(name).filter(|i| self.locks[*i].holder.holds(token)) else {
+        let Some(fence) = self.lock(name).and_then(|l| l.held_by(token)).map(|h| h.fence) else {
             return self.not_holder(name);
         };
-        let holder = &mut self.locks[i].holder;
+        let holder = self.place_mut(name, fence);
         if matches!(holder.lease, Lease::Ttl { expires_at_ms, .. } if now >= expires_at_ms) {
             return Outcome::Rejected(Reject::Expired { name: name.to_owned() });
         }
@@ -406,8 +466,8 @@ impl Model {
         let Some(i) = self.find(name) else {
             return self.not_holder(name);
         };
-        if self.locks[i].holder.holds(token) {
-            return self.release(name, token, &[], fx);
+        if self.locks[i].held_by(token).is_some() {
+            return self.release(name, token, fx);
         }
         let Some(w) = self.locks[i].waiters.iter().position(|w| w.token == token) else {
             return self.not_holder(name);
@@ -426,8 +486,9 @@ impl Model {
         let names: Vec<String> = self.locks.iter().map(|l| l.name.clone()).collect();
         for name in names {
             let i = self.find(&name).expect("only hand-overs change locks here");
-            if self.locks[i].holder.lease == Lease::Session(id) {
-                self.end_hold(&name, ending, expired, fx);
+            if let Some(h) = self.locks[i].holders.iter().find(|h| h.lease == Lease::Session(id)) {
+                let fence = h.fence;
+                self.end_hold(&name, fence, ending, expired, fx);
             } else if let Some(w) = self.locks[i].waiters.iter().position(|w| w.session == Some(id)) {
                 let waiter = self.locks[i].waiters.remove(w);
                 fx.dropped.push((name, waiter.token));
@@ -442,14 +503,19 @@ impl Model {
         let ending: Vec<SessionId> = e.sessions.iter().copied().filter(|id| self.is_open(*id)).collect();
         let (mut locks, mut waiters, mut sessions) = (0, 0, 0);
         for (name, fence) in &e.locks {
-            match self.lock(name).filter(|l| l.holder.fence == *fence).map(|l| l.holder.lease) {
+            let counted = match self.lock(name).and_then(|l| l.place(*fence)).map(|h| h.lease) {
                 Some(Lease::Ttl { expires_at_ms, .. }) if expires_at_ms <= now => {
-                    self.end_hold(name, &ending, true, fx)
+                    self.end_hold(name, *fence, &ending, true, fx);
+                    true
                 }
-                Some(Lease::Delayed { free_at_ms }) if free_at_ms <= now => self.grant_next(name, &ending, fx),
-                _ => continue,
-            }
-            locks += 1;
+                Some(Lease::Delayed { free_at_ms }) if free_at_ms <= now => {
+                    let freed = self.free_place(name, *fence, &ending, fx);
+                    self.held_back += usize::from(!freed);
+                    freed
+                }
+                _ => false,
+            };
+            locks += usize::from(counted);
         }
         for (name, token) in &e.waiters {
             let Some(i) = self.find(name) else { continue };
@@ -468,27 +534,38 @@ impl Model {
         Outcome::Expired { locks, waiters, sessions }
     }
 
-    /// Ends the hold on `name`: if it `expired` with a lock-delay, the lock waits out the delay; else it
-    /// goes on to the next waiter.
-    fn end_hold(&mut self, name: &str, ending: &[SessionId], expired: bool, fx: &mut Effects) {
+    /// Ends the hold on the place of `name` under `fence`: if it `expired` with a lock-delay, the place
+    /// waits out the delay; else it goes on to the next waiter, or is kept until the next `Expire` if this
+    /// entry granted the lock already.
+    fn end_hold(&mut self, name: &str, fence: u64, ending: &[SessionId], expired: bool, fx: &mut Effects) {
         let now = self.now_ms;
-        let i = self.find(name).expect("ending an existing hold");
-        let holder = &mut self.locks[i].holder;
-        fx.ended.push((name.to_owned(), holder.fence));
-        if expired && holder.lock_delay_ms > 0 {
-            holder.lease = Lease::Delayed { free_at_ms: now + holder.lock_delay_ms };
-            holder.value.clear();
-            fx.delayed.push((name.to_owned(), holder.fence, holder.lock_delay_ms));
+        fx.ended.push((name.to_owned(), fence));
+        let delay = self.place_mut(name, fence).lock_delay_ms;
+        let free_at_ms = if expired && delay > 0 {
+            fx.delayed.push((name.to_owned(), fence, delay));
+            now + delay
+        } else if self.free_place(name, fence, ending, fx) {
             return;
-        }
-        self.grant_next(name, ending, fx);
+        } else {
+            fx.delayed.push((name.to_owned(), fence, 0));
+            now
+        };
+        let holder = self.place_mut(name, fence);
+        holder.lease = Lease::Delayed { free_at_ms };
+        holder.value.clear();
     }
 
-    /// Grants the first waiter still waiting whose session is not among `ending`, or frees the lock.
-    fn grant_next(&mut self, name: &str, ending: &[SessionId], fx: &mut Effects) {
+    /// Frees the place of `name` under `fence` and grants it to the first waiter still waiting whose
+    /// session is not among `ending` (removing the lock with its last place). False, changing nothing, if
+    /// this entry granted the lock already and anyone waits: one entry grants a lock once.
+    fn free_place(&mut self, name: &str, fence: u64, ending: &[SessionId], fx: &mut Effects) -> bool {
         let (now, index) = (self.now_ms, self.index);
-        let i = self.find(name).expect("granting an existing lock");
+        let i = self.find(name).expect("freeing a place of an existing lock");
         let lock = &mut self.locks[i];
+        if !lock.waiters.is_empty() && lock.holders.iter().any(|h| h.fence == index) {
+            return false;
+        }
+        lock.holders.retain(|h| h.fence != fence);
         while !lock.waiters.is_empty() {
             let w = lock.waiters.remove(0);
             let gone = w.wait_until_ms.is_some_and(|t| t <= now) || w.session.is_some_and(|id| ending.contains(&id));
@@ -496,7 +573,7 @@ impl Model {
                 fx.dropped.push((name.to_owned(), w.token));
                 continue;
             }
-            lock.holder = MHolder {
+            let holder = MHolder {
                 owner: w.owner,
                 token: w.token,
                 fence: index,
@@ -508,10 +585,14 @@ impl Model {
                 value: w.value,
                 lock_delay_ms: w.lock_delay_ms,
             };
-            fx.grants.push(grant_of(name, &lock.holder));
-            return;
+            fx.grants.push(grant_of(name, &holder));
+            lock.holders.push(holder);
+            return true;
         }
-        self.locks.remove(i);
+        if lock.holders.is_empty() {
+            self.locks.remove(i);
+        }
+        true
     }
 
     // --- queries, as the model sees them ---
@@ -526,14 +607,19 @@ impl Model {
     }
 
     fn grant(&self, name: &str, token: Token) -> Option<Grant> {
-        self.lock(name).filter(|l| l.holder.holds(token)).map(|l| grant_of(name, &l.holder))
+        self.lock(name).and_then(|l| l.held_by(token)).map(|h| grant_of(name, h))
+    }
+
+    /// Every place, in name order, then fence order.
+    fn places(&self) -> impl Iterator<Item = (&str, &MHolder)> + '_ {
+        self.locks.iter().flat_map(|l| l.holders.iter().map(|h| (l.name.as_str(), h)))
     }
 
     fn ttl_holds(&self) -> Vec<(String, u64, u64, u64)> {
         let mut holds = Vec::new();
-        for l in &self.locks {
-            if let Lease::Ttl { ttl_ms, expires_at_ms } = l.holder.lease {
-                holds.push((l.name.clone(), l.holder.fence, ttl_ms, expires_at_ms));
+        for (name, h) in self.places() {
+            if let Lease::Ttl { ttl_ms, expires_at_ms } = h.lease {
+                holds.push((name.to_owned(), h.fence, ttl_ms, expires_at_ms));
             }
         }
         holds
@@ -541,9 +627,9 @@ impl Model {
 
     fn lock_delays(&self) -> Vec<(String, u64, u64, u64)> {
         let mut delays = Vec::new();
-        for l in &self.locks {
-            if let Lease::Delayed { free_at_ms } = l.holder.lease {
-                delays.push((l.name.clone(), l.holder.fence, l.holder.lock_delay_ms, free_at_ms));
+        for (name, h) in self.places() {
+            if let Lease::Delayed { free_at_ms } = h.lease {
+                delays.push((name.to_owned(), h.fence, h.lock_delay_ms, free_at_ms));
             }
         }
         delays
@@ -566,6 +652,24 @@ impl Model {
         sessions.sort();
         sessions
     }
+
+    /// What session `id` holds and waits for, in name order, as `LockState::session` shows them.
+    fn session_claims(&self, id: SessionId) -> Option<(Vec<Grant>, Vec<SessionWait>)> {
+        if !self.is_open(id) {
+            return None;
+        }
+        let (mut holds, mut waits) = (Vec::new(), Vec::new());
+        for l in &self.locks {
+            if let Some(h) = l.holders.iter().find(|h| h.lease == Lease::Session(id)) {
+                holds.push(grant_of(&l.name, h));
+            }
+            if let Some(i) = l.waiters.iter().position(|w| w.session == Some(id)) {
+                let (name, token, holder) = (l.name.clone(), l.waiters[i].token, view_of(l.first()));
+                waits.push(SessionWait { name, token, position: i + 1, holder });
+            }
+        }
+        Some((holds, waits))
+    }
 }
 
 // --- operations ---
@@ -573,7 +677,8 @@ impl Model {
 /// Whose token a release, renew or cancel carries.
 #[derive(Debug, Clone)]
 enum Who {
-    Holder,
+    /// The n-th holder (modulo how many places there are).
+    Holder(usize),
     /// The n-th waiter, if there is one (else token 0, which nobody has).
     Waiter(usize),
     Any(u8),
@@ -597,6 +702,7 @@ enum Owner {
 
 #[derive(Debug, Clone)]
 enum Op {
+    /// `limit`: `None` for the name's own (`NAME_LIMITS`), else an index into `LIMITS`.
     Acquire {
         name: usize,
         token: u8,
@@ -604,6 +710,7 @@ enum Op {
         wait: usize,
         value: usize,
         delay: usize,
+        limit: Option<usize>,
     },
     SessionAcquire {
         name: usize,
@@ -611,6 +718,7 @@ enum Op {
         session: Owner,
         wait: usize,
         delay: usize,
+        limit: Option<usize>,
     },
     Release {
         target: Target,
@@ -637,11 +745,11 @@ enum Op {
     CloseSession {
         id: SessionId,
     },
-    /// Some of what the model finds due (chosen by the bits of `pick`), some stale items, some sessions,
-    /// in an order turned by `turn`.
+    /// Some of what the model finds due (chosen by the bits of `pick`), some stale items (a lock, maybe a
+    /// fence, and which place's fence to take if not), some sessions, in an order turned by `turn`.
     Expire {
         pick: u64,
-        stale_locks: Vec<(usize, Option<u64>)>,
+        stale_locks: Vec<(usize, Option<u64>, usize)>,
         stale_waiters: Vec<(usize, Option<u8>)>,
         sessions: Vec<SessionId>,
         turn: usize,
@@ -657,16 +765,16 @@ enum Op {
     /// in the batch are left out, as the leader's proposer leaves them for the next batch).
     Batch(Vec<Op>),
     /// One-lock operations proposed together as one `Command::Group` entry. With `true`, the ones breaking
-    /// its rule (a lock's command that is not an acquire, after another command on that lock) are left
-    /// out, as the proposer leaves them for the next entry; with `false` they stay, and the whole entry
-    /// must be refused.
+    /// its rule (a lock's command that is not an acquire, after another command on that lock; a second
+    /// acquire of a limit above 1 of one lock) are left out, as the proposer leaves them for the next
+    /// entry; with `false` they stay, and the whole entry must be refused.
     Group(Vec<Op>, bool),
 }
 
-/// Whose token: weights for the holder, a waiter, any token.
+/// Whose token: weights for a holder, a waiter, any token.
 fn who(weights: [u32; 3]) -> impl Strategy<Value = Who> {
     prop_oneof![
-        weights[0] => Just(Who::Holder),
+        weights[0] => (0..3usize).prop_map(Who::Holder),
         weights[1] => (0..3usize).prop_map(Who::Waiter),
         weights[2] => (0..=TOKENS).prop_map(Who::Any),
     ]
@@ -686,14 +794,40 @@ fn owner() -> impl Strategy<Value = Owner> {
     ]
 }
 
+/// Mostly the name's own limit; else one of `LIMITS` (one past the end: an acquire without a limit).
+fn limit() -> impl Strategy<Value = Option<usize>> {
+    prop::option::weighted(0.15, 0..=LIMITS.len())
+}
+
+/// The name an acquire asks for: the semaphores more often, so that they fill up and queue.
+fn acquired() -> impl Strategy<Value = usize> {
+    prop_oneof![2 => 0..NAMES.len(), 1 => Just(1), 1 => Just(3)]
+}
+
+fn acquire() -> impl Strategy<Value = Op> {
+    let acquire = (acquired(), 1..=TOKENS, 0..TTLS.len(), 0..WAITS.len(), 0..VALUES.len() + 1, 0..DELAYS.len());
+    (acquire, limit()).prop_map(|((name, token, ttl, wait, value, delay), limit)| Op::Acquire {
+        name,
+        token,
+        ttl,
+        wait,
+        value,
+        delay,
+        limit,
+    })
+}
+
+fn session_acquire() -> impl Strategy<Value = Op> {
+    (acquired(), 1..=TOKENS, owner(), 0..WAITS.len(), 0..DELAYS.len(), limit()).prop_map(
+        |(name, token, session, wait, delay, limit)| Op::SessionAcquire { name, token, session, wait, delay, limit },
+    )
+}
+
 /// An operation on one lock: what a batch may carry.
 fn lock_op() -> impl Strategy<Value = Op> {
-    let name = 0..NAMES.len();
     prop_oneof![
-        5 => (name.clone(), 1..=TOKENS, 0..TTLS.len(), 0..WAITS.len(), 0..VALUES.len() + 1, 0..DELAYS.len())
-            .prop_map(|(name, token, ttl, wait, value, delay)| Op::Acquire { name, token, ttl, wait, value, delay }),
-        3 => (name.clone(), 1..=TOKENS, owner(), 0..WAITS.len(), 0..DELAYS.len())
-            .prop_map(|(name, token, session, wait, delay)| Op::SessionAcquire { name, token, session, wait, delay }),
+        6 => acquire(),
+        4 => session_acquire(),
         3 => (target(), who([4, 1, 1])).prop_map(|(target, who)| Op::Release { target, who }),
         2 => (target(), who([4, 1, 1]), 0..=TTLS.len())
             .prop_map(|(target, who, ttl)| Op::Renew { target, who, ttl }),
@@ -711,13 +845,15 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(ops, follow_rule)| Op::Group(ops, follow_rule)),
         3 => (1..=SESSIONS, 0..TTLS.len()).prop_map(|(id, lease)| Op::OpenSession { id, lease }),
         1 => (1..=SESSIONS + 1).prop_map(|id| Op::CloseSession { id }),
-        3 => (
-            any::<u64>(),
-            prop::collection::vec((name.clone(), prop::option::of(0..200u64)), 0..3),
+        4 => (
+            // Often all that is due: places of one lock expiring together.
+            prop_oneof![2 => any::<u64>(), 1 => Just(u64::MAX)],
+            prop::collection::vec((name.clone(), prop::option::of(0..200u64), 0..3usize), 0..3),
             prop::collection::vec((name, prop::option::of(0..=TOKENS)), 0..3),
             prop_oneof![
                 2 => Just(vec![]),
-                1 => prop::collection::vec(1..=SESSIONS + 1, 1..3),
+                // Often two sessions or more: places of one lock held by several sessions ending together.
+                2 => prop::collection::vec(1..=SESSIONS + 1, 1..4),
             ],
             any::<usize>(),
         )
@@ -736,9 +872,58 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// An operation and the gap to the next log index (Raft entries the lock state never sees).
+/// An operation of a crowd: an acquire that is valid but maybe for its limit (the other operations cover
+/// invalid TTLs, values and lock-delays), mostly without a lock-delay, of a name the crowd sets; or a
+/// session opening, to crowd with.
+fn crowd_op() -> impl Strategy<Value = Op> {
+    let value = prop_oneof![0..VALUES.len() - 1, Just(VALUES.len())];
+    let delay = || prop_oneof![3 => Just(0), 1 => 2..DELAYS.len() - 1];
+    let acquire = (1..=TOKENS, 1..TTLS.len(), 0..WAITS.len(), value, delay(), limit());
+    prop_oneof![
+        3 => acquire.prop_map(|(token, ttl, wait, value, delay, limit)| {
+            Op::Acquire { name: 0, token, ttl, wait, value, delay, limit }
+        }),
+        2 => (1..=TOKENS, owner(), 0..WAITS.len(), delay(), limit()).prop_map(
+            |(token, session, wait, delay, limit)| Op::SessionAcquire { name: 0, token, session, wait, delay, limit }
+        ),
+        1 => (1..=SESSIONS, 1..TTLS.len()).prop_map(|(id, lease)| Op::OpenSession { id, lease }),
+    ]
+}
+
+/// Acquires of one name, one entry each, at one time: clients crowding a lock, enough to fill a semaphore
+/// and queue behind it (and holds that end together, when their TTLs are the same).
+fn crowd() -> impl Strategy<Value = Vec<Op>> {
+    (acquired(), prop::collection::vec(crowd_op(), 4..=10)).prop_map(|(n, mut ops)| {
+        for op in &mut ops {
+            if let Op::Acquire { name, .. } | Op::SessionAcquire { name, .. } = op {
+                *name = n;
+            }
+        }
+        ops
+    })
+}
+
+/// Time passing, then the leader expiring all that is due, and maybe sessions, in one entry: places of
+/// one lock ending together.
+fn tick() -> impl Strategy<Value = Vec<Op>> {
+    let clock = prop_oneof![
+        (0i64..800).prop_map(Op::Clock),
+        (any::<usize>(), 0i64..=1).prop_map(|(n, by)| Op::ClockToDeadline(n, by)),
+    ];
+    let sessions = prop_oneof![Just(vec![]), prop::sample::subsequence((1..=SESSIONS).collect::<Vec<_>>(), 2..=3)];
+    (clock, sessions, any::<usize>()).prop_map(|(clock, sessions, turn)| {
+        let (stale_locks, stale_waiters) = (vec![], vec![]);
+        vec![clock, Op::Expire { pick: u64::MAX, stale_locks, stale_waiters, sessions, turn }]
+    })
+}
+
+/// Operations, each with the gap to the next log index (Raft entries the lock state never sees).
 fn history() -> impl Strategy<Value = Vec<(u64, Op)>> {
-    prop::collection::vec((prop_oneof![4 => Just(1u64), 1 => 2..5u64], op()), 1..=60)
+    let gap = || prop_oneof![4 => Just(1u64), 1 => 2..5u64];
+    let ops = prop_oneof![6 => op().prop_map(|op| vec![op]), 2 => crowd(), 2 => tick()];
+    prop::collection::vec((gap(), ops), 1..=50).prop_map(|segments| {
+        segments.into_iter().flat_map(|(gap, ops)| ops.into_iter().map(move |op| (gap, op))).collect()
+    })
 }
 
 fn pick<T>(all: Vec<T>, bits: u64) -> Vec<T> {
@@ -753,61 +938,110 @@ fn turned<T>(mut items: Vec<T>, turn: usize) -> Vec<T> {
     items
 }
 
-/// The entry an operation stands for, built from what the model holds now.
 /// Whether `cmd` may follow `before` in a `Command::Group`: it is an acquire, or the first command on its
-/// lock.
+/// lock; and it is not a second acquire with a limit above 1 of its lock.
 fn follows_group_rule(before: &[Command], cmd: &Command) -> bool {
-    cmd.is_acquire() || before.iter().all(|c| c.lock_name() != cmd.lock_name())
+    let mut same = before.iter().filter(|c| c.lock_name() == cmd.lock_name());
+    let first = same.clone().next().is_none();
+    (cmd.is_acquire() || first) && (cmd.limit() <= 1 || same.all(|c| c.limit() <= 1))
 }
 
+/// The acquire command of `acquire` on `NAMES[n]` giving `limit` (see `Op::Acquire`), `value` (`None`:
+/// none, a plain `Acquire`) and `lock_delay_ms`.
+fn acquire_command(
+    n: usize,
+    acquire: Acquire,
+    value: Option<&[u8]>,
+    lock_delay_ms: u64,
+    limit: Option<usize>,
+) -> Command {
+    let semaphore = match limit {
+        None => Some(NAME_LIMITS[n]).filter(|limit| *limit > 1),
+        Some(i) => LIMITS.get(i).copied(),
+    };
+    match (semaphore, value, lock_delay_ms) {
+        (Some(limit), value, lock_delay_ms) => {
+            let value = value.map_or(vec![], <[u8]>::to_vec);
+            Command::AcquireSemaphore { acquire, value, lock_delay_ms, limit }
+        }
+        (None, value, lock_delay_ms @ 1..) => {
+            let value = value.map_or(vec![], <[u8]>::to_vec);
+            Command::AcquireDelayed { acquire, value, lock_delay_ms }
+        }
+        (None, Some(value), 0) => Command::AcquireValued { acquire, value: value.to_vec() },
+        (None, None, 0) => Command::Acquire(acquire),
+    }
+}
+
+/// The `Expire` an `Op::Expire` stands for: what the leader would find due at this entry's time (some
+/// of it), some stale items, some sessions.
+fn expire_command(model: &Model, clock: u64, op: &Op) -> Command {
+    let Op::Expire { pick: bits, stale_locks, stale_waiters, sessions, turn } = op else { unreachable!("an expire") };
+    let at = model.now_ms.max(clock);
+    let mut due_locks: Vec<(String, u64)> =
+        model.ttl_holds().into_iter().filter(|(_, _, _, end)| *end <= at).map(|(n, f, _, _)| (n, f)).collect();
+    let delays = model.lock_delays().into_iter();
+    due_locks.extend(delays.filter(|(_, _, _, free_at)| *free_at <= at).map(|(n, f, _, _)| (n, f)));
+    let due_waiters: Vec<(String, Token)> =
+        model.timed_waiters().into_iter().filter(|(_, _, end)| *end <= at).map(|(n, t, _)| (n, t)).collect();
+    let mut locks = pick(due_locks, *bits);
+    // Stale items: an old or future fence, or the fence of a place (the k-th) not yet due.
+    locks.extend(stale_locks.iter().map(|(n, fence, k)| {
+        let current = model.lock(NAMES[*n]).map_or(0, |l| l.holders[k % l.holders.len()].fence);
+        (NAMES[*n].to_owned(), fence.unwrap_or(current))
+    }));
+    let mut waiters = pick(due_waiters, bits.rotate_left(32));
+    // Stale items: any token, or the first waiter's, due or not, with or without a session.
+    waiters.extend(stale_waiters.iter().map(|(n, t)| {
+        let first = model.lock(NAMES[*n]).and_then(|l| l.waiters.first());
+        let t = t.map_or(first.map_or(token(0), |w| w.token), token);
+        (NAMES[*n].to_owned(), t)
+    }));
+    Command::Expire(Expire {
+        locks: turned(locks, *turn),
+        waiters: turned(waiters, *turn / 7),
+        sessions: sessions.clone(),
+    })
+}
+
+/// The entry an operation stands for, built from what the model holds now.
 fn command(model: &Model, clock: u64, op: &Op) -> Command {
-    let name = |i: usize| NAMES[i].to_owned();
     let target = |t: &Target| match t {
         Target::Held(n) if !model.locks.is_empty() => model.locks[n % model.locks.len()].name.clone(),
-        Target::Held(n) | Target::Any(n) => name(*n),
+        Target::Held(n) | Target::Any(n) => NAMES[*n].to_owned(),
     };
     let token_of = |name: &str, who: &Who| match (model.lock(name), who) {
-        (Some(l), Who::Holder) => l.holder.token,
+        (Some(l), Who::Holder(n)) => l.holders[n % l.holders.len()].token,
         (Some(l), Who::Waiter(n)) => l.waiters.get(*n).map_or(token(0), |w| w.token),
-        (None, Who::Holder | Who::Waiter(_)) => token(1),
+        (None, Who::Holder(_) | Who::Waiter(_)) => token(1),
         (_, Who::Any(t)) => token(*t),
     };
     match op {
-        Op::Acquire { name: n, token: t, ttl, wait, value, delay } => {
+        Op::Acquire { name: n, token: t, ttl, wait, value, delay, limit } => {
             let acquire = Acquire {
-                name: name(*n),
+                name: NAMES[*n].to_owned(),
                 owner: format!("worker-{t}"),
                 token: token(*t),
                 ttl_ms: TTLS[*ttl],
                 wait_ms: WAITS[*wait],
                 session: None,
             };
-            match (VALUES.get(*value), DELAYS[*delay]) {
-                (value, lock_delay_ms @ 1..) => {
-                    let value = value.map_or(vec![], |v| v.to_vec());
-                    Command::AcquireDelayed { acquire, value, lock_delay_ms }
-                }
-                (Some(value), 0) => Command::AcquireValued { acquire, value: value.to_vec() },
-                (None, 0) => Command::Acquire(acquire),
-            }
+            acquire_command(*n, acquire, VALUES.get(*value).copied(), DELAYS[*delay], *limit)
         }
-        Op::SessionAcquire { name: n, token: t, session, wait, delay } => {
+        Op::SessionAcquire { name: n, token: t, session, wait, delay, limit } => {
             let id = match session {
                 Owner::Open(n) if !model.sessions.is_empty() => model.sessions[*n as usize % model.sessions.len()].0,
                 Owner::Open(id) | Owner::Any(id) => *id,
             };
             let acquire = Acquire {
-                name: name(*n),
+                name: NAMES[*n].to_owned(),
                 owner: format!("svc-{id}"),
                 token: token(*t),
                 ttl_ms: 0,
                 wait_ms: WAITS[*wait],
                 session: Some(id),
             };
-            match DELAYS[*delay] {
-                0 => Command::Acquire(acquire),
-                lock_delay_ms => Command::AcquireDelayed { acquire, value: vec![], lock_delay_ms },
-            }
+            acquire_command(*n, acquire, None, DELAYS[*delay], *limit)
         }
         Op::Release { target: n, who } => {
             let name = target(n);
@@ -838,58 +1072,30 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
             Command::OpenSession { id: *id, owner: format!("svc-{id}"), lease_ms: TTLS[*lease], secret }
         }
         Op::CloseSession { id } => Command::CloseSession { id: *id },
-        Op::Expire { pick: bits, stale_locks, stale_waiters, sessions, turn } => {
-            // What the leader would find due at this entry's time.
-            let at = model.now_ms.max(clock);
-            let mut due_locks: Vec<(String, u64)> =
-                model.ttl_holds().into_iter().filter(|(_, _, _, end)| *end <= at).map(|(n, f, _, _)| (n, f)).collect();
-            let delays = model.lock_delays().into_iter();
-            due_locks.extend(delays.filter(|(_, _, _, free_at)| *free_at <= at).map(|(n, f, _, _)| (n, f)));
-            let due_waiters: Vec<(String, Token)> =
-                model.timed_waiters().into_iter().filter(|(_, _, end)| *end <= at).map(|(n, t, _)| (n, t)).collect();
-            let mut locks = pick(due_locks, *bits);
-            // Stale items: an old or future fence, or the current fence of a hold not yet due.
-            locks.extend(stale_locks.iter().map(|(n, fence)| {
-                let current = model.lock(NAMES[*n]).map_or(0, |l| l.holder.fence);
-                (name(*n), fence.unwrap_or(current))
-            }));
-            let mut waiters = pick(due_waiters, bits.rotate_left(32));
-            // Stale items: any token, or the first waiter's, due or not, with or without a session.
-            waiters.extend(stale_waiters.iter().map(|(n, t)| {
-                let first = model.lock(NAMES[*n]).and_then(|l| l.waiters.first());
-                let t = t.map_or(first.map_or(token(0), |w| w.token), token);
-                (name(*n), t)
-            }));
-            Command::Expire(Expire {
-                locks: turned(locks, *turn),
-                waiters: turned(waiters, *turn / 7),
-                sessions: sessions.clone(),
-            })
-        }
-        Op::Batch(ops) => {
-            let mut cmds: Vec<Command> = Vec::new();
-            for cmd in ops.iter().map(|op| command(model, clock, op)) {
-                if cmds.iter().all(|c| c.lock_name() != cmd.lock_name()) {
-                    cmds.push(cmd);
-                }
-            }
-            match cmds.len() {
-                1 => cmds.pop().expect("one command"),
-                _ => Command::Batch(cmds),
-            }
-        }
-        Op::Group(ops, follow_rule) => {
-            let mut cmds: Vec<Command> = Vec::new();
-            for cmd in ops.iter().map(|op| command(model, clock, op)) {
-                if !follow_rule || follows_group_rule(&cmds, &cmd) {
-                    cmds.push(cmd);
-                }
-            }
-            Command::Group(cmds)
-        }
+        Op::Expire { .. } => expire_command(model, clock, op),
+        Op::Batch(ops) | Op::Group(ops, _) => several(model, clock, op, ops),
         Op::Clock(_) | Op::ClockToDeadline(..) | Op::SnapshotRestore => {
             unreachable!("not an entry")
         }
+    }
+}
+
+/// The `Command::Batch` or `Command::Group` of `ops`, as the leader's proposer would put them together.
+fn several(model: &Model, clock: u64, op: &Op, ops: &[Op]) -> Command {
+    let mut cmds: Vec<Command> = Vec::new();
+    for cmd in ops.iter().map(|op| command(model, clock, op)) {
+        let keep = match op {
+            Op::Group(_, follow_rule) => !follow_rule || follows_group_rule(&cmds, &cmd),
+            _ => cmds.iter().all(|c| c.lock_name() != cmd.lock_name()),
+        };
+        if keep {
+            cmds.push(cmd);
+        }
+    }
+    match op {
+        Op::Group(..) => Command::Group(cmds),
+        _ if cmds.len() == 1 => cmds.pop().expect("one command"),
+        _ => Command::Batch(cmds),
     }
 }
 
@@ -897,10 +1103,7 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
 fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(real.applied_index(), model.index);
     prop_assert_eq!(real.now_ms(), model.now_ms);
-    for name in NAMES {
-        prop_assert_eq!(real.get(name), model.lock(name).map(lock_view));
-        prop_assert_eq!(real.revision(name), model.revision(name), "revision of {:?}", name);
-    }
+    compare_locks(real, model)?;
     prop_assert_eq!(real.forgotten_through(), model.forgotten_through);
     for prefix in ["", "a", "b"] {
         for after in [0, 3, model.index / 2, model.index] {
@@ -909,13 +1112,6 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
             if !expected.is_empty() {
                 prop_assert_eq!(real.changed_since(prefix, after, expected.len() - 1), None);
             }
-        }
-    }
-    for name in NAMES {
-        for t in 0..=TOKENS {
-            prop_assert_eq!(real.grant(name, token(t)), model.grant(name, token(t)));
-            let waiting = model.lock(name).is_some_and(|l| l.waiters.iter().any(|w| w.token == token(t)));
-            prop_assert_eq!(real.is_waiting(name, token(t)), waiting);
         }
     }
     for prefix in ["", "a", "a.", "b", "z"] {
@@ -939,6 +1135,12 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
     let timed: Vec<_> = real.timed_waiters().map(|(n, t, w)| (n.to_owned(), t, w)).collect();
     prop_assert_eq!(timed, model.timed_waiters());
     prop_assert_eq!(real.sessions().collect::<Vec<_>>(), model.sessions());
+    for id in 1..=SESSIONS + 1 {
+        let claims = model.session_claims(id);
+        prop_assert_eq!(real.session(id).map(|view| (view.holds, view.waits)), claims.clone(), "session {}", id);
+        let counts = real.session_summary(id).map(|(_, _, holds, waits)| (holds, waits));
+        prop_assert_eq!(counts, claims.map(|(holds, waits)| (holds.len(), waits.len())), "summary of session {}", id);
+    }
     prop_assert_eq!(real.lock_count(), model.locks.len());
     prop_assert_eq!(real.waiter_count(), model.locks.iter().map(|l| l.waiters.len()).sum::<usize>());
     prop_assert_eq!(real.session_count(), model.sessions.len());
@@ -946,11 +1148,121 @@ fn compare(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn run(history: Vec<(u64, Op)>) -> Result<(), TestCaseError> {
+/// Compares each lock, its places, grants and waiters with the model's.
+fn compare_locks(real: &LockState, model: &Model) -> Result<(), TestCaseError> {
+    for name in NAMES {
+        let lock = model.lock(name);
+        prop_assert_eq!(real.get(name), lock.map(lock_view));
+        prop_assert_eq!(real.revision(name), model.revision(name), "revision of {:?}", name);
+        prop_assert_eq!(real.is_held(name), lock.is_some());
+        prop_assert_eq!(real.holder(name), lock.map(|l| view_of(l.first())));
+        prop_assert_eq!(real.is_full(name), lock.is_some_and(MLock::is_full), "is_full({:?})", name);
+        // Every place by its fence, and the fences next to them (some another place's, most nobody's).
+        let fences =
+            lock.map_or(vec![], |l| l.holders.iter().flat_map(|h| [h.fence - 1, h.fence, h.fence + 1]).collect());
+        for fence in fences.into_iter().chain([0, model.index]) {
+            let expected = lock.and_then(|l| l.place(fence)).map(view_of);
+            prop_assert_eq!(real.hold(name, fence), expected, "hold({:?}, {})", name, fence);
+        }
+        for t in 0..=TOKENS {
+            prop_assert_eq!(real.grant(name, token(t)), model.grant(name, token(t)));
+            let waiting = lock.is_some_and(|l| l.waiters.iter().any(|w| w.token == token(t)));
+            prop_assert_eq!(real.is_waiting(name, token(t)), waiting);
+        }
+    }
+    Ok(())
+}
+
+/// How often the histories reached what semaphores add (for `the_histories_reach_semaphores`).
+#[derive(Debug, Default)]
+struct Seen {
+    /// Entries after which a lock had two places or more.
+    shared: usize,
+    /// Entries after which a semaphore had every place taken and waiters.
+    queued_on_full: usize,
+    /// `Expire` entries that ended two places or more of one lock.
+    places_expired_together: usize,
+    /// `Expire` entries ending two sessions or more that held places of one lock.
+    sessions_expired_together: usize,
+    /// Entries that kept a freed place for the next `Expire`, as they had granted its lock already.
+    kept: usize,
+    /// `Expire` items that found a kept place (or one whose delay had passed) and left it for later.
+    held_back: usize,
+    /// Groups refused for two acquires of a limit above 1 of one lock.
+    two_semaphore_groups: usize,
+    limit_mismatches: usize,
+    invalid_limits: usize,
+}
+
+impl Seen {
+    /// Counts what the entry at `cmd` did, with the model's state before (`before`) and after it.
+    fn count(&mut self, cmd: &Command, before: &Model, applied: &Applied, after: &Model) {
+        self.shared += usize::from(after.locks.iter().any(|l| l.holders.len() >= 2));
+        self.queued_on_full += usize::from(after.locks.iter().any(|l| l.limit > 1 && !l.waiters.is_empty()));
+        self.kept += usize::from(applied.delayed.iter().any(|(_, _, delay)| *delay == 0));
+        let twice = |names: Vec<&str>| names.iter().enumerate().any(|(i, n)| names[..i].contains(n));
+        if let Command::Expire(e) = cmd {
+            let ended = applied.ended.iter().map(|(name, _)| name.as_str()).collect();
+            self.places_expired_together += usize::from(twice(ended));
+            let ending = |h: &MHolder| matches!(h.lease, Lease::Session(id) if e.sessions.contains(&id));
+            let held = before.places().filter(|(_, h)| ending(h)).map(|(name, _)| name).collect();
+            self.sessions_expired_together += usize::from(twice(held));
+        }
+        if let Command::Group(cmds) = cmd {
+            let semaphores = cmds.iter().filter(|c| c.limit() > 1).filter_map(Command::lock_name).collect();
+            self.two_semaphore_groups += usize::from(twice(semaphores));
+        }
+        let outcomes = match &applied.outcome {
+            Outcome::Batch(outcomes) => outcomes.iter().collect(),
+            outcome => vec![outcome],
+        };
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Rejected(Reject::LimitMismatch { .. }) => self.limit_mismatches += 1,
+                Outcome::Rejected(Reject::InvalidLimit(_)) => self.invalid_limits += 1,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Checks the fences of an entry's grants: each carries the entry's index, which is larger than every
+/// fence before; a lock is granted at most once per entry. What ended was held under a fence granted
+/// before. `fence_max` is the largest fence granted so far, `fences` the last fence of each lock.
+fn check_fences(
+    index: u64,
+    applied: &Applied,
+    fence_max: &mut u64,
+    fences: &mut Vec<(String, u64)>,
+) -> Result<(), TestCaseError> {
+    for (i, grant) in applied.grants.iter().enumerate() {
+        prop_assert_eq!(grant.fence, index);
+        prop_assert!(grant.fence > *fence_max || (i > 0 && grant.fence == *fence_max));
+        prop_assert!(
+            applied.grants[..i].iter().all(|g| g.name != grant.name),
+            "lock {:?} granted twice by entry {}",
+            grant.name,
+            index
+        );
+        match fences.iter_mut().find(|(n, _)| *n == grant.name) {
+            Some((_, last)) => {
+                prop_assert!(grant.fence > *last);
+                *last = grant.fence;
+            }
+            None => fences.push((grant.name.clone(), grant.fence)),
+        }
+        *fence_max = grant.fence;
+    }
+    for (_, fence) in &applied.ended {
+        prop_assert!(*fence < index);
+    }
+    Ok(())
+}
+
+fn run(history: Vec<(u64, Op)>, seen: &mut Seen) -> Result<(), TestCaseError> {
     let mut real = LockState::new();
     let mut model = Model::default();
     let (mut clock, mut index) = (T0, 0u64);
-    // The largest fence ever granted, and the last fence of each lock.
     let mut fence_max = 0u64;
     let mut fences: Vec<(String, u64)> = Vec::new();
     for (gap, op) in history {
@@ -981,36 +1293,15 @@ fn run(history: Vec<(u64, Op)>) -> Result<(), TestCaseError> {
         }
         index += gap;
         let entry = Entry { at_ms: clock, cmd: command(&model, clock, &op) };
+        let before = model.clone();
         let expected = model.apply(index, &entry);
         let applied = real.apply(index, &entry);
         prop_assert_eq!(&applied, &expected, "entry {} {:?}", index, entry);
-
-        // Fences: every grant of this entry carries its index, which is larger than every fence before;
-        // a lock is granted at most once per entry.
-        for (i, grant) in applied.grants.iter().enumerate() {
-            prop_assert_eq!(grant.fence, index);
-            prop_assert!(grant.fence > fence_max || (i > 0 && grant.fence == fence_max));
-            prop_assert!(
-                applied.grants[..i].iter().all(|g| g.name != grant.name),
-                "lock {:?} granted twice by entry {}",
-                grant.name,
-                index
-            );
-            match fences.iter_mut().find(|(n, _)| *n == grant.name) {
-                Some((_, last)) => {
-                    prop_assert!(grant.fence > *last);
-                    *last = grant.fence;
-                }
-                None => fences.push((grant.name.clone(), grant.fence)),
-            }
-            fence_max = grant.fence;
-        }
-        // What ended was held under a fence granted before this entry.
-        for (_, fence) in &applied.ended {
-            prop_assert!(*fence < index);
-        }
+        check_fences(index, &applied, &mut fence_max, &mut fences)?;
         compare(&real, &model)?;
+        seen.count(&entry.cmd, &before, &applied, &model);
     }
+    seen.held_back += model.held_back;
     Ok(())
 }
 
@@ -1019,6 +1310,23 @@ proptest! {
 
     #[test]
     fn lock_state_matches_the_model(history in history()) {
-        run(history)?;
+        run(history, &mut Seen::default())?;
     }
+}
+
+/// The histories are worth little if they never reach what semaphores add: count it over a fixed set.
+#[test]
+fn the_histories_reach_semaphores() {
+    let mut runner = TestRunner::deterministic();
+    let mut seen = Seen::default();
+    for _ in 0..256 {
+        let history = history().new_tree(&mut runner).expect("a history").current();
+        run(history, &mut seen).expect("the state agrees with the model");
+    }
+    println!("{seen:#?}");
+    assert!(seen.shared >= 3_000 && seen.queued_on_full >= 1_500, "{seen:?}");
+    assert!(seen.places_expired_together >= 100 && seen.sessions_expired_together >= 8, "{seen:?}");
+    assert!(seen.kept >= 10 && seen.held_back >= 2, "{seen:?}");
+    assert!(seen.two_semaphore_groups >= 8, "{seen:?}");
+    assert!(seen.limit_mismatches >= 300 && seen.invalid_limits >= 150, "{seen:?}");
 }
