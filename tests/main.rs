@@ -19,6 +19,7 @@ mod http_cluster;
 mod lock_delay;
 mod membership;
 mod observability;
+mod semaphores;
 mod sessions_cluster;
 mod shell_script;
 mod tls;
