@@ -196,25 +196,38 @@ fn lock_json(l: &LockInfo) -> Value {
         .iter()
         .map(|w| json!({"owner": w.owner, "queued_at_ms": w.queued_at_ms, "session_id": w.session_id}))
         .collect();
-    json!({"name": l.name, "holder": l.holder.as_ref().map(holder_json), "waiters": waiters, "revision": l.revision})
+    let holders: Vec<Value> = l.holders.iter().map(holder_json).collect();
+    json!({
+        "name": l.name,
+        "holder": l.holder.as_ref().map(holder_json),
+        "holders": holders,
+        "limit": l.limit,
+        "waiters": waiters,
+        "revision": l.revision,
+    })
 }
 
+/// One table row per holder (a semaphore has several), or one of dashes for a lock nobody holds.
 fn locks_out(locks: &[LockInfo], next: Option<&str>) -> Out {
+    let row = |l: &LockInfo, holder: Option<&HolderInfo>| {
+        let (owner, fence, expires) = match holder {
+            Some(h @ HolderInfo { free_at_ms: Some(free_at_ms), .. }) => {
+                (h.owner.clone(), h.fence.to_string(), format!("lock-delay until {}", when(*free_at_ms)))
+            }
+            Some(h) => (
+                h.owner.clone(),
+                h.fence.to_string(),
+                h.expires_at_ms.map(when).unwrap_or_else(|| format!("session {}", h.session_id.unwrap_or(0))),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        vec![l.name.clone(), owner, fence, expires, l.waiters.len().to_string()]
+    };
     let rows: Vec<Vec<String>> = locks
         .iter()
-        .map(|l| {
-            let (owner, fence, expires) = match &l.holder {
-                Some(h @ HolderInfo { free_at_ms: Some(free_at_ms), .. }) => {
-                    (h.owner.clone(), h.fence.to_string(), format!("lock-delay until {}", when(*free_at_ms)))
-                }
-                Some(h) => (
-                    h.owner.clone(),
-                    h.fence.to_string(),
-                    h.expires_at_ms.map(when).unwrap_or_else(|| format!("session {}", h.session_id.unwrap_or(0))),
-                ),
-                None => ("-".into(), "-".into(), "-".into()),
-            };
-            vec![l.name.clone(), owner, fence, expires, l.waiters.len().to_string()]
+        .flat_map(|l| match l.holders.is_empty() {
+            true => vec![row(l, l.holder.as_ref())],
+            false => l.holders.iter().map(|h| row(l, Some(h))).collect(),
         })
         .collect();
     let json_locks: Vec<Value> = locks.iter().map(lock_json).collect();
