@@ -356,6 +356,7 @@ type Holders = SmallVec<[Holder; 1]>;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Lock {
     /// Never empty; at most `limit`. Fences are unique: a lock is granted at most once per entry.
+    #[serde(deserialize_with = "ordered::deserialize_small")]
     holders: Holders,
     waiters: VecDeque<Waiter>,
     /// The index of the entry that last changed it.
@@ -497,6 +498,38 @@ mod ordered {
         }
 
         deserializer.deserialize_map(Entries(PhantomData))
+    }
+
+    /// A small vector, element by element (smallvec's decoder reserves room for the encoded length first,
+    /// so a corrupt length would abort the process instead of failing the decode).
+    pub(super) fn deserialize_small<'de, D, A>(deserializer: D) -> Result<smallvec::SmallVec<A>, D::Error>
+    where
+        D: Deserializer<'de>,
+        A: smallvec::Array,
+        A::Item: Deserialize<'de>,
+    {
+        struct Elements<A>(PhantomData<A>);
+
+        impl<'de, A: smallvec::Array> Visitor<'de> for Elements<A>
+        where
+            A::Item: Deserialize<'de>,
+        {
+            type Value = smallvec::SmallVec<A>;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a sequence")
+            }
+
+            fn visit_seq<S: SeqAccess<'de>>(self, mut access: S) -> Result<Self::Value, S::Error> {
+                let mut small = smallvec::SmallVec::new();
+                while let Some(element) = access.next_element()? {
+                    small.push(element);
+                }
+                Ok(small)
+            }
+        }
+
+        deserializer.deserialize_seq(Elements(PhantomData))
     }
 
     /// A persistent vector, element by element (imbl's reserves room for the encoded length first).

@@ -124,21 +124,24 @@ fn open_store(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
     }
 }
 
-/// Entries 1 to 16 of every kind, applied, snapshotted and purged to 20 (as a snapshot install from the
-/// leader does); then 21 to 36, which start a second segment. Every file is as the store wrote it, but cut
+/// Entries of every kind from 1, applied, snapshotted and purged to two past the last of them (as a
+/// snapshot install from the leader does); then as many again after the purge point, which start a second
+/// segment. Every file is as the store wrote it, but cut
 /// at its last record: the zeros a segment is allocated with past that read the same, and are many MiB.
 fn template() -> &'static Template {
     static TEMPLATE: OnceLock<Template> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
         let dir = scratch_dir();
-        let later = entries(2, 21);
+        // The purge point leaves a gap after the first entries however many kinds of command there are.
+        let purged = entries(1, 1).len() as u64 + 2;
+        let later = entries(2, purged + 1);
         runtime().block_on(async {
             let (mut log, mut machine) = open_store(dir.path()).unwrap();
             let first = entries(1, 1);
             log.blocking_append(first.clone()).await.unwrap();
             machine.apply(first).await.unwrap();
             machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
-            log.purge(log_id(1, 20)).await.unwrap();
+            log.purge(log_id(1, purged)).await.unwrap();
             log.blocking_append(later.clone()).await.unwrap();
             log.save_vote(&openraft::Vote::new_committed(2, 1)).await.unwrap();
         });
@@ -453,16 +456,22 @@ fn the_template_store_and_its_records_read_back_as_written() {
 }
 
 /// The template's snapshot file with a byte set to 0 that breaks the state's invariants though the bytes
-/// still decode (found by the store target, then in a fence; now byte 425, lock `x`'s revision, which then
-/// lies below its fence). The open asserted the state's invariants before it checked the bytes against
-/// their recorded length and CRC: the assertion panicked. Now the check comes first, and the open refuses
-/// the file as corrupt.
+/// still decode (found by the store target, then in a fence; a lock's revision, say, which then lies below
+/// its fence). The open asserted the state's invariants before it checked the bytes against their
+/// recorded length and CRC: the assertion panicked. Now the check comes first, and the open refuses the
+/// file as corrupt. The byte is searched for, the first that does this, so that a change of the snapshot's
+/// layout does not leave the test without one.
 #[test]
 fn a_snapshot_file_changed_on_disk_is_refused_before_its_state_is_asserted() {
     let template = template();
-    let mut bytes = std::fs::read(&template.snapshot).unwrap();
-    bytes[425] = 0;
-    assert!(breaks_invariants(&bytes), "byte 425 no longer breaks the state: find the byte this test means again");
+    let written = std::fs::read(&template.snapshot).unwrap();
+    let zeroed = |at: usize| {
+        let mut bytes = written.clone();
+        bytes[at] = 0;
+        bytes
+    };
+    let at = (0..written.len()).find(|&at| written[at] != 0 && breaks_invariants(&zeroed(at)));
+    let bytes = zeroed(at.expect("a byte whose 0 decodes to a state that breaks its invariants"));
     let copy = copy_of_template(Some((&template.snapshot, &bytes)));
     let refused = reopened(copy.path()).unwrap_err();
     assert!(matches!(refused, StoreError::SnapshotCorrupt(_)), "{refused}");
