@@ -669,9 +669,9 @@ mod before_values {
     }
 }
 
-/// The state as snapshot format 4 encoded it: no lock-delays.
+/// The state as snapshot format 4 encoded it: no lock-delays; otherwise as format 5.
 mod before_delays {
-    use std::collections::{BTreeMap, VecDeque};
+    use std::collections::VecDeque;
     use std::sync::Arc;
 
     use serde::Deserialize;
@@ -700,71 +700,44 @@ mod before_delays {
     }
 
     #[derive(Deserialize)]
-    struct Lock4 {
+    pub(super) struct Lock4 {
         holder: Holder,
         waiters: VecDeque<Waiter>,
         revision: u64,
     }
 
-    #[derive(Deserialize)]
-    pub(super) struct LockState {
-        locks: BTreeMap<String, Lock4>,
-        sessions: BTreeMap<SessionId, super::Session>,
-        keys: BTreeMap<u64, ([u8; 32], u64)>,
-        key_tenants: BTreeMap<[u8; 32], u64>,
-        freed: BTreeMap<String, u64>,
-        frees: Vec<(u64, u64, String)>,
-        forgotten_through: u64,
-        now_ms: u64,
-        applied_index: u64,
-    }
-
-    impl LockState {
-        /// The state as this build keeps it: every hold and waiter without a lock-delay.
-        pub(super) fn into_current(self) -> super::LockState {
-            let lock = |l: Lock4| {
-                let h = l.holder;
-                let holder = super::Holder {
-                    owner: h.owner,
-                    token: h.token,
-                    fence: h.fence,
-                    granted_at_ms: h.granted_at_ms,
-                    lease: h.lease,
-                    value: h.value,
-                    lock_delay_ms: 0,
-                };
-                let waiters = l
-                    .waiters
-                    .into_iter()
-                    .map(|w| super::Waiter {
-                        owner: w.owner,
-                        token: w.token,
-                        ttl_ms: w.ttl_ms,
-                        queued_at_ms: w.queued_at_ms,
-                        wait_until_ms: w.wait_until_ms,
-                        session: w.session,
-                        value: w.value,
-                        lock_delay_ms: 0,
-                    })
-                    .collect();
-                Arc::new(Lock::single(holder, waiters, l.revision))
-            };
-            super::LockState {
-                locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
-                sessions: self.sessions.into_iter().collect(),
-                keys: self.keys,
-                key_tenants: self.key_tenants,
-                freed: self.freed.into_iter().collect(),
-                frees: self.frees.into_iter().collect(),
-                forgotten_through: self.forgotten_through,
-                now_ms: self.now_ms,
-                applied_index: self.applied_index,
-            }
-        }
+    /// The lock as this build keeps it: its hold and waiters without a lock-delay.
+    pub(super) fn into_current(l: Lock4) -> Arc<Lock> {
+        let h = l.holder;
+        let holder = super::Holder {
+            owner: h.owner,
+            token: h.token,
+            fence: h.fence,
+            granted_at_ms: h.granted_at_ms,
+            lease: h.lease,
+            value: h.value,
+            lock_delay_ms: 0,
+        };
+        let waiters = l
+            .waiters
+            .into_iter()
+            .map(|w| super::Waiter {
+                owner: w.owner,
+                token: w.token,
+                ttl_ms: w.ttl_ms,
+                queued_at_ms: w.queued_at_ms,
+                wait_until_ms: w.wait_until_ms,
+                session: w.session,
+                value: w.value,
+                lock_delay_ms: 0,
+            })
+            .collect();
+        Arc::new(Lock::single(holder, waiters, l.revision))
     }
 }
 
-/// The state as snapshot format 5 encoded it: one holder a lock, no limits.
+/// The state as snapshot formats 5 and 4 encoded it: one holder a lock, no limits; each lock `L` in the
+/// shape its format gave it.
 mod before_semaphores {
     use std::collections::{BTreeMap, VecDeque};
     use std::sync::Arc;
@@ -774,15 +747,20 @@ mod before_semaphores {
     use super::{Holder, Lock, SessionId, Waiter};
 
     #[derive(Deserialize)]
-    struct Lock5 {
+    pub(super) struct Lock5 {
         holder: Holder,
         waiters: VecDeque<Waiter>,
         revision: u64,
     }
 
+    /// The lock as this build keeps it: a lock of one holder.
+    pub(super) fn into_current(l: Lock5) -> Arc<Lock> {
+        Arc::new(Lock::single(l.holder, l.waiters, l.revision))
+    }
+
     #[derive(Deserialize)]
-    pub(super) struct LockState {
-        locks: BTreeMap<String, Lock5>,
+    pub(super) struct LockState<L> {
+        locks: BTreeMap<String, L>,
         sessions: BTreeMap<SessionId, super::Session>,
         keys: BTreeMap<u64, ([u8; 32], u64)>,
         key_tenants: BTreeMap<[u8; 32], u64>,
@@ -793,10 +771,9 @@ mod before_semaphores {
         applied_index: u64,
     }
 
-    impl LockState {
-        /// The state as this build keeps it: every lock a lock of one holder.
-        pub(super) fn into_current(self) -> super::LockState {
-            let lock = |l: Lock5| Arc::new(Lock::single(l.holder, l.waiters, l.revision));
+    impl<L> LockState<L> {
+        /// The state as this build keeps it, each lock made by `lock`.
+        pub(super) fn into_current(self, lock: impl Fn(L) -> Arc<Lock>) -> super::LockState {
             super::LockState {
                 locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
                 sessions: self.sessions.into_iter().collect(),
@@ -1619,12 +1596,14 @@ impl LockState {
         let mut state = match format {
             SNAPSHOT_FORMAT => bounded().deserialize_from(&mut input)?,
             SNAPSHOT_FORMAT_WITHOUT_SEMAPHORES => {
-                let state: before_semaphores::LockState = bounded().deserialize_from(&mut input)?;
-                state.into_current()
+                let state: before_semaphores::LockState<before_semaphores::Lock5> =
+                    bounded().deserialize_from(&mut input)?;
+                state.into_current(before_semaphores::into_current)
             }
             SNAPSHOT_FORMAT_WITHOUT_DELAYS => {
-                let state: before_delays::LockState = bounded().deserialize_from(&mut input)?;
-                state.into_current()
+                let state: before_semaphores::LockState<before_delays::Lock4> =
+                    bounded().deserialize_from(&mut input)?;
+                state.into_current(before_delays::into_current)
             }
             SNAPSHOT_FORMAT_WITHOUT_VALUES | SNAPSHOT_FORMAT_WITHOUT_SECRETS => {
                 let state: before_values::LockState = bounded().deserialize_from(&mut input)?;
