@@ -427,9 +427,10 @@ struct Session {
 /// copy only the nodes they touch. A snapshot is therefore serialized from a copy taken in an instant
 /// ([`LockState::clone`]), without holding up the entries applied meanwhile. Each lock sits behind an
 /// [`Arc`], so a tree node copied that way copies pointers, and a lock is copied only when it changes
-/// while a copy shares it; it also keeps the tree's nodes small (a million held locks: about 262 bytes
-/// a lock in all, against 294 in the ordered map used before and 361 with the locks inline). Serialized,
-/// they are the same bytes as the ordered maps they replaced.
+/// while a copy shares it; it also keeps the tree's nodes small (a million held locks at 85861e8: about
+/// 262 bytes a lock in all, against 294 in the ordered map used before and 361 with the locks inline;
+/// semaphores' list of holders added 32 bytes a lock, see docs/perf-notes/2026-12-04-semaphores-memory.md).
+/// Serialized, they are the same bytes as the ordered maps they replaced.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
     #[serde(deserialize_with = "ordered::deserialize")]
