@@ -7,7 +7,8 @@
 //! - `sessions.rs`: many sessions heartbeating, each holding a lock;
 //! - `scale.rs`: filling the cluster with held locks;
 //! - `watch.rs`: watchers over the nodes told of a lock's value changes;
-//! - `elect.rs`: candidates taking turns leading an election, and the gap between leaders;
+//! - `elect.rs`: candidates taking turns leading an election (each resigning, or killed), and the gap
+//!   between leaders;
 //! - `host.rs`: the machine alone, no cluster: thread wake-up round trip and fdatasync;
 //! - here: what they share (latency samples, the report, progress, plain HTTP GETs of `/metrics`, and
 //!   reading a process's CPU time and memory from `/proc`).

@@ -329,8 +329,9 @@ enum BenchCli {
     /// A writer changes one lock's value while watchers spread over the nodes watch it: changes/s, states
     /// told/s, and the time from a change's send to a watcher being told.
     Watch(bench::WatchArgs),
-    /// Candidates spread over the nodes take turns leading one election (each resigns after --hold): the
-    /// gap from a resignation to the next leader knowing it leads, and that fences only grow.
+    /// Candidates spread over the nodes take turns leading one election (each resigns after --hold, or with
+    /// --kill-leaders is killed): the gap from a resignation (or a kill) to the next leader, and that fences
+    /// only grow.
     Elect(bench::ElectArgs),
     /// The machine alone, no cluster: a thread wake-up round trip and small synced appends (fdatasync),
     /// the two costs a write's latency is made of, so that runs on different hosts can be compared.
