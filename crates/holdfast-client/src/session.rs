@@ -159,10 +159,14 @@ impl Session {
             next_ticket: AtomicU64::new(1),
         });
         shared.set_confirmed_until(clock.confirmed_until());
-        if !clock.is_alive(Instant::now()) {
-            // Opened took longer than the lease: the session may already be gone. Let the server end it.
+        if !clock.is_alive(Instant::now() + lease / 2) {
+            // Opening took more than half the lease: what is left may run out before the first heartbeat
+            // (sent a quarter of a lease after the open) can be answered, and a session handed to the caller
+            // only to be lost at once is worse than an error it can retry. Let the server end it.
             let _ = conn.tx.send(request(RequestKind::Close(Close {})));
-            return Err(Error::Unavailable(format!("the session was opened too slowly (lease {lease:?}) to be used")));
+            return Err(Error::Unavailable(format!(
+                "the session was opened too slowly (more than half its lease of {lease:?}) to be used"
+            )));
         }
         tracing::debug!(session = opened.session_id, endpoint = %pool.endpoints()[endpoint], ?lease, "session opened");
         let (commands, command_rx) = mpsc::unbounded_channel();

@@ -57,6 +57,8 @@ struct State {
     call_streams: Vec<mpsc::Sender<Result<v1::CallResult, Status>>>,
     /// Whether a `Calls` stream is accepted only once its first call came.
     headers_after_first_call: bool,
+    /// How long an open is answered after it came (a node that was catching up).
+    open_delay: Duration,
 }
 
 #[derive(Clone)]
@@ -347,7 +349,11 @@ impl Locks for Fake {
                         state.sessions.insert(id);
                         state.streams.insert(id, tx.clone());
                         let opened = v1::Opened { session_id: id, lease_ms: open.lease_ms, secret: secret_of(id) };
-                        let _ = tx.try_send(event(EventKind::Opened(opened)));
+                        let (tx, delay) = (tx.clone(), state.open_delay);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            let _ = tx.try_send(event(EventKind::Opened(opened)));
+                        });
                         fake.note(|s| s.opens += 1);
                         id
                     }
@@ -603,6 +609,17 @@ async fn a_lock_missing_from_the_report_after_a_resume_is_lost_and_the_others_ar
     assert!(!session.is_lost());
     b.release().await.unwrap();
     assert_eq!(a.release().await.unwrap_err(), Error::SessionLost, "a lost lock has nothing left to release");
+}
+
+/// A session whose open was answered after more than half its lease is refused: the rest of its lease
+/// might run out before its first heartbeat is answered. (The client asks the server to close it, as a
+/// courtesy: the server ends it at its lease in any case.)
+#[tokio::test]
+async fn a_session_opened_too_slowly_is_refused() {
+    let (fake, client) = start().await;
+    fake.state.lock().unwrap().open_delay = Duration::from_millis(300);
+    let refused = client.session(Duration::from_millis(400)).await;
+    assert!(matches!(&refused, Err(Error::Unavailable(detail)) if detail.contains("too slowly")), "{refused:?}");
 }
 
 #[tokio::test]
