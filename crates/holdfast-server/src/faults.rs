@@ -61,4 +61,7 @@ bugs! {
     watch_skips_changes,
     /// The leader proposes an acquire without the lock-delay its client asked for.
     lock_delay_dropped,
+    /// The leader proposes a semaphore's acquire (a limit above 1) with one place more than its client
+    /// asked for.
+    semaphore_limit_raised,
 }

@@ -4,6 +4,8 @@
 //!
 //! What each one guards:
 //! - [`mutual_exclusion`]: no two clients believed they held the same lock at the same time.
+//! - [`semaphore_limit`]: at no time did clients believe they held more places of a semaphore than its
+//!   limit, and no two clients held one under the same fence.
 //! - [`fenced_resource`]: the fenced counter never accepted a stale fence and never lost an update.
 //! - [`fence_order`]: fences are distinct and follow real-time order.
 //! - [`acknowledged`]: a grant or release the cluster acknowledged is still in effect at the end of the run.
@@ -46,13 +48,15 @@ impl fmt::Display for Violation {
 pub const LINEARIZABLE_STEPS_MAX: u64 = 2_000_000;
 
 /// Every two holds of the same lock that overlap in time under different fences or by different clients.
+/// Only locks' holds (limit 1) are judged: a semaphore's places may overlap, up to its limit
+/// ([`semaphore_limit`]).
 ///
 /// Spans are half-open, `[from, until)`, so one that ends when the next starts does not overlap it; a span
 /// with `until <= from` is empty and overlaps nothing. Each overlapping pair is reported once.
 pub fn mutual_exclusion(holds: &[Hold]) -> Vec<Violation> {
     const CHECKER: &str = "mutual_exclusion";
     let mut by_lock: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
-    for hold in holds.iter().filter(|hold| hold.from < hold.until) {
+    for hold in holds.iter().filter(|hold| hold.limit <= 1 && hold.from < hold.until) {
         by_lock.entry(&hold.lock).or_default().push(hold);
     }
     let mut violations = Vec::new();
@@ -75,6 +79,80 @@ pub fn mutual_exclusion(holds: &[Hold]) -> Vec<Violation> {
                     ));
                 }
             }
+        }
+    }
+    violations
+}
+
+/// Every instant at which a semaphore had more holds than its limit, and every fence of a semaphore that
+/// two clients believed they held a place under (a fence names one grant). Only semaphores' holds (limit
+/// above 1) are judged, locks' are [`mutual_exclusion`]'s; a semaphore's limit is the smallest its holds
+/// give (every acquirer of a name gives the same).
+///
+/// Spans are half-open as [`mutual_exclusion`]'s. One client's several spans under one fence (renewals)
+/// are one hold, so what is counted at an instant is the distinct fences held then. Each time the count
+/// rises above the limit is reported once, with the holds that overlap then.
+pub fn semaphore_limit(holds: &[Hold]) -> Vec<Violation> {
+    const CHECKER: &str = "semaphore_limit";
+    let mut by_lock: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
+    for hold in holds.iter().filter(|hold| hold.limit > 1) {
+        by_lock.entry(&hold.lock).or_default().push(hold);
+    }
+    let mut violations = Vec::new();
+    for (lock, holds) in by_lock {
+        let limit = holds.iter().map(|hold| hold.limit).min().unwrap_or(1) as usize;
+        let mut clients_by_fence: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
+        for hold in &holds {
+            clients_by_fence.entry(hold.fence).or_default().insert(hold.client);
+        }
+        for (fence, clients) in clients_by_fence.iter().filter(|(_, clients)| clients.len() > 1) {
+            violations.push(Violation::new(
+                CHECKER,
+                format!("semaphore {lock:?}: clients {clients:?} each held a place under fence {fence}"),
+            ));
+        }
+        // Each span's start and end in time order; at one instant ends come first (`false` sorts first), so
+        // that a span ending as another starts does not overlap it.
+        let mut edges: Vec<(At, bool, &Hold)> = holds
+            .iter()
+            .filter(|hold| hold.from < hold.until)
+            .flat_map(|&hold| [(hold.from, true, hold), (hold.until, false, hold)])
+            .collect();
+        edges.sort_by_key(|&(at, starts, hold)| (at, starts, hold.fence, hold.client));
+        // The spans that cover the current instant, by fence.
+        let mut held: BTreeMap<u64, Vec<&Hold>> = BTreeMap::new();
+        let mut over = false;
+        for (at, starts, hold) in edges {
+            if starts {
+                held.entry(hold.fence).or_default().push(hold);
+            } else if let Some(spans) = held.get_mut(&hold.fence) {
+                spans.retain(|span| !std::ptr::eq(*span, hold));
+                if spans.is_empty() {
+                    held.remove(&hold.fence);
+                }
+            }
+            let now_over = held.len() > limit;
+            if now_over && !over {
+                let places: Vec<String> = held
+                    .values()
+                    .map(|spans| {
+                        let span = spans[0];
+                        format!(
+                            "client {} under fence {} in [{:?}, {:?})",
+                            span.client, span.fence, span.from, span.until
+                        )
+                    })
+                    .collect();
+                violations.push(Violation::new(
+                    CHECKER,
+                    format!(
+                        "semaphore {lock:?} (limit {limit}): {} places held at once at {at:?}: {}",
+                        held.len(),
+                        places.join(", ")
+                    ),
+                ));
+            }
+            over = now_over;
         }
     }
     violations
@@ -208,9 +286,9 @@ pub fn fence_order(ops: &[Op]) -> Vec<Violation> {
 /// Every acknowledged grant or release that the end state does not reflect.
 ///
 /// - A grant (`Acquire` answered `Granted { fence }`) whose lease cannot have run out by `end.at` and that no
-///   release of its lock under its fence was ever sent for (whatever came back) must be the lock's holder at
-///   the end: otherwise the cluster forgot a write it acknowledged.
-/// - A release answered `Released` must not leave its fence holding the lock at the end.
+///   release of its lock under its fence was ever sent for (whatever came back) must be among the lock's
+///   holders at the end: otherwise the cluster forgot a write it acknowledged.
+/// - A release answered `Released` must not leave its fence among the lock's holders at the end.
 pub fn acknowledged(ops: &[Op], end: &Final) -> Vec<Violation> {
     const CHECKER: &str = "acknowledged";
     // A release that got no definite answer may still have let go, so the grant it names is not owed to the
@@ -224,13 +302,13 @@ pub fn acknowledged(ops: &[Op], end: &Final) -> Vec<Violation> {
         .collect();
     let mut violations = Vec::new();
     for op in ops {
-        let holder = end.holders.get(&op.lock).copied();
+        let holders = end.holders.get(&op.lock).map_or(&[][..], Vec::as_slice);
         match (op.call, op.outcome) {
             (Call::Acquire { ttl_ms, .. }, Outcome::Granted { fence }) => {
                 // The cluster counts the lease from a leader's stamp taken no earlier than the call was sent,
                 // so it lasts at least until `invoked + ttl_ms`; from then on it may rightly have expired.
                 let alive = op.invoked.checked_add(Duration::from_millis(ttl_ms)).is_none_or(|until| until > end.at);
-                if alive && !released.contains(&(op.lock.as_str(), fence)) && holder != Some(fence) {
+                if alive && !released.contains(&(op.lock.as_str(), fence)) && !holders.contains(&fence) {
                     violations.push(Violation::new(
                         CHECKER,
                         format!(
@@ -238,12 +316,12 @@ pub fn acknowledged(ops: &[Op], end: &Final) -> Vec<Violation> {
                              state has {}",
                             describe(op),
                             end.at,
-                            describe_holder(holder)
+                            describe_holders(holders)
                         ),
                     ));
                 }
             }
-            (Call::Release { fence }, Outcome::Released) if holder == Some(fence) => {
+            (Call::Release { fence }, Outcome::Released) if holders.contains(&fence) => {
                 violations.push(Violation::new(
                     CHECKER,
                     format!(
@@ -469,6 +547,7 @@ pub fn all(
     model_locks: &dyn Fn(&str) -> bool,
 ) -> Vec<Violation> {
     let mut violations = mutual_exclusion(&history.holds);
+    violations.extend(semaphore_limit(&history.holds));
     violations.extend(fenced_resource(&history.accesses));
     violations.extend(fence_order(&history.ops));
     if let Some(end) = &history.end {
@@ -504,10 +583,11 @@ fn describe(op: &Op) -> String {
     format!("client {} {call} on {:?} [{:?}, {completed}] -> {outcome}", op.client, op.lock, op.invoked)
 }
 
-fn describe_holder(holder: Option<u64>) -> String {
-    match holder {
-        Some(fence) => format!("fence {fence} holding it"),
-        None => "it free".to_string(),
+fn describe_holders(holders: &[u64]) -> String {
+    match holders {
+        [] => "it free".to_string(),
+        [fence] => format!("fence {fence} holding it"),
+        fences => format!("fences {fences:?} holding it"),
     }
 }
 
@@ -827,7 +907,12 @@ mod tests {
     }
 
     fn hold(client: u32, lock: &str, fence: u64, from_ms: u64, until_ms: u64) -> Hold {
-        Hold { client, lock: lock.to_string(), fence, from: ms(from_ms), until: ms(until_ms) }
+        place(client, lock, 1, fence, from_ms, until_ms)
+    }
+
+    /// A hold of one of `limit` places of semaphore `lock`.
+    fn place(client: u32, lock: &str, limit: u32, fence: u64, from_ms: u64, until_ms: u64) -> Hold {
+        Hold { client, lock: lock.to_string(), limit, fence, from: ms(from_ms), until: ms(until_ms) }
     }
 
     fn write(client: u32, fence: u64, at_ms: u64, read: u64, written: u64, accepted: bool) -> Access {
@@ -839,7 +924,11 @@ mod tests {
     }
 
     fn end(at_ms: u64, holders: &[(&str, u64)]) -> Final {
-        Final { at: ms(at_ms), holders: holders.iter().map(|&(lock, fence)| (lock.to_string(), fence)).collect() }
+        let mut end = Final { at: ms(at_ms), ..Final::default() };
+        for &(lock, fence) in holders {
+            end.holders.entry(lock.to_string()).or_default().push(fence);
+        }
+        end
     }
 
     /// Asserts every violation is `checker`'s and each detail contains its expected fragment, in order.
@@ -906,6 +995,68 @@ mod tests {
             &mutual_exclusion(&holds),
             "mutual_exclusion",
             &["client 1 held it under fence 1", "client 1 held it under fence 1", "client 2 held it under fence 4"],
+        );
+    }
+
+    #[test]
+    fn mutual_exclusion_leaves_a_semaphores_places_to_semaphore_limit() {
+        // Two places of a semaphore of limit 2 overlap, as they may; so do three (semaphore_limit's to judge).
+        let holds = [place(1, "s", 2, 3, 0, 10), place(2, "s", 2, 7, 5, 20), place(3, "s", 2, 9, 6, 8)];
+        assert_eq!(mutual_exclusion(&holds), vec![]);
+    }
+
+    // semaphore_limit
+
+    #[test]
+    fn semaphore_limit_passes_places_within_the_limit() {
+        let holds = [
+            place(1, "s", 2, 3, 0, 10),
+            place(2, "s", 2, 7, 5, 20),
+            // Touching: starts as fence 3's place ends, so two at once still.
+            place(3, "s", 2, 9, 10, 30),
+            // Client 2's renewal under fence 7 overlaps its own first span: one place.
+            place(2, "s", 2, 7, 15, 25),
+            // Empty spans hold nothing.
+            place(4, "s", 2, 11, 12, 12),
+            place(5, "s", 2, 12, 14, 13),
+            // Another semaphore, and a lock (mutual_exclusion's), at the same time.
+            place(6, "t", 2, 4, 0, 30),
+            hold(7, "s", 5, 0, 30),
+        ];
+        assert_eq!(semaphore_limit(&holds), vec![]);
+    }
+
+    #[test]
+    fn semaphore_limit_reports_each_time_more_places_are_held_than_the_limit() {
+        // Input order does not matter. Three places at once from 5 ms to 8 ms, two from 8 ms, three again
+        // from 12 ms: two excesses.
+        let holds = [
+            place(3, "s", 2, 9, 5, 8),
+            place(1, "s", 2, 3, 0, 20),
+            place(2, "s", 2, 7, 2, 20),
+            place(4, "s", 2, 11, 12, 14),
+            // One client's two places count as two.
+            place(4, "s", 2, 13, 13, 14),
+        ];
+        assert_violations(
+            &semaphore_limit(&holds),
+            "semaphore_limit",
+            &[
+                "semaphore \"s\" (limit 2): 3 places held at once at 5ms: client 1 under fence 3 in [0ns, 20ms), \
+                 client 2 under fence 7 in [2ms, 20ms), client 3 under fence 9 in [5ms, 8ms)",
+                "3 places held at once at 12ms",
+            ],
+        );
+    }
+
+    #[test]
+    fn semaphore_limit_reports_a_fence_two_clients_held_a_place_under() {
+        // Never more than two places at once, counted by fence; but fence 7 went to two clients.
+        let holds = [place(1, "s", 2, 7, 0, 10), place(2, "s", 2, 7, 20, 30), place(3, "s", 2, 8, 0, 30)];
+        assert_violations(
+            &semaphore_limit(&holds),
+            "semaphore_limit",
+            &["semaphore \"s\": clients {1, 2} each held a place under fence 7"],
         );
     }
 
@@ -1073,6 +1224,26 @@ mod tests {
                 "acknowledged grant lost: client 1 acquire(60000ms) on \"a\" [0ns, 10ms] -> granted 5",
                 "acknowledged grant lost: client 2",
                 "but the end state has fence 9 holding it",
+            ],
+        );
+    }
+
+    #[test]
+    fn acknowledged_finds_grants_among_a_semaphores_holders() {
+        let ops = [
+            acquire(1, "s", 0, 10, granted(5)),
+            acquire(2, "s", 0, 10, granted(6)),
+            acquire(3, "s", 20, 30, granted(8)),
+            release(3, "s", 8, 40, 50, Outcome::Released),
+        ];
+        assert_eq!(acknowledged(&ops, &end(1_000, &[("s", 5), ("s", 6)])), vec![]);
+        assert_violations(
+            &acknowledged(&ops, &end(1_000, &[("s", 5), ("s", 8)])),
+            "acknowledged",
+            &[
+                "client 2 acquire(60000ms) on \"s\" [0ns, 10ms] -> granted 6, lease of 60000ms not run out by 1s, \
+               but the end state has fences [5, 8] holding it",
+                "acknowledged release lost: client 3",
             ],
         );
     }
@@ -1490,7 +1661,7 @@ mod tests {
     fn all_passes_a_clean_history() {
         let history = History {
             ops: vec![acquire(1, "a", 0, 10, granted(3)), acquire(2, "a", 20, 30, BUSY)],
-            holds: vec![hold(1, "a", 3, 10, 60_000)],
+            holds: vec![hold(1, "a", 3, 10, 60_000), place(2, "s", 2, 4, 0, 10), place(3, "s", 2, 5, 0, 10)],
             accesses: vec![write(1, 3, 15, 0, 1, true)],
             watched: vec![seen(9, "a", 0, 0, None), seen(9, "a", 0, 3, Some(3))],
             leased: vec![leased(1, "a", 3, 1_000, 61_000, 500)],
@@ -1508,7 +1679,13 @@ mod tests {
                 acquire(2, "a", 20, 30, granted(3)),
                 acquire(3, "b", 40, 5_000, BUSY),
             ],
-            holds: vec![hold(1, "a", 3, 10, 60_000), hold(2, "a", 3, 30, 60_000)],
+            holds: vec![
+                hold(1, "a", 3, 10, 60_000),
+                hold(2, "a", 3, 30, 60_000),
+                place(3, "s", 2, 4, 0, 10),
+                place(4, "s", 2, 5, 0, 10),
+                place(5, "s", 2, 6, 0, 10),
+            ],
             accesses: vec![write(1, 3, 15, 0, 1, true), write(2, 3, 35, 0, 1, true)],
             watched: vec![seen(9, "a", 0, 1, None), seen(9, "a", 0, 5, None)],
             leased: vec![leased(1, "d", 1, 0, 1_000, 500), leased(2, "d", 2, 1_400, 2_400, 500)],
@@ -1521,6 +1698,7 @@ mod tests {
             checkers,
             [
                 "mutual_exclusion",
+                "semaphore_limit",
                 "fenced_resource",
                 "fence_order",
                 "fence_order",

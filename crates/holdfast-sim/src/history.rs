@@ -65,6 +65,9 @@ pub enum Outcome {
 pub struct Hold {
     pub client: u32,
     pub lock: String,
+    /// How many may hold `lock` at once, as the acquire asked: 1 for a lock, more for a semaphore (the
+    /// hold is then one of its places).
+    pub limit: u32,
     pub fence: u64,
     pub from: At,
     pub until: At,
@@ -115,13 +118,13 @@ pub struct Leased {
     pub lock_delay_ms: u64,
 }
 
-/// The locks the cluster holds at the end of a run, read from the healed cluster: lock name to the
-/// holder's fence.
+/// The locks the cluster holds at the end of a run, read from the healed cluster: lock name to its
+/// holders' fences, in order (one for a lock, up to its limit for a semaphore).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Final {
     /// When it was read.
     pub at: At,
-    pub holders: BTreeMap<String, u64>,
+    pub holders: BTreeMap<String, Vec<u64>>,
 }
 
 /// Everything one run recorded.

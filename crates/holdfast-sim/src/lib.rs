@@ -6,7 +6,7 @@
 //! - [`sim`]: one run: the cluster, its clients, the fault schedule ([`sim::Plan`]), convergence at the
 //!   end, and the verdict ([`sim::Report`]).
 //! - [`workload`]: the clients: one-call HTTP clients (model locks; the fenced lock with a short TTL and
-//!   stalls) and session clients on the Rust client library.
+//!   stalls; places of a semaphore) and session clients on the Rust client library.
 //! - [`history`]: what a run recorded, in simulated time; [`record`]: recording it, and the fenced resource.
 //! - [`check`]: the checkers over a history; each returns every violation it finds.
 //! - [`net`]: turmoil's sockets fitted to the server's listeners and the channels' dialer; [`http`]: a

@@ -42,7 +42,13 @@ impl Recorder {
 
     /// Records a span in which `client` believed it held `lock` under `fence`.
     pub fn hold(&self, client: u32, lock: &str, fence: u64, from: At, until: At) {
-        self.history().holds.push(Hold { client, lock: lock.to_owned(), fence, from, until });
+        self.place(client, lock, 1, fence, from, until);
+    }
+
+    /// Records a span in which `client` believed it held one of the `limit` places of semaphore `lock`
+    /// under `fence` (a limit of 1: the lock itself, as [`Recorder::hold`]).
+    pub fn place(&self, client: u32, lock: &str, limit: u32, fence: u64, from: At, until: At) {
+        self.history().holds.push(Hold { client, lock: lock.to_owned(), limit, fence, from, until });
     }
 
     /// Records a state of `lock` that watcher `client` was sent on its stream number `segment`.

@@ -99,6 +99,11 @@ pub enum Role {
     Elector,
     /// One-call holds of the delayed lock with a lock-delay, half of them left to expire.
     Delayed,
+    /// One-call holds (HTTP or gRPC) of places of the semaphore with a short TTL, half of them left to
+    /// expire.
+    Semaphore,
+    /// A session on the client library queueing for places of the semaphore.
+    SemaphoreSession,
 }
 
 /// A client written for one scenario: given its context, it runs to completion.
@@ -342,6 +347,8 @@ fn random_roles(rng: &mut StdRng, nodes: u64) -> (u64, Vec<Role>) {
     roles.push(Role::Watcher);
     roles.extend([Role::Elector, Role::Elector]);
     roles.extend([Role::Delayed, Role::Delayed]);
+    // Three clients for the semaphore's two places.
+    roles.extend([Role::Semaphore, Role::Semaphore, Role::SemaphoreSession]);
     (spares, roles)
 }
 
@@ -544,6 +551,8 @@ fn start_clients(sim: &mut turmoil::Sim<'_>, plan: &Plan, recorder: &Recorder) -
             Role::Watcher => sim.client(format!("c{client}"), workload::watcher_client(ctx)),
             Role::Elector => sim.client(format!("c{client}"), workload::elector_client(ctx)),
             Role::Delayed => sim.client(format!("c{client}"), workload::delayed_client(ctx)),
+            Role::Semaphore => sim.client(format!("c{client}"), workload::semaphore_client(ctx)),
+            Role::SemaphoreSession => sim.client(format!("c{client}"), workload::semaphore_session_client(ctx)),
             Role::Admin { spare, victim } => {
                 // Changes begin well before the heal; faults may hold the last of them up past it, and
                 // liveness is then judged from after it (see `judge`).
@@ -950,7 +959,11 @@ fn converge(
             }
         }
         let state = leader.state.read().expect("lock state poisoned");
-        let holders = state.list("", None, usize::MAX).into_iter().map(|view| (view.name, view.holder.fence)).collect();
+        let holders = state
+            .list("", None, usize::MAX)
+            .into_iter()
+            .map(|view| (view.name, view.holders.iter().map(|holder| holder.fence).collect()))
+            .collect();
         let at = sim.elapsed();
         return Some((Final { at, holders }, members));
     }

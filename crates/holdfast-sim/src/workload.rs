@@ -1,11 +1,11 @@
 //! The clients of a run: one-call HTTP clients (what a `curl` script does) and session clients on the
-//! real Rust client library, each recording every call, every span it believed it held a lock, and its
-//! accesses to the fenced resource.
+//! real Rust client library, each recording every call, every span it believed it held a lock (or a place
+//! of a semaphore), and its accesses to the fenced resource.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use holdfast_client::{Client, Error as ClientError};
+use holdfast_client::{AcquireOptions, Client, Error as ClientError, Hold, Leadership};
 use hyper::{Method, StatusCode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -30,6 +30,11 @@ pub const FENCED_TTL_MS: u64 = 1_000;
 pub const DELAYED_LOCK: &str = "delayed";
 pub const DELAYED_TTL_MS: u64 = 800;
 pub const LOCK_DELAY_MS: u64 = 1_500;
+/// The semaphore the semaphore clients contend for, how many may hold it at once (fewer than its clients),
+/// and the TTL of a one-call client's place.
+pub const SEMAPHORE: &str = "sem";
+pub const SEMAPHORE_LIMIT: u32 = 2;
+pub const SEMAPHORE_TTL_MS: u64 = 1_000;
 /// The election the elector clients campaign in.
 pub const ELECTION: &str = "elected";
 /// The lease of a session client: long enough to outlive a leader's failover (an election takes about
@@ -241,6 +246,65 @@ pub async fn delayed_client(ctx: Ctx) -> turmoil::Result {
     Ok(())
 }
 
+/// A one-call client of the semaphore: try-locks one of its [`SEMAPHORE_LIMIT`] places with a short TTL,
+/// over HTTP through any node or over gRPC through the client library (which finds the leader), and half
+/// the time walks away from it (a holder that died: it counts the place held until its TTL runs out, and
+/// goes on to take another), else holds it a moment and releases it. Records each place it believed it
+/// held.
+pub async fn semaphore_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    let client = library_client(&ctx, ctx.nodes.clone())?;
+    let query = format!("&limit={SEMAPHORE_LIMIT}");
+    let ttl = Duration::from_millis(SEMAPHORE_TTL_MS);
+    while now() < ctx.stop_at {
+        let invoked = now();
+        let granted = if rng.gen_bool(0.5) {
+            let node = &ctx.nodes[rng.gen_range(0..ctx.nodes.len())];
+            match http_acquire_with(&ctx, node, SEMAPHORE, SEMAPHORE_TTL_MS, &query).await {
+                (Outcome::Granted { fence }, Some(body)) => {
+                    body["token"].as_str().map(|token| (fence, token.to_owned()))
+                }
+                _ => None,
+            }
+        } else {
+            let hold = grpc_acquire(&ctx, &client, SEMAPHORE, ttl, SEMAPHORE_LIMIT).await;
+            hold.map(|hold| (hold.fence, hold.token))
+        };
+        if let Some((fence, token)) = granted {
+            let from = now();
+            // The client counts its TTL from when it sent the request: the cluster's starts later.
+            let lease_end = invoked + ttl;
+            if rng.gen_bool(0.5) {
+                ctx.recorder.place(ctx.client, SEMAPHORE, SEMAPHORE_LIMIT, fence, from, lease_end);
+            } else {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..600))).await;
+                ctx.recorder.place(ctx.client, SEMAPHORE, SEMAPHORE_LIMIT, fence, from, lease_end.min(now()));
+                http_release_surely(&ctx, &mut rng, SEMAPHORE, fence, &token).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..300))).await;
+    }
+    Ok(())
+}
+
+/// A one-call try-lock of one of `limit` places of `lock` for `ttl` on the client library (gRPC); records
+/// it. Answers the hold if it was granted.
+async fn grpc_acquire(ctx: &Ctx, client: &Client, lock: &str, ttl: Duration, limit: u32) -> Option<Hold> {
+    let invoked = now();
+    let options = AcquireOptions { limit, ..AcquireOptions::default() };
+    let (hold, completed, outcome) = match client.acquire_with(lock, ttl, Duration::ZERO, options).await {
+        Ok(hold) => {
+            let fence = hold.fence;
+            (Some(hold), Some(now()), Outcome::Granted { fence })
+        }
+        Err(ClientError::Busy { holder }) => (None, Some(now()), Outcome::Busy { holder: holder.map(|h| h.fence) }),
+        Err(_) => (None, None, Outcome::Unknown),
+    };
+    let call = Call::Acquire { ttl_ms: ttl.as_millis() as u64, wait: false };
+    ctx.recorder.op(ctx.client, lock, call, invoked, completed, outcome);
+    hold
+}
+
 /// A read-modify-write of the fenced counter under `fence`. One time in five the client stalls well past
 /// `lease_end` between the read and the write and then writes anyway: the resource must turn it away if
 /// anyone newer came by.
@@ -269,19 +333,48 @@ fn at_of(instant: tokio::time::Instant) -> At {
 pub async fn session_client(ctx: Ctx) -> turmoil::Result {
     let mut rng = StdRng::seed_from_u64(ctx.seed);
     let client = library_client(&ctx, ctx.nodes.clone())?;
-    while now() < ctx.stop_at {
-        let session = match client.session(SESSION_LEASE).await {
-            Ok(session) => session,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(rng.gen_range(50..300))).await;
-                continue;
-            }
-        };
+    while let Some(session) = open_session(&ctx, &client, &mut rng).await {
         while now() < ctx.stop_at && !session.is_lost() {
             let wait = Duration::from_millis(rng.gen_range(500..3_000));
-            if let Some((held, from)) = session_acquire(&ctx, &session, FENCED_LOCK, wait).await {
+            if let Some((held, from)) = session_acquire(&ctx, &session, FENCED_LOCK, 1, wait).await {
                 work(&ctx, &mut rng, held.fence(), at_of(held.confirmed_until())).await;
-                session_release(&ctx, held, from).await;
+                session_release(&ctx, held, 1, from).await;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
+        }
+        let _ = session.close().await;
+    }
+    Ok(())
+}
+
+/// A session with [`SESSION_LEASE`], tried again every 50-300 ms until one opens; `None` once the run is
+/// over.
+async fn open_session(ctx: &Ctx, client: &Client, rng: &mut StdRng) -> Option<holdfast_client::Session> {
+    while now() < ctx.stop_at {
+        match client.session(SESSION_LEASE).await {
+            Ok(session) => return Some(session),
+            Err(_) => tokio::time::sleep(Duration::from_millis(rng.gen_range(50..300))).await,
+        }
+    }
+    None
+}
+
+/// A session client of the semaphore on the client library: opens a session, queues for one of the
+/// semaphore's places (waiting up to 0.5-3 s), holds it a while or until the session is lost, releases it;
+/// opens a new session when one is lost.
+pub async fn semaphore_session_client(ctx: Ctx) -> turmoil::Result {
+    let mut rng = StdRng::seed_from_u64(ctx.seed);
+    let client = library_client(&ctx, ctx.nodes.clone())?;
+    while let Some(session) = open_session(&ctx, &client, &mut rng).await {
+        while now() < ctx.stop_at && !session.is_lost() {
+            let wait = Duration::from_millis(rng.gen_range(500..3_000));
+            if let Some((held, from)) = session_acquire(&ctx, &session, SEMAPHORE, SEMAPHORE_LIMIT, wait).await {
+                let lost = held.lost();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(rng.gen_range(50..1_500))) => {}
+                    _ = lost.cancelled() => {}
+                }
+                session_release(&ctx, held, SEMAPHORE_LIMIT, from).await;
             }
             tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
         }
@@ -323,29 +416,67 @@ pub async fn watcher_client(ctx: Ctx) -> turmoil::Result {
 pub async fn elector_client(ctx: Ctx) -> turmoil::Result {
     let mut rng = StdRng::seed_from_u64(ctx.seed);
     let client = library_client(&ctx, ctx.nodes.clone())?;
-    let call = Call::Acquire { ttl_ms: 0, wait: true };
     while now() < ctx.stop_at {
-        let invoked = now();
-        let campaign = client.campaign_with_lease(ELECTION, SESSION_LEASE, format!("c{}", ctx.client));
-        match tokio::time::timeout(Duration::from_millis(rng.gen_range(500..3_000)), campaign).await {
-            Ok(Ok(leadership)) => {
-                let (fence, from) = (leadership.fence(), now());
-                ctx.recorder.op(ctx.client, ELECTION, call, invoked, Some(from), Outcome::Granted { fence });
-                let (lead, lost) = (Duration::from_millis(rng.gen_range(50..1_500)), leadership.lost());
-                tokio::select! {
-                    _ = tokio::time::sleep(lead) => {}
-                    _ = lost.cancelled() => {}
-                }
-                let until = now().min(at_of(leadership.confirmed_until()));
-                ctx.recorder.hold(ctx.client, ELECTION, fence, from, until);
-                let _ = leadership.resign().await;
-            }
-            Ok(Err(_)) => ctx.recorder.op(ctx.client, ELECTION, call, invoked, None, Outcome::Unknown),
-            Err(_) => ctx.recorder.op(ctx.client, ELECTION, call, invoked, Some(now()), Outcome::Busy { holder: None }),
+        let give_up = Duration::from_millis(rng.gen_range(500..3_000));
+        if let Some((leadership, from)) = campaign(&ctx, &client, SESSION_LEASE, give_up).await {
+            lead(&ctx, leadership, from, Duration::from_millis(rng.gen_range(50..1_500))).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(10..200))).await;
     }
     Ok(())
+}
+
+/// An elector through `nodes` with a session lease of `lease`: campaigns in [`ELECTION`] (giving up after
+/// `give_up`), leads until `lead_until` or until its leadership is lost, and resigns; recorded as
+/// [`elector_client`] records.
+pub async fn elector_hold(
+    ctx: &Ctx,
+    nodes: Vec<String>,
+    lease: Duration,
+    give_up: Duration,
+    lead_until: At,
+) -> turmoil::Result {
+    let client = library_client(ctx, nodes)?;
+    if let Some((leadership, from)) = campaign(ctx, &client, lease, give_up).await {
+        lead(ctx, leadership, from, lead_until.saturating_sub(now())).await;
+    }
+    Ok(())
+}
+
+/// One campaign in [`ELECTION`] with a session lease of `lease`, given up after `give_up`; records it as a
+/// waiting acquire. Answers the leadership won and when.
+async fn campaign(ctx: &Ctx, client: &Client, lease: Duration, give_up: Duration) -> Option<(Leadership, At)> {
+    let call = Call::Acquire { ttl_ms: 0, wait: true };
+    let invoked = now();
+    let campaign = client.campaign_with_lease(ELECTION, lease, format!("c{}", ctx.client));
+    match tokio::time::timeout(give_up, campaign).await {
+        Ok(Ok(leadership)) => {
+            let (fence, from) = (leadership.fence(), now());
+            ctx.recorder.op(ctx.client, ELECTION, call, invoked, Some(from), Outcome::Granted { fence });
+            Some((leadership, from))
+        }
+        Ok(Err(_)) => {
+            ctx.recorder.op(ctx.client, ELECTION, call, invoked, None, Outcome::Unknown);
+            None
+        }
+        Err(_) => {
+            ctx.recorder.op(ctx.client, ELECTION, call, invoked, Some(now()), Outcome::Busy { holder: None });
+            None
+        }
+    }
+}
+
+/// Leads for `time` or until the leadership won at `from` is lost, and resigns; records the span it
+/// believed it led, by its own clock.
+async fn lead(ctx: &Ctx, leadership: Leadership, from: At, time: Duration) {
+    let lost = leadership.lost();
+    tokio::select! {
+        _ = tokio::time::sleep(time) => {}
+        _ = lost.cancelled() => {}
+    }
+    let until = now().min(at_of(leadership.confirmed_until()));
+    ctx.recorder.hold(ctx.client, ELECTION, leadership.fence(), from, until);
+    let _ = leadership.resign().await;
 }
 
 /// The leader's id, as `node` knows it (`GET /v1/cluster`).
@@ -385,27 +516,29 @@ pub async fn session_hold(
 ) -> turmoil::Result {
     let client = library_client(ctx, nodes)?;
     let session = client.session(lease).await?;
-    if let Some((held, from)) = session_acquire(ctx, &session, lock, wait).await {
+    if let Some((held, from)) = session_acquire(ctx, &session, lock, 1, wait).await {
         while now() < hold_until && !held.is_lost() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        session_release(ctx, held, from).await;
+        session_release(ctx, held, 1, from).await;
     }
     Ok(())
 }
 
-/// A session's acquire of `lock`, waiting up to `wait`; records the call. Answers the hold and when it
-/// came back.
+/// A session's acquire of `lock` (one of its `limit` places: 1 for a lock), waiting up to `wait`; records
+/// the call. Answers the hold and when it came back.
 async fn session_acquire(
     ctx: &Ctx,
     session: &holdfast_client::Session,
     lock: &str,
+    limit: u32,
     wait: Duration,
 ) -> Option<(holdfast_client::HeldLock, At)> {
     let invoked = now();
     // A session's hold has no TTL of its own: it lasts as long as the session.
     let call = Call::Acquire { ttl_ms: 0, wait: true };
-    let (held, completed, outcome) = match session.lock(lock, Some(wait)).await {
+    let options = AcquireOptions { limit, ..AcquireOptions::default() };
+    let (held, completed, outcome) = match session.lock_with(lock, Some(wait), options).await {
         Ok(held) => {
             let fence = held.fence();
             (Some(held), Some(now()), Outcome::Granted { fence })
@@ -417,11 +550,12 @@ async fn session_acquire(
     held.map(|held| (held, now()))
 }
 
-/// Ends a session's hold granted at `from`: records the span it was believed held (until the release is
-/// sent or the lease ran out by this client's clock, whichever came first), releases it and records the call.
-async fn session_release(ctx: &Ctx, held: holdfast_client::HeldLock, from: At) {
+/// Ends a session's hold granted at `from` (one of `limit` places): records the span it was believed held
+/// (until the release is sent or the lease ran out by this client's clock, whichever came first), releases
+/// it and records the call.
+async fn session_release(ctx: &Ctx, held: holdfast_client::HeldLock, limit: u32, from: At) {
     let (lock, fence, invoked) = (held.name().to_owned(), held.fence(), now());
-    ctx.recorder.hold(ctx.client, &lock, fence, from, invoked.min(at_of(held.confirmed_until())));
+    ctx.recorder.place(ctx.client, &lock, limit, fence, from, invoked.min(at_of(held.confirmed_until())));
     let (outcome, completed) = match held.release().await {
         Ok(()) => (Outcome::Released, Some(now())),
         // Lost before the release: nothing was held any more.

@@ -8,7 +8,8 @@ use holdfast_server::Bugs;
 use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::sim::{run, script, Fault, Plan, Report, Role};
 use holdfast_sim::workload::{
-    http_acquire, http_get, http_release, leader_of, session_hold, until, FENCED_LOCK, FENCED_TTL_MS, MODEL_TTL_MS,
+    elector_hold, http_acquire, http_get, http_release, leader_of, session_hold, until, FENCED_LOCK, FENCED_TTL_MS,
+    MODEL_TTL_MS,
 };
 
 const SEED: u64 = 42;
@@ -66,6 +67,40 @@ fn mutual_exclusion_catches_a_leader_without_promotion_grace() {
         plan.faults.push((secs(4.0), Fault::CrashLeader));
         plan.healed_at = secs(6.0);
         caught(plan, Bugs { no_promotion_grace: true, ..Bugs::default() }, "mutual_exclusion");
+    });
+}
+
+/// The same for an election: a new leader without the promotion's grace expires the session of a leader
+/// whose process stalled while it still (rightly) believes it leads, and the waiting candidate is elected
+/// beside it. Elections are judged as the lock they are: each leadership is a span its elector believed it
+/// led, and `mutual_exclusion` finds two leaders at once.
+#[test]
+fn mutual_exclusion_catches_two_leaders_of_an_election() {
+    test_in_own_process("mutual_exclusion_catches_two_leaders_of_an_election", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(9.0));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(0.5)).await;
+            elector_hold(&ctx, ctx.nodes.clone(), LEASE, secs(5.0), secs(8.0)).await
+        }));
+        plan.scripts.push(script(|ctx| async move {
+            until(secs(2.5)).await;
+            elector_hold(&ctx, ctx.nodes.clone(), LEASE, secs(6.0), secs(8.5)).await
+        }));
+        plan.faults.push((secs(3.6), Fault::StallClient(1)));
+        plan.faults.push((secs(4.0), Fault::CrashLeader));
+        plan.healed_at = secs(6.0);
+        caught(plan, Bugs { no_promotion_grace: true, ..Bugs::default() }, "mutual_exclusion");
+    });
+}
+
+/// Electors told the leader's term as their fence: one after another in a term, each leads under the
+/// same fence, which `fence_order` reports as granted twice.
+#[test]
+fn fence_order_catches_two_leaders_under_one_fence() {
+    test_in_own_process("fence_order_catches_two_leaders_under_one_fence", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(6.0));
+        plan.roles = vec![Role::Elector, Role::Elector, Role::Elector];
+        caught(plan, Bugs { term_as_fence: true, ..Bugs::default() }, "fence_order");
     });
 }
 
@@ -299,5 +334,16 @@ fn lock_delay_catches_a_leader_that_drops_the_delay() {
         let mut plan = Plan::quiet(SEED, 3, secs(8.0));
         plan.roles = vec![Role::Delayed, Role::Delayed, Role::Delayed];
         caught(plan, Bugs { lock_delay_dropped: true, ..Bugs::default() }, "lock_delay");
+    });
+}
+
+/// A leader that proposes a semaphore's acquires with one place more than their clients asked for: more
+/// clients hold places of the semaphore at once than its limit.
+#[test]
+fn semaphore_limit_catches_a_leader_that_raises_the_limit() {
+    test_in_own_process("semaphore_limit_catches_a_leader_that_raises_the_limit", || {
+        let mut plan = Plan::quiet(SEED, 3, secs(8.0));
+        plan.roles = vec![Role::Semaphore, Role::Semaphore, Role::Semaphore, Role::SemaphoreSession];
+        caught(plan, Bugs { semaphore_limit_raised: true, ..Bugs::default() }, "semaphore_limit");
     });
 }

@@ -60,6 +60,7 @@ impl Leader {
         match request {
             Request::Acquire { name, owner, ttl_ms, wait_ms, value, lock_delay_ms, limit } => {
                 let lock_delay_ms = if self.bugs.lock_delay_dropped() { 0 } else { lock_delay_ms };
+                let limit = if self.bugs.semaphore_limit_raised() && limit > 1 { limit + 1 } else { limit };
                 let token = Token(self.random.draw());
                 let acquire = Acquire { name, owner, token, ttl_ms, wait_ms, session: None };
                 (acquire_command(acquire, value, lock_delay_ms, limit), Some(token), None)
@@ -83,6 +84,7 @@ impl Leader {
             Request::CreateKey { tenant, hash } => (Command::CreateKey { tenant, hash }, None, None),
             Request::RevokeKey { tenant } => (Command::RevokeKey { tenant }, None, None),
             Request::SessionAcquire { id, name, wait, value, lock_delay_ms, limit } => {
+                let limit = if self.bugs.semaphore_limit_raised() && limit > 1 { limit + 1 } else { limit };
                 let owner = crate::state::read(&self.state).session_summary(id).map(|(owner, ..)| owner.to_owned());
                 let token = Token(self.random.draw());
                 let acquire = Acquire {
