@@ -23,6 +23,11 @@ use crate::api::error::ApiError;
 use crate::api::locks::{AcquireArgs, PAGE_DEFAULT, PAGE_MAX, TTL_MS_DEFAULT};
 use crate::api::{admin, locks, Api};
 
+/// The OpenAPI 3.1 document of these routes (`crates/holdfast-server/openapi.json`), built into the binary
+/// so that every node serves it with no file at run time. `tests/openapi.rs` checks it lists exactly the
+/// routes below, and `tests/openapi-fuzz` fuzzes a node with it.
+pub const OPENAPI_JSON: &str = include_str!("../../../openapi.json");
+
 /// The HTTP routes of a node.
 pub fn router(api: Arc<Api>) -> Router {
     Router::new()
@@ -37,6 +42,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .route("/v1/cluster/snapshot", post(snapshot))
+        .route("/v1/openapi.json", get(openapi))
         .merge(super::health::routes())
         .fallback(|| async { ApiError::NoRoute })
         .method_not_allowed_fallback(|| async { ApiError::NoMethod })
@@ -147,6 +153,11 @@ async fn list(
     let page = locks::list(&api, &scope, prefix, after, limit).await?;
     let locks: Vec<Value> = page.locks.iter().map(lock_json).collect();
     Ok(Json(json!({"locks": locks, "next": page.next, "revision": page.revision})).into_response())
+}
+
+/// `GET /v1/openapi.json`: public reference, so no key is asked for and the query string is ignored.
+async fn openapi() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
 
 async fn cluster(State(api): State<Arc<Api>>) -> Response {
