@@ -780,6 +780,11 @@ impl ClientProc {
         let err = std::fs::File::create(dir.join(format!("{label}.err"))).expect("create the client's stderr file");
         let mut command = Command::new(bin);
         command.args(args).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err));
+        // A process group of its own: a test that stops it (SIGSTOP) must not leave a stopped process in the
+        // test runner's group, which, if that group is orphaned (a runner started without a terminal's job
+        // control, or in a session of its own), the kernel sends SIGHUP and SIGCONT whenever another of its
+        // members exits: `holdfast run` would forward the SIGHUP to its command and let go of the lock.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         // Settings from the environment of whoever runs the tests must not leak into the client.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("HOLDFAST_") {
