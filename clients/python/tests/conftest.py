@@ -16,9 +16,8 @@ import holdfast
 HOLDER = Path(__file__).resolve().parent / "holder.py"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """One 3-node cluster shared by a module's tests (each test uses lock names of its own)."""
+def three_nodes() -> Iterator[Cluster]:
+    """A 3-node cluster, stopped when the fixture ends."""
     c = Cluster(3)
     try:
         yield c
@@ -26,14 +25,10 @@ def cluster() -> Iterator[Cluster]:
         c.stop()
 
 
-@pytest.fixture
-def own_cluster() -> Iterator[Cluster]:
-    """A 3-node cluster for one test, which may kill its nodes."""
-    c = Cluster(3)
-    try:
-        yield c
-    finally:
-        c.stop()
+#: One 3-node cluster shared by a module's tests (each test uses lock names of its own).
+cluster = pytest.fixture(scope="module", name="cluster")(three_nodes)
+#: A 3-node cluster for one test, which may kill its nodes.
+own_cluster = pytest.fixture(name="own_cluster")(three_nodes)
 
 
 @pytest.fixture
