@@ -97,6 +97,54 @@ async fn metrics_count_grants_handovers_forwards_and_requests_on_every_node() {
 /// `--worker-threads` sets how many threads run a node's tasks (nodes sharing a machine take their share of
 /// it), and the node reports the number it runs on. 3 differs from the default (one per CPU) on the 1-,
 /// 2- and 4-core machines the tests run on.
+/// Each member in `GET /v1/cluster`'s `peers` on node `id`: (matched index, ms since last heard).
+async fn peers(cluster: &Cluster, id: usize) -> Vec<(String, Option<u64>, Option<u64>)> {
+    let body = cluster.get(id, "/v1/cluster").await.ok("the cluster view").clone();
+    let peers = body["peers"].as_object().unwrap_or_else(|| panic!("peers in {body}"));
+    peers.iter().map(|(id, p)| (id.clone(), p["matched_index"].as_u64(), p["last_heard_ms"].as_u64())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_view_tells_how_far_each_member_matches_and_when_it_was_last_heard_from() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let other = cluster.other_than(&[leader, follower]);
+    cluster.acquire(follower, "job", "w1", "60").await.ok("an acquire");
+
+    // The leader: every other member matched to its last entry, heard from within a few heartbeats.
+    let view = cluster.get(leader, "/v1/cluster").await.ok("the leader's view").clone();
+    let last = view["last_log_index"].as_u64().expect("a last log index");
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    assert!(view["now_ms"].as_u64().is_some_and(|now| now.abs_diff(wall) < 60_000), "now_ms: {view}");
+    wait_for(ELECTION_BOUND, "both followers matched and heard from", async || {
+        let seen = peers(&cluster, leader).await;
+        let fine = seen.len() == 2
+            && seen.iter().all(|(_, matched, heard)| *matched >= Some(last) && heard.is_some_and(|ms| ms < 1_000));
+        if fine {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+    // A follower: the leader heard from; nothing matched (only the leader knows that).
+    let seen = peers(&cluster, follower).await;
+    let of_leader = seen.iter().find(|(id, _, _)| *id == leader.to_string()).expect("the leader in a follower's peers");
+    assert!(of_leader.2.is_some_and(|ms| ms < 1_000) && seen.iter().all(|p| p.1.is_none()), "{seen:?}");
+
+    // A member killed: the leader stops hearing from it, and its silence grows.
+    cluster.kill(other);
+    wait_for(ELECTION_BOUND * 4, "the killed member's silence", async || {
+        let seen = peers(&cluster, leader).await;
+        match seen.iter().find(|(id, _, _)| *id == other.to_string()) {
+            Some((_, _, Some(ms))) if *ms >= 1_000 => Ok(()),
+            p => Err(format!("{p:?}")),
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_runs_on_the_worker_threads_it_is_given() {
     let cluster = Cluster::start_with(1, &["--worker-threads", "3"]).await;

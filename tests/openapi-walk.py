@@ -1,6 +1,6 @@
 """Walks a running node through the HTTP API's happy paths and checks every answer against the OpenAPI
 document: the answers a fuzzer seldom reaches because they need state (a token that holds, a semaphore, a
-lock in its lock-delay, a watch that sees a change).
+lock in its lock-delay, a watch that sees a change, a watch stream's first event), and the live page.
 
     python tests/openapi-walk.py SPEC http://HOST:PORT
 
@@ -78,6 +78,36 @@ def fail(what, why):
     sys.exit(1)
 
 
+def first_watch_event(prefix):
+    """The first event of GET /v1/watch?prefix=PREFIX, checked against the document, the stream then closed."""
+    what = f"GET /v1/watch?prefix={prefix}"
+    with urllib.request.urlopen(f"{base}/v1/watch?prefix={prefix}&after=0", timeout=10) as r:
+        content = doc["paths"]["/v1/watch"]["get"]["responses"]["200"]["content"]
+        ctype = r.headers.get("Content-Type", "").split(";")[0].strip()
+        if r.status != 200 or ctype not in content:
+            fail(what, f"answered {r.status} {ctype!r}, expected 200 and one of {sorted(content)}")
+        fields = {}
+        for line in r:  # the first event: lines up to a blank one, comments skipped
+            line = line.decode().rstrip("\r\n")
+            if not line and fields:
+                break
+            if line and not line.startswith(":"):
+                key, _, value = line.partition(":")
+                fields[key] = value.removeprefix(" ")
+    if fields.get("event") != "lock":
+        fail(what, f"the first event is not a lock: {fields}")
+    event = json.loads(fields["data"])
+    root = dict(doc)
+    root.update(deref(content[ctype]["x-itemSchema"]))
+    errors = list(jsonschema.Draft202012Validator(root).iter_errors(event))
+    if errors:
+        fail(what, f"the event does not match WatchEvent: {errors[0].message}\n{fields['data']}")
+    if fields.get("id") != str(event["revision"]):
+        fail(what, f"the event's id is not its revision: {fields}")
+    print(f"ok    {what} -> an event")
+    return event
+
+
 LOCK, SEM, DELAYED = "/v1/locks/{name}", "/v1/locks/openapi-sem", "/v1/locks/openapi-delayed"
 name = f"openapi-walk-{int(time.time() * 1000)}"
 path = f"/v1/locks/{name}"
@@ -106,6 +136,10 @@ for owner in ("a", "b"):
     call("POST", LOCK, sem, 200, f"limit=2&owner={owner}&ttl=2")
 _, _, lock = call("GET", LOCK, sem, 200)
 assert len(lock["holders"]) == 2 and lock["limit"] == 2, lock
+# The semaphore's 2 s holds are still there: the watch of its name begins with them.
+event = first_watch_event(sem[len("/v1/locks/"):])
+assert event["initial"] and len(event["holders"]) == 2, event
+call("GET", "/v1/watch", "/v1/watch", 400, "after=x")
 
 delayed = f"{DELAYED}-{name}"
 call("POST", LOCK, delayed, 200, "ttl=0.5&lock_delay=1s&owner=paused")
@@ -119,6 +153,12 @@ assert "free_at" in lock["holder"], lock
 _, _, busy = call("POST", LOCK, delayed, 409)
 assert "free_at_ms" in busy["holder"], busy
 
+
+
+_, headers, _ = call("GET", "/", "/", 200)
+assert "connect-src 'self'" in headers["Content-Security-Policy"], dict(headers)
+call("GET", "/ui/page.js", "/ui/page.js", 200)
+call("GET", "/ui/page.css", "/ui/page.css", 200)
 call("GET", "/v1/cluster", "/v1/cluster", 200)
 call("GET", "/readyz", "/readyz", 200)
 call("GET", "/livez", "/livez", 200)

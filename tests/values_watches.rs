@@ -309,3 +309,87 @@ async fn a_prefix_watch_begins_with_the_locks_under_it_and_resumes_through_anoth
         tokio::time::timeout(ELECTION_BOUND, after_list.next()).await.expect("in time").expect("after the list");
     assert_eq!((listed.name.as_str(), listed.holder.is_none()), ("job-b", true), "{listed:?}");
 }
+
+/// One server-sent event of `GET /v1/watch`: its `id` and the lock its data shows.
+#[derive(Debug)]
+struct SseLock {
+    id: u64,
+    lock: Value,
+}
+
+/// A `GET /v1/watch` stream, read event by event.
+struct SseStream {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl SseStream {
+    async fn open(cluster: &Cluster, id: usize, query: &str) -> SseStream {
+        let url = format!("{}/v1/watch?{query}", cluster.client_url(id));
+        let response = cluster.http().get(&url).send().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        assert_eq!(response.status(), 200, "GET {url}");
+        let content_type = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+        assert!(content_type.starts_with("text/event-stream"), "GET {url}: {content_type}");
+        SseStream { response, buffer: String::new() }
+    }
+
+    /// The next `lock` event (comments skipped), within 10 s.
+    async fn next(&mut self) -> SseLock {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(end) = self.buffer.find("\n\n") {
+                    let block: String = self.buffer.drain(..end + 2).collect();
+                    let field = |name: &str| {
+                        block.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim_start().to_owned()))
+                    };
+                    let Some(data) = field("data:") else { continue };
+                    assert_eq!(field("event:").as_deref(), Some("lock"), "{block}");
+                    let id = field("id:").and_then(|id| id.parse().ok()).unwrap_or_else(|| panic!("an id: {block}"));
+                    return SseLock { id, lock: serde_json::from_str(&data).expect("the data is JSON") };
+                }
+                let chunk = self.response.chunk().await.expect("the stream reads").expect("the stream goes on");
+                self.buffer.push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+            }
+        })
+        .await
+        .expect("an event within 10 s")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_prefix_watch_through_a_follower_streams_each_change_in_log_order_and_resumes_after_an_id() {
+    let cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let other = cluster.other_than(&[leader, follower]);
+
+    let listed = revision(&cluster.get(follower, "/v1/locks?prefix=job-").await, "the list");
+    let mut stream = SseStream::open(&cluster, follower, &format!("prefix=job-&after={listed}")).await;
+    let a = Grant::from_reply(&cluster.acquire(other, "job-a", "w1", "60").await, "job-a");
+    cluster.acquire(leader, "elsewhere", "w9", "60").await.ok("a lock outside the prefix");
+    Grant::from_reply(&cluster.acquire(leader, "job-b", "w2", "60").await, "job-b");
+    cluster.release(other, "job-a", &a.token).await.ok("job-a's release");
+
+    let events = [stream.next().await, stream.next().await, stream.next().await];
+    let seen: Vec<(&str, Option<&str>, bool)> = events
+        .iter()
+        .map(|e| (e.lock["name"].as_str().unwrap(), e.lock["holder"]["owner"].as_str(), e.lock["initial"] == true))
+        .collect();
+    assert_eq!(seen, [("job-a", Some("w1"), false), ("job-b", Some("w2"), false), ("job-a", None, false)]);
+    assert_eq!(events[0].lock["holder"]["fence"].as_u64(), Some(a.fence), "{:?}", events[0]);
+    assert!(events.windows(2).all(|w| w[0].id < w[1].id), "ids grow in log order: {events:?}");
+    assert!(events.iter().all(|e| e.lock["revision"].as_u64() == Some(e.id)), "an id is its revision");
+    drop(stream);
+
+    // Resumed after the second event's id (through another node): the change after it, and nothing before.
+    let mut resumed = SseStream::open(&cluster, other, &format!("prefix=job-&after={}", events[1].id)).await;
+    let first = resumed.next().await;
+    assert_eq!(
+        (first.id, first.lock["name"].as_str(), first.lock["initial"].as_bool()),
+        (events[2].id, Some("job-a"), Some(true))
+    );
+    assert!(first.lock["holder"].is_null(), "{first:?}");
+
+    cluster.get(follower, "/v1/watch?after=x").await.assert_problem(400, "invalid-query", "after=x");
+    cluster.get(follower, "/v1/watch?prefx=job-").await.assert_problem(400, "invalid-query", "an unknown parameter");
+}

@@ -4,7 +4,7 @@
 //! 1. It is an OpenAPI 3.1 document whose every `$ref` resolves, and whose every problem type is one of
 //!    docs/http-api.md's Errors table (and every type of that table that HTTP can answer is in it).
 //! 2. **It lists exactly the routes the node has**: the `.route("PATH", METHODS)` calls of the client port's
-//!    router (front/http/*.rs, and front/health.rs, whose routes it merges), read from their source text as
+//!    router (front/http/*.rs, and front/health.rs and front/page/mod.rs, whose routes it merges), read from their source text as
 //!    tests/layout.rs reads sources, against the document's `paths` and their methods. A route the document
 //!    lacks fails, and so does a path or method the document has and the router does not.
 //! 3. A running node serves the same bytes, as `application/json`, without an API key even under `--auth`.
@@ -88,17 +88,15 @@ fn resolve<'a>(doc: &'a Value, reference: &str) -> Option<&'a Value> {
 }
 
 /// Problem types in docs/http-api.md's Errors table that no HTTP endpoint answers as an operation's answer:
-/// the gRPC sessions' and watch streams' own, and those any path may answer (described once, in the
-/// document's `info`).
-const NOT_PER_OPERATION: [&str; 12] = [
+/// the gRPC sessions' own, the end of a watch stream (an event, not an answer), and those any path may
+/// answer (described once, in the document's `info`).
+const NOT_PER_OPERATION: [&str; 10] = [
     "invalid-session",
     "session-gone",
     "wrong-session-secret",
     "invalid-secret",
     "too-many-sessions",
     "too-many-claims",
-    "compacted",
-    "too-many-changes",
     "watch-behind",
     "no-route",
     "method-not-allowed",
@@ -206,6 +204,7 @@ fn router_routes() -> BTreeMap<String, BTreeSet<String>> {
         .filter(|p| p.extension().is_some_and(|e| e == "rs"))
         .collect();
     files.push(front.join("health.rs"));
+    files.push(front.join("page/mod.rs"));
     files.sort();
     let mut routes = BTreeMap::new();
     for file in files {

@@ -31,6 +31,21 @@ pub struct ClusterView {
     pub snapshot_index: Option<u64>,
     /// On the leader: how long since a quorum last acknowledged it.
     pub millis_since_quorum_ack: Option<u64>,
+    /// Every other member, as this node sees it.
+    pub peers: BTreeMap<NodeId, PeerView>,
+    /// This node's wall clock, in milliseconds since the Unix epoch: what a page counts lease ends from.
+    pub now_ms: u64,
+}
+
+/// Another member as this node sees it: how far the leader knows its log matches, and when this node last
+/// heard from it. A follower hears mostly from the leader, so the leader's view is the whole picture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerView {
+    /// On the leader: the last log index known to be on the peer.
+    pub matched_index: Option<u64>,
+    /// How long ago this node last heard from the peer: an answer to a call of this node or, from the
+    /// leader this node follows, a call. `None`: nothing since this node started.
+    pub last_heard_ms: Option<u64>,
 }
 
 impl Api {
@@ -40,6 +55,18 @@ impl Api {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         let membership = m.membership_config.membership();
+        let heard = self.elections.last_heard();
+        let now = tokio::time::Instant::now();
+        let peers = membership
+            .nodes()
+            .map(|(id, _)| *id)
+            .filter(|id| *id != self.id())
+            .map(|id| {
+                let matched_index = m.replication.as_ref().and_then(|r| r.get(&id)).and_then(|l| l.map(|l| l.index));
+                let last_heard_ms = heard.get(&id).map(|at| now.saturating_duration_since(*at).as_millis() as u64);
+                (id, PeerView { matched_index, last_heard_ms })
+            })
+            .collect();
         ClusterView {
             id: self.id(),
             state: format!("{:?}", m.state),
@@ -53,6 +80,8 @@ impl Api {
             applied_index: m.last_applied.map(|l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
             millis_since_quorum_ack: m.millis_since_quorum_ack,
+            peers,
+            now_ms: crate::clock::wall_ms(),
         }
     }
 

@@ -308,6 +308,12 @@ impl Election {
         Some(leader)
     }
 
+    /// When a leader last called this node, as of `now` (`now` while a call is answered); when the node
+    /// started if none has; on the leader, the watch's last look.
+    pub fn leader_heard(&self, now: Instant) -> Instant {
+        self.contact.heard(now)
+    }
+
     /// Until when this node, as a follower, takes its leader for one ([`Election::leader`]).
     pub fn follows_until(&self, now: Instant) -> Instant {
         self.contact.heard(now) + self.lease * 2

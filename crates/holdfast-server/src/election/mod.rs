@@ -74,6 +74,17 @@ impl Elections {
         self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// When this node last heard from each peer: its last answer to a call of this node
+    /// ([`Peers::last_answers`]) or, for the leader this node follows, its last call.
+    pub fn last_heard(&self) -> std::collections::BTreeMap<NodeId, Instant> {
+        let mut heard = self.peers.last_answers();
+        if let Some(leader) = self.leader().filter(|leader| *leader != self.id) {
+            let called = self.core().leader_heard(Instant::now());
+            heard.entry(leader).and_modify(|at| *at = (*at).max(called)).or_insert(called);
+        }
+        heard
+    }
+
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.id

@@ -102,6 +102,11 @@ pub fn retry_after_s(holder: &HolderView) -> u64 {
 /// `GET /v1/cluster`: this node, the leader, term, members, and how far the log is.
 pub fn cluster_json(view: &ClusterView) -> Value {
     let members: BTreeMap<String, &String> = view.members.iter().map(|(id, addr)| (id.to_string(), addr)).collect();
+    let peers: BTreeMap<String, Value> = view
+        .peers
+        .iter()
+        .map(|(id, p)| (id.to_string(), json!({"matched_index": p.matched_index, "last_heard_ms": p.last_heard_ms})))
+        .collect();
     json!({
         "id": view.id,
         "state": view.state,
@@ -115,6 +120,8 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "applied_index": view.applied_index,
         "snapshot_index": view.snapshot_index,
         "millis_since_quorum_ack": view.millis_since_quorum_ack,
+        "peers": peers,
+        "now_ms": view.now_ms,
     })
 }
 

@@ -4,6 +4,7 @@
 //! - [`http`]: routes, handlers, parameters, and the listener that tells where a request came from.
 //! - [`grpc`]: the `Locks` service: unary calls, the `Calls` stream, sessions.
 //! - [`health`]: `/livez`, `/readyz`, `/metrics`, `grpc.health.v1`, request metrics, systemd.
+//! - [`page`]: the live page of who holds what (`GET /`).
 //! - [`problem`]: how an API error becomes an HTTP problem document and a gRPC status (one place each).
 //! - [`json`], [`proto`]: the shapes of answers on each transport.
 //!
@@ -14,6 +15,7 @@ pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod json;
+pub mod page;
 pub mod problem;
 pub mod proto;
 

@@ -98,19 +98,28 @@ pub const PROBLEM_METADATA: &str = "holdfast-problem";
 /// The gRPC binary metadata entry that carries, with a busy answer, who holds the lock (a `Holder` message).
 pub const HOLDER_METADATA: &str = "holdfast-holder-bin";
 
+/// The problem document of `e` (RFC 9457): its type, title, HTTP status and detail, and a busy lock's
+/// holder.
+pub fn problem_json(e: &ApiError) -> serde_json::Value {
+    let (slug, title, detail) = e.describe();
+    let mut body = json!({
+        "type": format!("urn:holdfast:{slug}"),
+        "title": title,
+        "status": http_status(e).as_u16(),
+        "detail": detail,
+    });
+    if let ApiError::Busy { holder, .. } = e {
+        body["holder"] = holder.as_ref().map(holder_json).unwrap_or(serde_json::Value::Null);
+    }
+    body
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = http_status(&self);
-        let (slug, title, detail) = self.describe();
-        let mut body = json!({
-            "type": format!("urn:holdfast:{slug}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": detail,
-        });
+        let body = problem_json(&self);
         let mut retry_after = None;
         if let ApiError::Busy { holder, .. } = &self {
-            body["holder"] = holder.as_ref().map(holder_json).unwrap_or(serde_json::Value::Null);
             retry_after = Some(holder.as_ref().map(retry_after_s).unwrap_or(1));
         }
         if let ApiError::Limit { .. } | ApiError::Unavailable { .. } = &self {

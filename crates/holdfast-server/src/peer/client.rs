@@ -71,6 +71,8 @@ pub struct Peers {
     idle: Mutex<BTreeMap<NodeId, Idle>>,
     /// Each peer's forwarding slots ([`FORWARDS_PER_PEER`]).
     forwards: Mutex<BTreeMap<NodeId, Arc<Semaphore>>>,
+    /// When each peer last answered a call ([`Peers::last_answers`]).
+    answered: Mutex<BTreeMap<NodeId, Instant>>,
     /// Mutual TLS to peers, if the cluster uses it.
     tls: Option<Arc<Tls>>,
     /// How connections are made: TCP, or the simulation's network.
@@ -79,7 +81,13 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(tls: Option<Arc<Tls>>, dialer: Option<Dialer>) -> Self {
-        Peers { idle: Mutex::default(), forwards: Mutex::default(), tls, dialer }
+        Peers { idle: Mutex::default(), forwards: Mutex::default(), answered: Mutex::default(), tls, dialer }
+    }
+
+    /// When each peer this node called last answered: on the leader, every member it replicates to (a
+    /// heartbeat at least every `heartbeat_interval`); on a follower, mostly the leader.
+    pub fn last_answers(&self) -> BTreeMap<NodeId, Instant> {
+        self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// Closes every idle connection, so that the next calls connect anew (with reloaded certificates).
@@ -146,6 +154,7 @@ impl Peers {
                 Ok(Err(e)) => return Err(self.failed(id, CallError::Broken(e))),
                 Ok(Ok(())) => {
                     self.put(id, addr, conn);
+                    self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id, Instant::now());
                     return codec::decode_answer(&answer).map_err(CallError::Undecodable);
                 }
             }

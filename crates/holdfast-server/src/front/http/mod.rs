@@ -3,9 +3,11 @@
 //!
 //! - [`params`]: path segments and query parameters, refused as problems when malformed.
 //! - [`port`]: the client port's listener, which tells every request where it came from.
+//! - [`watch`]: `GET /v1/watch`, a prefix watch as server-sent events.
 
 pub mod params;
 pub mod port;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -42,8 +44,10 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", axum::routing::delete(remove_member))
         .route("/v1/cluster/snapshot", post(snapshot))
+        .route("/v1/watch", get(watch::watch))
         .route("/v1/openapi.json", get(openapi))
         .merge(super::health::routes())
+        .merge(super::page::routes())
         .fallback(|| async { ApiError::NoRoute })
         .method_not_allowed_fallback(|| async { ApiError::NoMethod })
         .with_state(api)
