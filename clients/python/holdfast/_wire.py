@@ -1,7 +1,8 @@
-"""Small conversions between the Python API and the wire: durations and endpoints."""
+"""Small conversions between the Python API and the wire: durations, values and endpoints."""
 
 import random
 import time
+from typing import Union
 
 from .errors import InvalidArgument
 
@@ -12,6 +13,8 @@ RETRY_TIMEOUT_S = 10.0
 BACKOFF_S = (0.05, 2.0)
 #: One attempt of a call (a waiting acquire adds its wait).
 REQUEST_TIMEOUT_S = 5.0
+#: The longest value a lock publishes, in bytes (the proto's bound).
+VALUE_LEN_MAX = 1024
 
 
 def pause(rounds: int) -> None:
@@ -28,6 +31,26 @@ def ms(seconds: float, what: str) -> int:
     if seconds < 0:
         raise InvalidArgument(f"{what} must not be negative, got {seconds}")
     return int(round(seconds * 1000))
+
+
+def value_bytes(value: Union[bytes, str]) -> bytes:
+    """A value to publish, as bytes: a `str` is sent as UTF-8. Longer than `VALUE_LEN_MAX` bytes is refused
+    here, before anything is sent."""
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a value is bytes or str, got {type(value).__name__}")
+    data = bytes(value)
+    if len(data) > VALUE_LEN_MAX:
+        raise InvalidArgument(f"a value is at most {VALUE_LEN_MAX} bytes, got {len(data)}")
+    return data
+
+
+def revision(after: int, what: str = "after") -> int:
+    """A revision to resume after: a whole number, 0 for none."""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise InvalidArgument(f"{what} is a revision: a whole number, 0 or more, got {after!r}")
+    return after
 
 
 def target(endpoint: str, tls: bool) -> str:

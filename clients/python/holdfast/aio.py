@@ -4,25 +4,32 @@
 client = holdfast.aio.Client(["10.0.0.1:7070", "10.0.0.2:7070"])
 async with client.lock("nightly-import", lease=2.0) as held:   # waits in the FIFO queue
     await run(held.fence)                                       # held.lost: an asyncio.Event
+
+async with client.watch("nightly-import") as watch:
+    async for state in watch:                                  # its state now, then after every change
+        print(state.revision, state.holder)
 ```
 
 It is built on the synchronous client: each blocking call runs on a thread of its own (never the loop's
 default executor, which a few waiting locks would exhaust) and its outcome is handed back to the event
 loop; a session's heartbeats run on the session's own thread, as in the sync client, so a busy event loop
-never delays them. Cancelling an awaited acquire withdraws it: a session lock's session is closed (leaving
-the queue), and a grant that raced with the cancellation is released at once.
+never delays them. Cancelling an awaited acquire (or campaign) withdraws it: a session lock's session is
+closed (leaving the queue), and a grant that raced with the cancellation is released at once. A watch reads
+its stream on a thread per step; cancelling an awaited step loses nothing (the next step answers it).
 """
 
 import asyncio
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Generic, Iterator, List, Optional, Sequence, TypeVar, Union
 
 from . import client as sync
-from .errors import HoldfastError
+from .election import ELECTION_LEASE_S, Leaders
+from .errors import HoldfastError, SessionLost
 from .session import SessionLock
-from .types import LockInfo
+from .types import Leader, ListPage, LockInfo, WatchEvent
+from .watch import Watch
 
 T = TypeVar("T")
 
@@ -74,6 +81,11 @@ class Hold:
         await _in_thread(lambda: self._hold.renew(ttl))
         return self
 
+    async def set_value(self, value: Union[bytes, str]) -> "Hold":
+        """As `holdfast.Hold.set_value`."""
+        await _in_thread(lambda: self._hold.set_value(value))
+        return self
+
     async def release(self) -> int:
         """As `holdfast.Hold.release`: returns the hold's fence."""
         return await _in_thread(self._hold.release)
@@ -121,6 +133,15 @@ class AsyncSessionLock:
     @property
     def session_id(self) -> int:
         return self._lock.session_id
+
+    @property
+    def value(self) -> Union[bytes, str]:
+        """What the lock publishes while held (the last value set)."""
+        return self._lock.value
+
+    async def set_value(self, value: Union[bytes, str]) -> None:
+        """As `holdfast.SessionLock.set_value`."""
+        await _in_thread(lambda: self._lock.set_value(value))
 
     def locked(self) -> bool:
         """Whether this object holds the lock and ownership is still confirmed."""
@@ -173,6 +194,141 @@ class AsyncSessionLock:
         await _in_thread(lambda: self._lock.__exit__(*exc))
 
 
+class AsyncLeadership:
+    """This process leads an election (see `holdfast.Leadership`): `lost` is an `asyncio.Event`,
+    `await proclaim(value)`, `await resign()`; `async with` resigns at exit."""
+
+    def __init__(self, lock: AsyncSessionLock) -> None:
+        self._lock = lock
+        # Set when the campaign is won; kept after the leadership ends.
+        self._fence = 0
+        self._session_id = 0
+        self._resigned = False
+
+    def _won(self) -> None:
+        self._fence, self._session_id = self._lock.fence, self._lock.session_id
+
+    @property
+    def name(self) -> str:
+        return self._lock.name
+
+    @property
+    def fence(self) -> int:
+        """The fence of this leadership: it grows from one leader to the next."""
+        return self._fence
+
+    @property
+    def value(self) -> bytes:
+        """What this leader publishes."""
+        value = self._lock.value
+        return value.encode("utf-8") if isinstance(value, str) else value
+
+    @property
+    def session_id(self) -> int:
+        return self._session_id
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set the moment leadership is no longer confirmed, or this leader resigned."""
+        return self._lock.lost
+
+    def is_lost(self) -> bool:
+        return not self._lock.locked()
+
+    async def proclaim(self, value: Union[bytes, str]) -> None:
+        """As `holdfast.Leadership.proclaim`."""
+        if self.is_lost():
+            raise SessionLost(f"the leadership of {self.name!r} (fence {self._fence}) is over")
+        await self._lock.set_value(value)
+
+    async def resign(self) -> None:
+        """As `holdfast.Leadership.resign`: resigning again does nothing."""
+        if self._resigned:
+            return
+        self._resigned = True
+        await self._lock.release()
+
+    async def __aenter__(self) -> "AsyncLeadership":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(SessionLost):
+            await self.resign()
+
+
+_END = object()
+Item = TypeVar("Item")
+StepsT = TypeVar("StepsT", bound="_Steps[Any]")
+
+
+class _Steps(Generic[Item]):
+    """An async iterator over a blocking iterator that `cancel()` ends (a watch): each step runs on a thread
+    of its own. A step whose awaiting task was cancelled goes on, and the next `__anext__` answers it, so
+    nothing is lost."""
+
+    def __init__(self, source: Iterator[Item], cancel: Callable[[], None]) -> None:
+        self._source = source
+        self._cancel = cancel
+        self._pending: "Optional[asyncio.Future[Any]]" = None
+
+    def __aiter__(self: StepsT) -> StepsT:
+        return self
+
+    async def __anext__(self) -> Item:
+        if self._pending is None:
+            self._pending = _in_thread(lambda: next(self._source, _END))
+        try:
+            item = await asyncio.shield(self._pending)
+        except asyncio.CancelledError:
+            raise  # the step goes on; the next __anext__ awaits it
+        except BaseException:
+            self._pending = None
+            raise
+        self._pending = None
+        if item is _END:
+            raise StopAsyncIteration
+        return item  # type: ignore[no-any-return]
+
+    def cancel(self) -> None:
+        """Ends the iteration (from any thread)."""
+        self._cancel()
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self: StepsT) -> StepsT:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class AsyncWatch(_Steps[WatchEvent]):
+    """A watch (see `holdfast.Watch`): `async for state in watch`, `cancel()`, `async with`."""
+
+    def __init__(self, watch: Watch) -> None:
+        super().__init__(watch, watch.cancel)
+        self._watch = watch
+
+    @property
+    def revision(self) -> int:
+        """As `holdfast.Watch.revision`."""
+        return self._watch.revision
+
+    @property
+    def resumes(self) -> int:
+        """As `holdfast.Watch.resumes`."""
+        return self._watch.resumes
+
+
+class AsyncLeaders(_Steps[Optional[Leader]]):
+    """The leaders of an election (see `holdfast.Leaders`): `async for leader in leaders` (None: nobody
+    leads), `cancel()`, `async with`."""
+
+    def __init__(self, leaders: Leaders) -> None:
+        super().__init__(leaders, leaders.cancel)
+
+
 class Client:
     """The asyncio twin of `holdfast.Client`: the same endpoints and options, awaitable calls."""
 
@@ -200,6 +356,57 @@ class Client:
         """As `holdfast.Client.get`: None if nobody holds the lock."""
         return await _in_thread(lambda: self._client.get(name))
 
+    async def list(self, prefix: str = "", *, after: Optional[str] = None, limit: int = 0) -> ListPage:
+        """As `holdfast.Client.list`: one page."""
+        return await _in_thread(lambda: self._client.list(prefix, after=after, limit=limit))
+
+    async def locks(self, prefix: str = "", *, page_size: int = 0) -> AsyncIterator[LockInfo]:
+        """As `holdfast.Client.locks`: every held lock under `prefix`, page after page."""
+        after: Optional[str] = None
+        while True:
+            page = await self.list(prefix, after=after, limit=page_size)
+            for lock in page.locks:
+                yield lock
+            if page.next is None:
+                return
+            after = page.next
+
+    def watch(self, name: str, *, prefix: bool = False, after: int = 0) -> AsyncWatch:
+        """As `holdfast.Client.watch`: `async for state in client.watch(name)`."""
+        return AsyncWatch(self._client.watch(name, prefix=prefix, after=after))
+
+    async def campaign(
+        self,
+        name: str,
+        value: Union[bytes, str],
+        *,
+        lease: float = ELECTION_LEASE_S,
+        timeout: Optional[float] = None,
+        owner: Optional[str] = None,
+        on_lost: Optional[Callable[[AsyncLeadership], None]] = None,
+    ) -> AsyncLeadership:
+        """As `holdfast.Client.campaign`; `on_lost(leadership)` is called on the event loop. Cancelling it
+        leaves the queue (a grant that raced with the cancellation is resigned at once)."""
+        leadership: Optional[AsyncLeadership] = None
+
+        def lost(_: AsyncSessionLock) -> None:
+            if on_lost is not None and leadership is not None:
+                on_lost(leadership)
+
+        lock = self.lock(name, lease, value=value, timeout=timeout, owner=owner, on_lost=lost)
+        leadership = AsyncLeadership(lock)
+        await lock._take(lock._lock.__enter__)
+        leadership._won()
+        return leadership
+
+    async def leader(self, name: str) -> Optional[Leader]:
+        """As `holdfast.Client.leader`: None if nobody leads."""
+        return await _in_thread(lambda: self._client.leader(name))
+
+    def observe(self, name: str) -> AsyncLeaders:
+        """As `holdfast.Client.observe`: `async for leader in client.observe(name)`."""
+        return AsyncLeaders(self._client.observe(name))
+
     def lock(
         self,
         name: str,
@@ -208,8 +415,8 @@ class Client:
         on_lost: Optional[Callable[[AsyncSessionLock], None]] = None,
         **options: Any,
     ) -> AsyncSessionLock:
-        """As `holdfast.Client.lock` (`blocking`, `timeout`, `value`, `limit`, `owner`); `on_lost(lock)` is
-        called on the event loop."""
+        """As `holdfast.Client.lock` (`blocking`, `timeout`, `value`, `limit`, `lock_delay`, `owner`);
+        `on_lost(lock)` is called on the event loop."""
         return AsyncSessionLock(self._client.lock(name, lease, **options), on_lost)
 
     async def close(self) -> None:
@@ -228,4 +435,4 @@ def _release_quietly(hold: sync.Hold) -> None:
         hold.release()
 
 
-__all__ = ["AsyncSessionLock", "Client", "Hold"]
+__all__ = ["AsyncLeaders", "AsyncLeadership", "AsyncSessionLock", "AsyncWatch", "Client", "Hold"]

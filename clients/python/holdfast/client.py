@@ -1,20 +1,24 @@
-"""`Client`: endpoints, channels and retries, and the one-shot calls (TTL holds with a token)."""
+"""`Client`: endpoints, channels and retries, the one-shot calls (TTL holds with a token) and reads, and the
+doors to session locks, watches and elections."""
 
 import os
 import socket
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 
 from ._wire import MAX_ATTEMPTS, REQUEST_TIMEOUT_S, RETRY_TIMEOUT_S, pause
 from ._wire import ms as _ms
 from ._wire import target as _target
-from .errors import HoldfastError, NotFound, Unavailable, error_from_rpc
+from ._wire import value_bytes
+from .election import ELECTION_LEASE_S, Leaders, Leadership, campaign
+from .errors import HoldfastError, InvalidArgument, NotFound, Unavailable, error_from_rpc
 from .session import SessionLock
-from .types import LockInfo
+from .types import Leader, ListPage, LockInfo
 from .v1 import locks_pb2, locks_pb2_grpc
+from .watch import Watch
 
 T = TypeVar("T")
 
@@ -45,6 +49,12 @@ class Hold:
         Raises `Expired` or `NotHolder` if the hold has ended."""
         request = locks_pb2.RenewRequest(name=self.name, token=self.token, ttl_ms=0 if ttl is None else _ms(ttl, "ttl"))
         self._update(self._client._call(lambda stub, kw: stub.Renew(request, **kw)))
+        return self
+
+    def set_value(self, value: Union[bytes, str]) -> "Hold":
+        """Publishes `value` (at most 1 KiB; a str as UTF-8) in place of the hold's value: one log entry, the
+        fence and expiry stay, watchers see it. Raises `NotHolder` or `Expired` if the hold has ended."""
+        self._update(self._client._set_value(self.name, self.token, value_bytes(value)))
         return self
 
     def release(self) -> int:
@@ -170,6 +180,36 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ----- session locks -----
+
+    def lock(
+        self,
+        name: str,
+        lease: float = 2.0,
+        *,
+        blocking: bool = True,
+        timeout: Optional[float] = None,
+        value: Union[bytes, str] = b"",
+        limit: int = 1,
+        lock_delay: float = 0.0,
+        owner: Optional[str] = None,
+        on_lost: Optional[Callable[[SessionLock], None]] = None,
+    ) -> SessionLock:
+        """A session lock on `name` with a lease of `lease` seconds (nothing is sent until it is acquired):
+        see `SessionLock`."""
+        return SessionLock(
+            self,
+            name,
+            lease=lease,
+            blocking=blocking,
+            timeout=timeout,
+            value=value,
+            limit=limit,
+            lock_delay=lock_delay,
+            owner=self.owner if owner is None else owner,
+            on_lost=on_lost,
+        )
+
     # ----- one-shot calls -----
 
     def acquire(
@@ -179,7 +219,7 @@ class Client:
         ttl: float = 30.0,
         wait: float = 0.0,
         owner: Optional[str] = None,
-        value: bytes = b"",
+        value: Union[bytes, str] = b"",
         limit: int = 1,
         lock_delay: float = 0.0,
     ) -> Hold:
@@ -195,11 +235,19 @@ class Client:
             owner=self.owner if owner is None else owner,
             ttl_ms=_ms(ttl, "ttl"),
             wait_ms=_ms(wait, "wait"),
-            value=value,
+            value=value_bytes(value),
             lock_delay_ms=_ms(lock_delay, "lock_delay"),
             limit=limit,
         )
         return Hold(self, self._call(lambda stub, kw: stub.Acquire(request, **kw), extra_timeout=wait + 10.0))
+
+    def _set_value(self, name: str, token: str, value: bytes) -> locks_pb2.Hold:
+        """One-shot `SetValue` (also what a session lock's `set_value` uses: any hold's token may)."""
+        request = locks_pb2.SetValueRequest(name=name, token=token, value=value)
+        hold: locks_pb2.Hold = self._call(lambda stub, kw: stub.SetValue(request, **kw))
+        return hold
+
+    # ----- reads -----
 
     def get(self, name: str) -> Optional[LockInfo]:
         """Who holds `name` and who waits for it (a linearizable read); None if nobody holds it."""
@@ -208,28 +256,58 @@ class Client:
         except NotFound:
             return None
 
-    def lock(
+    def list(self, prefix: str = "", *, after: Optional[str] = None, limit: int = 0) -> ListPage:
+        """One page of the held locks whose names start with `prefix`, by name, after `after` (the previous
+        page's `next`; None for the first page). `limit`: at most that many (1 to 1000; 0: 100). Each page
+        is a linearizable read of its own."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 1000:
+            raise InvalidArgument(f"limit is 0 (the server's default) to 1000, got {limit!r}")
+        request = locks_pb2.ListRequest(prefix=prefix, after=after or "", limit=limit)
+        return ListPage.from_proto(self._call(lambda stub, kw: stub.List(request, **kw)))
+
+    def locks(self, prefix: str = "", *, page_size: int = 0) -> Iterator[LockInfo]:
+        """Every held lock whose name starts with `prefix`, by name: `list` page after page (each page a read
+        of its own, so locks that change meanwhile may be seen on either side of the change)."""
+        after: Optional[str] = None
+        while True:
+            page = self.list(prefix, after=after, limit=page_size)
+            yield from page.locks
+            if page.next is None:
+                return
+            after = page.next
+
+    # ----- watches and elections -----
+
+    def watch(self, name: str, *, prefix: bool = False, after: int = 0) -> Watch:
+        """The states of lock `name` (with `prefix=True`: of every lock whose name starts with `name`; ""
+        is every lock) as the cluster changes them: see `Watch`. `after`: the revision last seen (a
+        `LockInfo.revision`, or a `ListPage.revision` for a prefix), to resume from. Nothing is sent until
+        the first `next`."""
+        return Watch(self, name, prefix=prefix, after=after)
+
+    def campaign(
         self,
         name: str,
-        lease: float = 2.0,
+        value: Union[bytes, str],
         *,
-        blocking: bool = True,
+        lease: float = ELECTION_LEASE_S,
         timeout: Optional[float] = None,
-        value: bytes = b"",
-        limit: int = 1,
         owner: Optional[str] = None,
-        on_lost: Optional[Callable[[SessionLock], None]] = None,
-    ) -> SessionLock:
-        """A session lock on `name` with a lease of `lease` seconds (nothing is sent until it is acquired):
-        see `SessionLock`."""
-        return SessionLock(
-            self,
-            name,
-            lease=lease,
-            blocking=blocking,
-            timeout=timeout,
-            value=value,
-            limit=limit,
-            owner=self.owner if owner is None else owner,
-            on_lost=on_lost,
-        )
+        on_lost: Optional[Callable[[Leadership], None]] = None,
+    ) -> Leadership:
+        """Campaigns in election `name` (a lock) with a session of `lease` seconds: waits its turn behind the
+        candidates before it (at most `timeout` seconds, then `LockTimeout`, leaving the queue), then leads,
+        publishing `value` (its address, say; a str as UTF-8), until it resigns or its lease is lost. A
+        leader whose process dies is replaced one lease after its last acknowledged heartbeat; one that
+        resigns, at once. `on_lost(leadership)` is called on a thread of its own when leadership is lost
+        (not when it resigns). See `Leadership`."""
+        return campaign(self, name, value, lease=lease, timeout=timeout, owner=owner, on_lost=on_lost)
+
+    def leader(self, name: str) -> Optional[Leader]:
+        """Who leads election `name` now (a linearizable read); None if nobody does."""
+        return Leader.of(self.get(name))
+
+    def observe(self, name: str) -> Leaders:
+        """The leaders of election `name` as they change, starting with the one now (None: nobody leads):
+        see `Leaders`."""
+        return Leaders(self.watch(name))

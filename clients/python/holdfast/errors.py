@@ -81,6 +81,11 @@ class SessionLost(HoldfastError):
     it holds nothing any more."""
 
 
+class Compacted(HoldfastError):
+    """A prefix watch cannot resume after the revision given: a lock freed since may have been forgotten.
+    List the prefix again (`Client.list`) and watch after the page's `revision`."""
+
+
 class Unauthenticated(HoldfastError):
     """No API key, or an unknown or revoked one."""
 
@@ -114,6 +119,8 @@ def error_from_problem(code: Optional[grpc.StatusCode], problem: Optional[str], 
         return Unauthenticated(detail)
     if slug == "limit-mismatch":
         return LimitMismatch(detail)
+    if slug == "compacted":
+        return Compacted(detail)
     by_code = {
         grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
         grpc.StatusCode.FAILED_PRECONDITION: NotHolder,

@@ -17,11 +17,11 @@ import queue
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Set
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Set, Union
 
 import grpc
 
-from ._wire import MAX_ATTEMPTS, RETRY_TIMEOUT_S, ms, pause
+from ._wire import MAX_ATTEMPTS, RETRY_TIMEOUT_S, ms, pause, value_bytes
 from .errors import (
     HoldfastError,
     LockBusy,
@@ -297,13 +297,15 @@ class _Session:
     # ----- the claim -----
 
     def acquire(
-        self, name: str, *, wait: bool, value: bytes, limit: int, timeout: Optional[float]
+        self, name: str, *, wait: bool, value: bytes, limit: int, lock_delay_ms: int, timeout: Optional[float]
     ) -> locks_pb2.Acquired:
         """Asks for `name`; returns the grant. Raises `LockBusy` (a try-lock found it held), `LockTimeout`
         (not granted within `timeout` seconds), `SessionLost`, or the error the server answered."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self._acquire = locks_pb2.SessionAcquire(name=name, wait=wait, value=value, limit=limit)
+            self._acquire = locks_pb2.SessionAcquire(
+                name=name, wait=wait, value=value, limit=limit, lock_delay_ms=lock_delay_ms
+            )
             self._send(locks_pb2.SessionRequest(acquire=self._acquire))
             while True:
                 if self._held is not None:
@@ -357,6 +359,10 @@ class SessionLock:
     As a context manager it acquires with the `blocking` and `timeout` given to `Client.lock`, raising
     `LockBusy` (a non-blocking lock that is taken) or `LockTimeout` (the timeout ran out) instead of
     returning False, and releases at exit.
+
+    `value` is what the lock publishes while held (reads, busy answers and watches show it; `set_value`
+    publishes another). `lock_delay` (seconds): if the session's lease runs out while it holds the lock,
+    nobody is granted the lock for that long after (a release frees it at once).
     """
 
     def __init__(
@@ -367,8 +373,9 @@ class SessionLock:
         lease: float,
         blocking: bool,
         timeout: Optional[float],
-        value: bytes,
+        value: Union[bytes, str],
         limit: int,
+        lock_delay: float,
         owner: str,
         on_lost: Optional[Callable[["SessionLock"], None]],
     ) -> None:
@@ -377,8 +384,10 @@ class SessionLock:
         self.lease = lease
         self.blocking = blocking
         self.timeout = timeout
-        self.value = value
+        #: What the lock publishes while held (the last value set).
+        self.value: Union[bytes, str] = value
         self.limit = limit
+        self.lock_delay = lock_delay
         self.owner = owner
         self._on_lost = on_lost
         self._session: Optional[_Session] = None
@@ -434,6 +443,9 @@ class SessionLock:
             raise RuntimeError(f"lock {self.name!r} is already acquired by this object: release it first")
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must not be negative")
+        # Checked before the session opens: a bad argument sends nothing.
+        value = value_bytes(self.value)
+        lock_delay_ms = ms(self.lock_delay, "lock_delay")
         # The session refers to this object only weakly, so that a lock dropped without a release is
         # collected, and its finalizer closes the session (as a release would; also at interpreter exit).
         me = weakref.ref(self)
@@ -451,7 +463,9 @@ class SessionLock:
         try:
             if abandoned:
                 raise SessionLost("the acquire was abandoned")
-            self._grant = session.acquire(self.name, wait=blocking, value=self.value, limit=self.limit, timeout=timeout)
+            self._grant = session.acquire(
+                self.name, wait=blocking, value=value, limit=self.limit, lock_delay_ms=lock_delay_ms, timeout=timeout
+            )
         except BaseException:
             session.close()
             raise
@@ -470,6 +484,19 @@ class SessionLock:
             pending = self._pending
         if pending is not None:
             pending.close()
+
+    def set_value(self, value: Union[bytes, str]) -> None:
+        """Publishes `value` (at most 1 KiB; a str as UTF-8) in place of the lock's value: one log entry, the
+        fence stays, watchers see it. Raises `SessionLost` if the lock is already lost, `NotHolder` if the
+        cluster says the grant no longer holds it; `Unavailable` leaves it unknown (setting it again is
+        harmless)."""
+        data = value_bytes(value)
+        grant = self._require_grant()
+        if self.lost.is_set():
+            reason = self._session.lost_reason if self._session is not None else "lost"
+            raise SessionLost(f"lock {self.name!r} is lost ({reason})")
+        self._client._set_value(self.name, grant.token, data)
+        self.value = data
 
     def release(self) -> None:
         """Lets go: `lost` is set, then the session is closed and the next waiter granted at once. Raises

@@ -1,6 +1,7 @@
-"""What the cluster answers about locks: holders, waiters and a lock's state, as plain dataclasses."""
+"""What the cluster answers about locks: holders, waiters, a lock's state, watch events, list pages and
+leaders, as plain dataclasses."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from .v1 import locks_pb2
@@ -80,3 +81,56 @@ class LockInfo:
             waiters=[Waiter(w.owner, w.queued_at_ms, w.session_id or None) for w in lock.waiters],
             revision=lock.revision,
         )
+
+
+@dataclass(frozen=True)
+class WatchEvent(LockInfo):
+    """A lock's state as a watch answers it: after one change, or (`initial`) as it was when a stream of the
+    watch began. `holder` is None when nobody holds the lock."""
+
+    #: The state when a stream of the watch began, not one change: the first event, and the first after a
+    #: resume that found the lock changed (the changes in between are not replayed; compare revisions).
+    initial: bool = False
+
+    @classmethod
+    def from_event(cls, event: locks_pb2.WatchEvent) -> "WatchEvent":
+        """Converts the wire message (which must carry a lock)."""
+        lock = LockInfo.from_proto(event.lock)
+        return cls(**{f.name: getattr(lock, f.name) for f in fields(LockInfo)}, initial=event.initial)
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One page of `Client.list`: held locks by name."""
+
+    locks: List[LockInfo]
+    #: Pass as `after` for the next page; None when this page was the last.
+    next: Optional[str]
+    #: The log index the page was read at: a prefix watch with `after=revision` misses nothing since.
+    revision: int
+
+    @classmethod
+    def from_proto(cls, page: locks_pb2.ListResponse) -> "ListPage":
+        """Converts the wire message (an empty `next` meaning the last page)."""
+        return cls([LockInfo.from_proto(lock) for lock in page.locks], page.next or None, page.revision)
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads an election: the live holder of its lock."""
+
+    #: What the leader published (its address, say).
+    value: bytes
+    #: The fence of its leadership: it grows from one leader to the next. Pass it to what the leader
+    #: writes, so that a deposed leader's late writes are turned away.
+    fence: int
+    #: The leader's owner description.
+    owner: str
+
+    @classmethod
+    def of(cls, lock: Optional[LockInfo]) -> "Optional[Leader]":
+        """The leader a lock's state shows: its holder, or None if nobody holds it or it is in a lock-delay
+        (the last leader's lease ran out)."""
+        if lock is None or lock.holder is None or not lock.holder.is_live:
+            return None
+        return cls(value=lock.holder.value, fence=lock.holder.fence, owner=lock.holder.owner)

@@ -1,19 +1,20 @@
 """A real holdfast cluster for the tests: `holdfast server` processes on free ports of 127.0.0.1, in a
-temporary directory, as tests/common/mod.rs starts them. Every wait is bounded; every process is killed at
-`stop`."""
+temporary directory, as tests/common/mod.rs starts them (with extra server flags: TLS, `--auth`). Every wait
+is bounded; every process is killed at `stop`."""
 
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[3]
 START_BOUND_S = 30.0
@@ -58,11 +59,19 @@ def _free_ports(n: int) -> List[int]:
 
 
 class Cluster:
-    """n nodes with ids 1..n; `client_addr(id)` is the gRPC and HTTP address of node `id`."""
+    """n nodes with ids 1..n; `client_addr(id)` is the gRPC and HTTP address of node `id`. `extra_args` go to
+    every `holdfast server`; `tls` is the context the harness's HTTP requests use when they speak TLS."""
 
-    def __init__(self, n: int = 3) -> None:
+    def __init__(self, n: int = 3, extra_args: Sequence[str] = (), tls: Optional[ssl.SSLContext] = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="holdfast-py-test-"))
         self.binary = holdfast_binary()
+        self.extra_args = list(extra_args)
+        self.scheme = "https" if tls is not None else "http"
+        self._http = (
+            urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls))
+            if tls is not None
+            else _HTTP
+        )
         ports = _free_ports(2 * n)
         self.client_ports = {i: ports[2 * (i - 1)] for i in range(1, n + 1)}
         self.peer_ports = {i: ports[2 * (i - 1) + 1] for i in range(1, n + 1)}
@@ -100,6 +109,7 @@ class Cluster:
                     f"127.0.0.1:{self.peer_ports[i]}",
                     "--data-dir",
                     str(data),
+                    *self.extra_args,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -120,22 +130,28 @@ class Cluster:
 
     def _status(self, i: int, path: str) -> int:
         try:
-            with _HTTP.open(f"http://{self.client_addr(i)}{path}", timeout=2) as response:
+            with self._http.open(f"{self.scheme}://{self.client_addr(i)}{path}", timeout=2) as response:
                 return response.status
         except urllib.error.HTTPError as error:
             return error.code
-        except OSError:
+        except OSError:  # refused, reset, or a TLS handshake not done yet
             return 0
 
     def http_get(self, i: int, path: str) -> Optional[Dict[str, Any]]:
         """GET `path` on node `i` as JSON; None for a 404."""
         try:
-            with _HTTP.open(f"http://{self.client_addr(i)}{path}", timeout=5) as response:
+            with self._http.open(f"{self.scheme}://{self.client_addr(i)}{path}", timeout=5) as response:
                 return json.load(response)
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 return None
             raise
+
+    def http_post(self, i: int, path: str) -> Dict[str, Any]:
+        """POST `path` (no body) on node `i`; its JSON answer."""
+        request = urllib.request.Request(f"{self.scheme}://{self.client_addr(i)}{path}", data=b"", method="POST")
+        with self._http.open(request, timeout=5) as response:
+            return json.load(response)  # type: ignore[no-any-return]
 
     def read_lock(self, name: str, i: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """The cluster's read of a lock (GET /v1/locks/NAME on a running node), None if nobody holds it."""

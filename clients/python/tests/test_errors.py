@@ -25,6 +25,9 @@ C = grpc.StatusCode
         (C.RESOURCE_EXHAUSTED, "urn:holdfast:too-many-claims", holdfast.LimitReached),
         (C.UNAVAILABLE, "urn:holdfast:unavailable", holdfast.Unavailable),
         (C.UNAUTHENTICATED, "urn:holdfast:unauthenticated", holdfast.Unauthenticated),
+        (C.FAILED_PRECONDITION, "urn:holdfast:compacted", holdfast.Compacted),
+        (C.RESOURCE_EXHAUSTED, "urn:holdfast:too-many-changes", holdfast.LimitReached),
+        (C.RESOURCE_EXHAUSTED, "urn:holdfast:watch-behind", holdfast.Unavailable),
         (C.INTERNAL, "urn:holdfast:internal", holdfast.ProtocolError),
     ],
 )
