@@ -621,3 +621,49 @@ async fn holders_and_queues_survive_a_restart_of_every_node() {
     holder.close().await.expect("close the holder's session");
     waiter.close().await.expect("close the waiter's session");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_node_refuses_new_sessions_and_acquires_and_serves_the_sessions_it_has() {
+    // The session opens on a follower, which is then restarted with `--overload-delay 1ns`: past that at
+    // once (no task wakes exactly on time), so the overload is certain without loading the host.
+    const LEASE: Duration = Duration::from_secs(5);
+    let mut cluster = Cluster::start(NODES).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.other_than(&[leader]);
+    let client = client_through(&cluster, "kept", follower, &[]);
+    let session = session_through(&cluster, &client, LEASE, follower).await;
+    let held = session.try_lock("kept").await.expect("try-lock").expect("a free lock");
+    cluster.kill(follower);
+    cluster.set_extra_args(&["--overload-delay", "1ns"]);
+    cluster.restart(follower).await;
+
+    // A new session is refused, with what to do; the session already there resumes on the node.
+    let refused = match client.session(LEASE).await {
+        Err(holdfast_client::Error::LimitReached(detail)) => detail,
+        other => panic!("a new session on the overloaded node: {:?}", other.map(|s| s.id())),
+    };
+    assert!(refused.contains("overloaded") && refused.contains("--overload-delay"), "{refused}");
+    let reply = cluster.acquire(follower, "one-shot", "w", "10").await;
+    reply.assert_problem(429, "overloaded", "a one-shot acquire on the overloaded node");
+    assert!(reply.retry_after.is_some(), "{reply:#?}");
+    cluster.get(leader, "/v1/locks/one-shot").await.assert_problem(404, "not-found", "the refused acquire's lock");
+
+    // The session's heartbeats go on through the overloaded node and are confirmed; it keeps its lock.
+    let confirmed = async || cluster.metric(follower, "holdfast_heartbeat_duration_seconds_count").await.unwrap_or(0.0);
+    wait_for(3 * LEASE, "three heartbeats confirmed through the restarted node", async || match confirmed().await {
+        count if count >= 3.0 => Ok(()),
+        count => Err(format!("{count} confirmed")),
+    })
+    .await;
+    assert!(!held.is_lost(), "the session's lock was lost on the overloaded node");
+    let body = cluster.get(leader, "/v1/locks/kept").await.ok("the kept lock").clone();
+    let holder = (body["holder"]["fence"].as_u64(), body["holder"]["session"].as_str().map(str::to_owned));
+    assert_eq!(holder, (Some(held.fence()), Some(session.id().to_string())), "{body}");
+    let refusals = cluster.metric(follower, "holdfast_overload_refusals_total").await.unwrap_or(0.0);
+    assert!(refusals >= 2.0, "the node counted {refusals} refusals");
+    assert!(cluster.metric(follower, "holdfast_runtime_lag_milliseconds").await.is_some(), "the lag is shown");
+    let expired = cluster.metric(leader, "holdfast_expirations_total{kind=\"session\"}").await;
+    assert_eq!(expired.unwrap_or(0.0), 0.0, "the leader expired a session");
+    held.release().await.expect("release");
+    session.close().await.expect("close the session");
+}

@@ -412,6 +412,11 @@ impl Cluster {
         }
     }
 
+    /// Gives `args` in place of the extra arguments of every node started from now on (a restart, say).
+    pub fn set_extra_args(&mut self, args: &[&str]) {
+        self.extra_args = args.iter().map(|arg| arg.to_string()).collect();
+    }
+
     /// Starts node `id` again with the same ports and data directory, and waits until it is ready.
     pub async fn restart(&mut self, id: usize) {
         self.spawn_node(id);

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Below them, leaves that import no module of this crate: [`metrics`], [`tls`], [`clock`], [`random`],
-//! [`state`], [`faults`]. Above them only the wiring: [`node`] builds the parts and answers the peer port,
+//! [`state`], [`faults`], [`load`]. Above them only the wiring: [`node`] builds the parts and answers the peer port,
 //! and this file starts a node ([`run`], [`serve`]). `docs/ARCHITECTURE.md` follows one request through
 //! the folders. This crate must not depend on the client library or the binary.
 // A write's future holds the lone writes a forwarded batch may fall back to, nested inside the HTTP
@@ -28,6 +28,7 @@ pub mod election;
 pub mod faults;
 pub mod front;
 pub mod leader;
+pub mod load;
 pub mod metrics;
 pub mod node;
 pub mod peer;

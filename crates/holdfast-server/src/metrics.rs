@@ -181,6 +181,11 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<EndpointLabels, Histogram, HistogramMaker>,
     pub lock_watchers: Gauge,
+    /// How late this node's tasks wake and how late it confirms heartbeats, in milliseconds
+    /// ([`crate::load`]; set at scrape time).
+    pub runtime_lag_ms: Gauge,
+    pub heartbeat_lag_ms: Gauge,
+    pub overload_refusals: Counter,
 
     // The process.
     pub worker_threads: Gauge,
@@ -228,6 +233,9 @@ impl Metrics {
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
             lock_watchers: Gauge::default(),
+            runtime_lag_ms: Gauge::default(),
+            heartbeat_lag_ms: Gauge::default(),
+            overload_refusals: Counter::default(),
         };
         m.register_raft(root.sub_registry_with_prefix("raft"));
         m.register_storage(root.sub_registry_with_prefix("storage"));
@@ -355,6 +363,21 @@ impl Metrics {
             "lock_watchers",
             "Watches of a lock waiting on this node for its next change (long polls and watch streams)",
             self.lock_watchers.clone(),
+        );
+        registry.register(
+            "runtime_lag_milliseconds",
+            "How late this node's tasks wake from a sleep: the largest in the last one to two seconds",
+            self.runtime_lag_ms.clone(),
+        );
+        registry.register(
+            "heartbeat_lag_milliseconds",
+            "How long this node took to confirm a heartbeat: the largest in the last one to two seconds",
+            self.heartbeat_lag_ms.clone(),
+        );
+        registry.register(
+            "overload_refusals",
+            "New sessions and one-shot acquires refused because heartbeats were confirmed later than --overload-delay",
+            self.overload_refusals.clone(),
         );
     }
 

@@ -1,6 +1,7 @@
 //! A node's parts, built and wired together: each part gets the narrow handles it needs, and the node
 //! answers the peer port ([`peer::server::Handler`]) by handing each call to the part it is for.
 
+use crate::load::Load;
 use std::io;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -95,6 +96,7 @@ impl Node {
             Arc::new(Elections::new(id, raft.clone(), peers.clone(), durable, random.clone(), metrics.clone(), bugs));
         let appender = Arc::new(Appender::new(raft.clone(), state.clone(), elections.clone(), metrics.clone(), clock));
         let auth = Auth::new(auth);
+        let load = Arc::new(Load::new(limits.overload_delay));
         let leader = Arc::new(Leader::new(leader::Parts {
             raft: raft.clone(),
             state: state.clone(),
@@ -105,6 +107,7 @@ impl Node {
             proposer: Proposer::new(queue_hold),
             random,
             tenants: auth.tenant_limits(),
+            load: load.clone(),
             bugs,
         }));
         let route = Arc::new(Router::new(route::Parts {
@@ -129,6 +132,7 @@ impl Node {
             limits,
             auth,
             admin_key,
+            load,
             bugs,
         }));
         Node { id, raft, state, committed_index, api, events, elections, leader, route, peers, bugs }
@@ -140,7 +144,7 @@ impl Node {
     }
 
     /// Starts the node's background tasks until `stop` changes: the lease keeper, the confirmer's quorum
-    /// rounds, the proposer, the waiter pings and the election watch. The proposer runs until aborted (once
+    /// rounds, the proposer, the waiter pings, the election watch and the load probe. The proposer runs until aborted (once
     /// the client requests drained): it is the first handle, the rest end on `stop`.
     pub fn spawn_tasks(&self, stop: &tokio::sync::watch::Receiver<bool>) -> (JoinHandle<()>, Vec<JoinHandle<()>>) {
         let (leader, stop_keeper) = (self.leader.clone(), stop.clone());
@@ -153,7 +157,9 @@ impl Node {
         let pings = tokio::spawn(async move { route.run_waiter_pings(stop_pings).await });
         let (elections, stop_elections) = (self.elections.clone(), stop.clone());
         let watch = tokio::spawn(async move { elections.run(stop_elections).await });
-        (proposer, vec![keeper, confirmer, pings, watch])
+        let (load, stop_probe) = (self.api.load().clone(), stop.clone());
+        let probe = tokio::spawn(async move { load.run_probe(stop_probe).await });
+        (proposer, vec![keeper, confirmer, pings, watch, probe])
     }
 }
 

@@ -168,6 +168,7 @@ impl Fuzzed {
                     ttl_ms_max: TTL_MS_MAX,
                     wait_ms_max: WAIT_MS_MAX,
                     lock_delay_ms_max: LOCK_DELAY_MS_MAX,
+                    overload_delay: holdfast_server::load::OVERLOAD_DELAY_DEFAULT,
                 },
                 admin_key: Some(Secret(ADMIN_KEY.into())),
                 ..common::one_node(peer.local_addr().unwrap().to_string(), data_dir.clone())

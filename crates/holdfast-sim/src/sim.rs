@@ -461,6 +461,7 @@ impl NodeSpec {
                 ttl_ms_max: 24 * 3_600_000,
                 wait_ms_max: 300_000,
                 lock_delay_ms_max: 60_000,
+                overload_delay: holdfast_server::load::OVERLOAD_DELAY_DEFAULT,
             },
             heartbeat_ms: 100,
             election_timeout_ms: 250,

@@ -453,6 +453,11 @@ struct ServerArgs {
     /// from its promotion. Unset (the default): safe under any clocks. See docs/GUARANTEES.md.
     #[arg(long, env = "HOLDFAST_MAX_CLOCK_SKEW", value_parser = humantime::parse_duration)]
     max_clock_skew: Option<Duration>,
+    /// Past this lag (how late this node's tasks wake, or how late it confirms its sessions' heartbeats),
+    /// new sessions and one-shot acquires are refused (`RESOURCE_EXHAUSTED` / `429` `overloaded`) rather
+    /// than paid for by the sessions already here. See docs/operations.md, "Overload".
+    #[arg(long, env = "HOLDFAST_OVERLOAD_DELAY", default_value = "500ms", value_parser = humantime::parse_duration)]
+    overload_delay: Duration,
     /// How often the leader sends Raft heartbeats.
     #[arg(long, env = "HOLDFAST_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
@@ -695,6 +700,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
             ttl_ms_max: millis(args.ttl_max),
             wait_ms_max: millis(args.wait_max),
             lock_delay_ms_max: millis(args.lock_delay_max),
+            overload_delay: args.overload_delay,
         },
         heartbeat_ms: millis(args.heartbeat_interval),
         election_timeout_ms: millis(args.election_timeout),

@@ -110,6 +110,9 @@ impl Api {
     pub fn metrics_page(&self) -> String {
         let m = &self.metrics;
         m.has_leader.set(self.elections.leader().is_some().into());
+        let ms = |lag: std::time::Duration| i64::try_from(lag.as_millis()).unwrap_or(i64::MAX);
+        m.runtime_lag_ms.set(ms(self.load.runtime_lag()));
+        m.heartbeat_lag_ms.set(ms(self.load.heartbeat_lag()));
         let applied = {
             let raft = self.raft.metrics();
             let r = raft.borrow();

@@ -74,7 +74,11 @@ impl From<NodeError> for ApiError {
         match e {
             NodeError::Refused { slug, detail } => ApiError::Conflict { slug, detail },
             NodeError::Limit { slug, detail } => {
-                let slug = if slug == "too-many-sessions" { "too-many-sessions" } else { "too-many-locks" };
+                let slug = match slug.as_str() {
+                    "too-many-sessions" => "too-many-sessions",
+                    "overloaded" => "overloaded",
+                    _ => "too-many-locks",
+                };
                 ApiError::Limit { slug, detail }
             }
             e => ApiError::Unavailable { detail: e.to_string() },

@@ -129,6 +129,7 @@ pub async fn acquire(api: &Arc<Api>, scope: &Scope, args: AcquireArgs) -> Result
     check_value(&args.value)?;
     check_lock_delay(api, args.lock_delay_ms)?;
     check_limit(args.limit)?;
+    api.admit_load()?;
     let args = AcquireArgs { name: scope.inner(&args.name), owner: scope.inner(&args.owner), ..args };
     let granted = acquire_stored(api, args).await;
     granted

@@ -30,6 +30,7 @@ use crate::apply::events::{Events, SessionNote};
 use crate::election::Elections;
 use crate::faults::Bugs;
 use crate::leader::Leader;
+use crate::load::Load;
 use crate::metrics::Metrics;
 use crate::peer::protocol::{HeartbeatReply, NodeError, Request, Written};
 use crate::route::Router;
@@ -42,6 +43,9 @@ pub struct FrontLimits {
     pub wait_ms_max: u64,
     /// The longest lock-delay an acquire may ask for.
     pub lock_delay_ms_max: u64,
+    /// Past this heartbeat lag the node refuses new sessions and one-shot acquires (`--overload-delay`,
+    /// [`crate::load`]).
+    pub overload_delay: std::time::Duration,
 }
 
 /// What the fronts hold: a node as its clients see it.
@@ -60,6 +64,8 @@ pub struct Api {
     auth: Auth,
     /// The key admin calls must present; `None`: from loopback only (or never, under `--auth`).
     admin_key: Option<Secret>,
+    /// How late this node confirms heartbeats.
+    load: Arc<Load>,
     bugs: Bugs,
 }
 
@@ -76,6 +82,7 @@ pub struct Parts {
     pub limits: FrontLimits,
     pub auth: Auth,
     pub admin_key: Option<Secret>,
+    pub load: Arc<Load>,
     pub bugs: Bugs,
 }
 
@@ -93,9 +100,24 @@ impl Api {
             limits,
             auth,
             admin_key,
+            load,
             bugs,
         } = parts;
-        Api { raft, state, events, elections, leader, route, metrics, committed_index, limits, auth, admin_key, bugs }
+        Api {
+            raft,
+            state,
+            events,
+            elections,
+            leader,
+            route,
+            metrics,
+            committed_index,
+            limits,
+            auth,
+            admin_key,
+            load,
+            bugs,
+        }
     }
 
     /// This node's id.
@@ -111,6 +133,19 @@ impl Api {
     /// The node's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// How late this node confirms heartbeats ([`crate::load`]).
+    pub fn load(&self) -> &Arc<Load> {
+        &self.load
+    }
+
+    /// Refuses new load (a session, a one-shot acquire) while this node confirms heartbeats later than
+    /// `--overload-delay`: the sessions it has come first. `RESOURCE_EXHAUSTED` / `429` `overloaded`.
+    pub fn admit_load(&self) -> Result<(), ApiError> {
+        let Some(lag) = self.load.overloaded() else { return Ok(()) };
+        self.metrics.overload_refusals.inc();
+        Err(ApiError::Limit { slug: "overloaded", detail: self.load.refusal(lag) })
     }
 
     /// The fence a client is told for a grant under `fence`.

@@ -444,8 +444,10 @@ impl Events {
     }
 
     /// What has run out by `now` (and, for TTL holds, whose advertised end passed by leader time `wall_ms`),
-    /// at most [`limits::EXPIRE_BATCH_MAX`] items.
-    pub fn due(&self, state: &LockState, now: Instant, wall_ms: u64) -> Expire {
+    /// at most [`limits::EXPIRE_BATCH_MAX`] items. A session runs out `session_grace` after its deadline:
+    /// the leader's heartbeat lag ([`crate::load::Load::expiry_grace`], zero when it keeps up), so that a
+    /// heartbeat still on its way through a slow node is not the reason its session ends.
+    pub fn due(&self, state: &LockState, now: Instant, wall_ms: u64, session_grace: Duration) -> Expire {
         let mut inner = self.lock();
         let floor = inner.floor;
         // With a bound on clock skew, holds are not moved to a full lease from the promotion: see below.
@@ -484,7 +486,8 @@ impl Events {
                 expire.waiters.push((name.clone(), *token));
             }
         }
-        for (id, _) in inner.sessions.due(now) {
+        let Some(sessions_now) = now.checked_sub(session_grace) else { return expire };
+        for (id, _) in inner.sessions.due(sessions_now) {
             if expire.len() >= limits::EXPIRE_BATCH_MAX {
                 break;
             }
@@ -673,12 +676,17 @@ mod tests {
 
     /// The names of the TTL holds the keeper finds run out now (leader time far ahead of every TTL).
     fn due_holds(events: &Events, state: &LockState) -> Vec<String> {
-        events.due(state, Instant::now(), u64::MAX).locks.into_iter().map(|(name, _)| name).collect()
+        events.due(state, Instant::now(), u64::MAX, Duration::ZERO).locks.into_iter().map(|(name, _)| name).collect()
     }
 
     /// The tokens of the one-shot waiters the keeper finds run out now.
     fn due_waiters(events: &Events, state: &LockState) -> Vec<Token> {
-        events.due(state, Instant::now(), u64::MAX).waiters.into_iter().map(|(_, token)| token).collect()
+        events
+            .due(state, Instant::now(), u64::MAX, Duration::ZERO)
+            .waiters
+            .into_iter()
+            .map(|(_, token)| token)
+            .collect()
     }
 
     /// A lock handed over to a waiter attached elsewhere and a session opened make their entry's commit
@@ -780,9 +788,12 @@ mod tests {
             assert_eq!(due_holds(&events, &state), ["a", "b"]);
             // The heartbeat above moved the session's deadline to 2 s after it.
             tokio::time::advance(Duration::from_millis(1_498)).await;
-            assert!(events.due(&state, Instant::now(), u64::MAX).sessions.is_empty());
+            assert!(events.due(&state, Instant::now(), u64::MAX, Duration::ZERO).sessions.is_empty());
             tokio::time::advance(Duration::from_millis(1)).await;
-            assert_eq!(events.due(&state, Instant::now(), u64::MAX).sessions, [session]);
+            // A leader that confirms heartbeats late waits that much more: a heartbeat may be on its way.
+            let grace = Duration::from_millis(100);
+            assert!(events.due(&state, Instant::now(), u64::MAX, grace).sessions.is_empty(), "within the grace");
+            assert_eq!(events.due(&state, Instant::now(), u64::MAX, Duration::ZERO).sessions, [session]);
             // The waiter's lease (3 s) from the promotion, at 3 s after it.
             assert!(due_waiters(&events, &state).is_empty());
             tokio::time::advance(Duration::from_millis(1)).await;
@@ -813,7 +824,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(200)).await;
         assert!(events.promote(1, followed, Bugs::default()));
         let due_at = |state: &LockState, wall_ms: u64| -> Vec<String> {
-            events.due(state, Instant::now(), wall_ms).locks.into_iter().map(|(name, _)| name).collect()
+            events.due(state, Instant::now(), wall_ms, Duration::ZERO).locks.into_iter().map(|(name, _)| name).collect()
         };
         assert!(due_at(&state, 1_001 + 699).is_empty(), "the stamped end plus the bound and the election to go");
         assert_eq!(due_at(&state, 1_001 + 700), ["a"], "no full TTL from the promotion");
@@ -822,7 +833,7 @@ mod tests {
         tokio::time::advance(TTL).await;
         assert_eq!(due_at(&state, 1_001), ["b"]);
         // The session, opened before the promotion, still has its whole lease from it (2 s; 1 s passed).
-        assert!(events.due(&state, Instant::now(), u64::MAX).sessions.is_empty());
+        assert!(events.due(&state, Instant::now(), u64::MAX, Duration::ZERO).sessions.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -877,7 +888,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(due_holds(&events, &state), ["a", "b"]);
         tokio::time::advance(lease - TTL).await;
-        assert_eq!(events.due(&state, Instant::now(), u64::MAX).sessions, [session]);
+        assert_eq!(events.due(&state, Instant::now(), u64::MAX, Duration::ZERO).sessions, [session]);
         assert!(due_waiters(&events, &state).is_empty());
         tokio::time::advance(WAITER_LEASE - lease).await;
         assert_eq!(due_waiters(&events, &state), [Token(8)]);

@@ -37,7 +37,7 @@ impl Leader {
         let mut expire = {
             let state = crate::state::read(&self.state);
             let wall = self.appender.wall_ms().max(state.now_ms());
-            self.events.due(&state, Instant::now(), wall)
+            self.events.due(&state, Instant::now(), wall, self.load.expiry_grace())
         };
         if expire.is_empty() || self.bugs.never_expire() {
             return;

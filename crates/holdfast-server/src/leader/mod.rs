@@ -35,6 +35,7 @@ use self::tenants::TenantLimits;
 use crate::apply::events::Events;
 use crate::election::Elections;
 use crate::faults::Bugs;
+use crate::load::Load;
 use crate::metrics::Metrics;
 use crate::peer::protocol::{ForwardReply, ForwardRequest, NodeError, Query, QueryReply};
 use crate::random::Random;
@@ -54,6 +55,8 @@ pub struct Leader {
     random: Arc<Random>,
     /// Each API key's limits on locks and sessions, under `--auth`.
     tenants: Option<TenantLimits>,
+    /// How late this node confirms heartbeats: its admission and its keeper's grace.
+    load: Arc<Load>,
     bugs: Bugs,
 }
 
@@ -68,14 +71,15 @@ pub struct Parts {
     pub proposer: Proposer,
     pub random: Arc<Random>,
     pub tenants: Option<TenantLimits>,
+    pub load: Arc<Load>,
     pub bugs: Bugs,
 }
 
 impl Leader {
     pub fn new(parts: Parts) -> Self {
-        let Parts { raft, state, events, elections, metrics, appender, proposer, random, tenants, bugs } = parts;
+        let Parts { raft, state, events, elections, metrics, appender, proposer, random, tenants, load, bugs } = parts;
         let confirmer = Arc::new(Confirmer::new(raft.clone(), state.clone(), elections.clone(), metrics.clone()));
-        Leader { raft, state, events, elections, metrics, appender, proposer, confirmer, random, tenants, bugs }
+        Leader { raft, state, events, elections, metrics, appender, proposer, confirmer, random, tenants, load, bugs }
     }
 
     /// The quorum rounds this leader's reads and heartbeats share.

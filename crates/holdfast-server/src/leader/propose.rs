@@ -24,6 +24,7 @@ impl Leader {
     /// Proposes `request` and answers once its entry is committed and applied here.
     pub(super) async fn propose(&self, request: Request) -> Result<Written, NodeError> {
         self.check_tenant_limits(&request)?;
+        self.check_load(&request)?;
         if let Request::Acquire { name, wait_ms: 0, limit, .. } = &request {
             if let Some(busy) = self.busy_without_a_log_entry(name, *limit).await? {
                 return Ok(busy);
@@ -52,6 +53,17 @@ impl Leader {
             _ => Ok(()),
         };
         checked.map_err(|(slug, detail)| NodeError::Limit { slug: slug.to_owned(), detail })
+    }
+
+    /// Refuses a new session or one-shot acquire while this leader confirms heartbeats later than
+    /// `--overload-delay` ([`crate::load`]): the sessions it has come first. Nothing is proposed.
+    fn check_load(&self, request: &Request) -> Result<(), NodeError> {
+        if !matches!(request, Request::OpenSession { .. } | Request::Acquire { .. }) {
+            return Ok(());
+        }
+        let Some(lag) = self.load.overloaded() else { return Ok(()) };
+        self.metrics.overload_refusals.inc();
+        Err(NodeError::Limit { slug: "overloaded".into(), detail: self.load.refusal(lag) })
     }
 
     /// The command for `request`, with the token the leader made for an acquire and the secret for an

@@ -58,6 +58,7 @@ impl Leader {
             if !matches!(self.confirmer.confirmed_since(received, false).await, Ok(None)) {
                 return Err(NodeError::NotLeader { leader: None });
             }
+            self.load.confirmed(received);
         }
         // Belt and braces: a session may have been closed while the round ran.
         let state = crate::state::read(&self.state);

@@ -55,11 +55,14 @@ pub struct SessionsArgs {
     pub probe_interval: Duration,
 }
 
+#[derive(Default)]
 struct Opened {
     sessions: Vec<(Session, HeldLock)>,
     open: Samples,
     lock: Samples,
     failures: usize,
+    /// Opens the cluster refused as overloaded (`RESOURCE_EXHAUSTED` `overloaded`): not failures.
+    refused: usize,
 }
 
 pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: SessionsArgs) -> anyhow::Result<Report> {
@@ -254,6 +257,7 @@ impl Outcome<'_> {
         report.field("sessions", args.sessions);
         report.field("opened", self.opened_count);
         report.field("open_failures", opened.failures);
+        report.field("open_refused_overloaded", opened.refused);
         report.field("lease_ms", args.lease.as_millis() as u64);
         report.field("connections", self.connections);
         report.field("open_seconds", self.open_seconds);
@@ -289,8 +293,8 @@ impl Outcome<'_> {
         report.row(
             "sessions open",
             format!(
-                "{} of {} ({} failed) in {:.1} s",
-                self.opened_count, args.sessions, opened.failures, self.open_seconds
+                "{} of {} ({} refused as overloaded, {} failed) in {:.1} s",
+                self.opened_count, args.sessions, opened.refused, opened.failures, self.open_seconds
             ),
         );
         report.row("open a session", opened.open.describe());
@@ -352,8 +356,7 @@ async fn open_all(clients: &[Client], run_id: u32, args: &SessionsArgs, started:
         let (clients, next, opened) = (clients.to_vec(), next.clone(), opened.clone());
         let (total, per, lease) = (args.sessions, args.per_connection, args.lease);
         workers.push(tokio::spawn(async move {
-            let mut out =
-                Opened { sessions: Vec::new(), open: Samples::default(), lock: Samples::default(), failures: 0 };
+            let mut out = Opened::default();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total || Instant::now() >= deadline {
@@ -362,6 +365,16 @@ async fn open_all(clients: &[Client], run_id: u32, args: &SessionsArgs, started:
                 let t = Instant::now();
                 let session = match clients[i / per].session(lease).await {
                     Ok(session) => session,
+                    Err(holdfast_client::Error::LimitReached(detail)) if detail.starts_with("overloaded") => {
+                        if out.refused == 0 {
+                            note(format!("the cluster refused a session: {detail}"));
+                        }
+                        out.refused += 1;
+                        // As a client that honours the refusal's Retry-After would: the refused node is
+                        // not asked again at once.
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue;
+                    }
                     Err(e) => {
                         if out.failures == 0 {
                             note(format!("opening a session failed: {e}"));
@@ -389,13 +402,14 @@ async fn open_all(clients: &[Client], run_id: u32, args: &SessionsArgs, started:
             }
         }));
     }
-    let mut all = Opened { sessions: Vec::new(), open: Samples::default(), lock: Samples::default(), failures: 0 };
+    let mut all = Opened::default();
     for worker in workers {
         if let Ok(out) = worker.await {
             all.sessions.extend(out.sessions);
             all.open.extend(out.open);
             all.lock.extend(out.lock);
             all.failures += out.failures;
+            all.refused += out.refused;
         }
     }
     all

@@ -89,6 +89,7 @@ pub async fn serve_session(
             let owner = or_anonymous(open.owner);
             locks::check_owner(&owner)?;
             locks::check_ttl(&api, open.lease_ms)?;
+            api.admit_load()?;
             let owner = scope.inner(&owner);
             let written =
                 api.write(Request::OpenSession { owner, lease_ms: open.lease_ms }).await.map_err(ApiError::from)?;
@@ -254,6 +255,7 @@ impl SessionStream {
                 tokio::spawn(async move {
                     match api.heartbeat(id).await {
                         Ok(Some((held, waiting))) => {
+                            api.load().confirmed(received);
                             api.metrics().heartbeat_duration.observe(received.elapsed().as_secs_f64());
                             let _ =
                                 tx.send(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }))).await;
