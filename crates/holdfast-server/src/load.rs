@@ -23,6 +23,8 @@ use tokio::time::Instant;
 pub const WINDOW: Duration = Duration::from_secs(1);
 /// How often the runtime probe sleeps and wakes.
 pub const PROBE_EVERY: Duration = Duration::from_millis(10);
+/// A probe this late is logged.
+pub const LATE_WARNING: Duration = Duration::from_millis(250);
 /// The default `--overload-delay`.
 pub const OVERLOAD_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 
@@ -83,7 +85,12 @@ impl Load {
                 _ = shutdown.changed() => return,
             }
             let now = Instant::now();
-            lock(&self.runtime).note(now, now.saturating_duration_since(asleep).saturating_sub(PROBE_EVERY));
+            let late = now.saturating_duration_since(asleep).saturating_sub(PROBE_EVERY);
+            lock(&self.runtime).note(now, late);
+            if late >= LATE_WARNING {
+                // At most a few times a second: a probe this late wakes that much apart.
+                tracing::warn!(late_ms = late.as_millis() as u64, "this node's tasks woke late: its threads were busy");
+            }
         }
     }
 
