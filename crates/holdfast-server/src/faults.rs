@@ -57,7 +57,7 @@ bugs! {
     /// before openraft's core takes the campaign (see `election::Elections::vote_answered`); here it happens every
     /// time.
     campaign_despite_a_vote_granted,
-    /// A watch stream is not sent the changes applied at odd log indexes.
+    /// Watch streams are not sent every other change this node tells them of.
     watch_skips_changes,
     /// The leader proposes an acquire without the lock-delay its client asked for.
     lock_delay_dropped,

@@ -5,9 +5,9 @@
 //! - the **runtime lag**: how late a task that sleeps [`PROBE_EVERY`] wakes up ([`Load::run_probe`]). A
 //!   node whose threads are all busy reads what arrives that much late: a heartbeat waits in its socket.
 //!   Network faults do not move it.
-//! - the **heartbeat lag**: how long this node took to confirm a heartbeat that it did confirm, from its
-//!   arrival (a follower's includes the leader's part). One that found no leader is not counted: that is
-//!   an outage, answered `UNAVAILABLE`, not load.
+//! - the **heartbeat lag**, on the leader: how long it took to confirm a heartbeat, from the heartbeat's
+//!   arrival there to the quorum round that confirmed it. Not measured on a follower, where a heartbeat
+//!   also waits for a leader to be elected: that is a failover, not load.
 //!
 //! Past `--overload-delay`, either one makes the node refuse what would add load (new sessions, one-shot
 //! acquires) rather than let live sessions pay for it ([`Load::overloaded`]). The leader's keeper lets a
@@ -94,7 +94,7 @@ impl Load {
         }
     }
 
-    /// A heartbeat that arrived at `arrived` was confirmed now.
+    /// A heartbeat that reached this node, as leader, at `arrived` was confirmed now.
     pub fn confirmed(&self, arrived: Instant) {
         let now = Instant::now();
         lock(&self.heartbeats).note(now, now.saturating_duration_since(arrived));
@@ -105,7 +105,7 @@ impl Load {
         lock(&self.runtime).largest(Instant::now())
     }
 
-    /// How late this node confirms heartbeats ([`Load`]).
+    /// How late this node, as leader, confirms heartbeats ([`Load`]).
     pub fn heartbeat_lag(&self) -> Duration {
         lock(&self.heartbeats).largest(Instant::now())
     }

@@ -255,7 +255,6 @@ impl SessionStream {
                 tokio::spawn(async move {
                     match api.heartbeat(id).await {
                         Ok(Some((held, waiting))) => {
-                            api.load().confirmed(received);
                             api.metrics().heartbeat_duration.observe(received.elapsed().as_secs_f64());
                             let _ =
                                 tx.send(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }))).await;
