@@ -637,16 +637,32 @@ async fn an_overloaded_node_refuses_new_sessions_and_acquires_and_serves_the_ses
     cluster.set_extra_args(&["--overload-delay", "1ns"]);
     cluster.restart(follower).await;
 
+    // Once its load probe has woken (within 10 ms of its start), a one-shot acquire is refused, with
+    // Retry-After, and nothing is taken. (Each try names a lock of its own: one taken before the probe woke
+    // must not make the next try busy.)
+    let mut tries = 0;
+    let name = wait_for(CALL_BOUND, "a one-shot acquire refused as overloaded", async || {
+        tries += 1;
+        let name = format!("one-shot-{tries}");
+        let reply = cluster.acquire(follower, &name, "w", "10").await;
+        match reply.status {
+            429 => {
+                reply.assert_problem(429, "overloaded", "a one-shot acquire on the overloaded node");
+                assert!(reply.retry_after.is_some(), "{reply:#?}");
+                Ok(name)
+            }
+            _ => Err(format!("{reply:?}")),
+        }
+    })
+    .await;
+    let path = format!("/v1/locks/{name}");
+    cluster.get(leader, &path).await.assert_problem(404, "not-found", "the refused acquire's lock");
     // A new session is refused, with what to do; the session already there resumes on the node.
     let refused = match client.session(LEASE).await {
         Err(holdfast_client::Error::LimitReached(detail)) => detail,
         other => panic!("a new session on the overloaded node: {:?}", other.map(|s| s.id())),
     };
     assert!(refused.contains("overloaded") && refused.contains("--overload-delay"), "{refused}");
-    let reply = cluster.acquire(follower, "one-shot", "w", "10").await;
-    reply.assert_problem(429, "overloaded", "a one-shot acquire on the overloaded node");
-    assert!(reply.retry_after.is_some(), "{reply:#?}");
-    cluster.get(leader, "/v1/locks/one-shot").await.assert_problem(404, "not-found", "the refused acquire's lock");
 
     // The session's heartbeats go on through the overloaded node and are confirmed; it keeps its lock.
     let confirmed = async || cluster.metric(follower, "holdfast_heartbeat_duration_seconds_count").await.unwrap_or(0.0);

@@ -314,7 +314,7 @@ impl Events {
         }
         if self.bugs.watch_skips_changes() {
             inner.changes_told += 1;
-            if inner.changes_told % 2 == 0 {
+            if inner.changes_told.is_multiple_of(2) {
                 return;
             }
         }
