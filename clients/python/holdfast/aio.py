@@ -25,7 +25,7 @@ import threading
 from typing import Any, AsyncIterator, Callable, Generic, Iterator, List, Optional, Sequence, TypeVar, Union
 
 from . import client as sync
-from .election import ELECTION_LEASE_S, Leaders
+from .election import ELECTION_LEASE_S, Leaders, _Won
 from .errors import HoldfastError, SessionLost
 from .session import SessionLock
 from .types import Leader, ListPage, LockInfo, WatchEvent
@@ -194,38 +194,12 @@ class AsyncSessionLock:
         await _in_thread(lambda: self._lock.__exit__(*exc))
 
 
-class AsyncLeadership:
+class AsyncLeadership(_Won):
     """This process leads an election (see `holdfast.Leadership`): `lost` is an `asyncio.Event`,
     `await proclaim(value)`, `await resign()`; `async with` resigns at exit."""
 
     def __init__(self, lock: AsyncSessionLock) -> None:
-        self._lock = lock
-        # Set when the campaign is won; kept after the leadership ends.
-        self._fence = 0
-        self._session_id = 0
-        self._resigned = False
-
-    def _won(self) -> None:
-        self._fence, self._session_id = self._lock.fence, self._lock.session_id
-
-    @property
-    def name(self) -> str:
-        return self._lock.name
-
-    @property
-    def fence(self) -> int:
-        """The fence of this leadership: it grows from one leader to the next."""
-        return self._fence
-
-    @property
-    def value(self) -> bytes:
-        """What this leader publishes."""
-        value = self._lock.value
-        return value.encode("utf-8") if isinstance(value, str) else value
-
-    @property
-    def session_id(self) -> int:
-        return self._session_id
+        super().__init__(lock)
 
     @property
     def lost(self) -> asyncio.Event:

@@ -8,7 +8,7 @@ fence is the grant's, which only grows from one leader to the next.
 import contextlib
 import threading
 import weakref
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .errors import SessionLost
 from .session import SessionLock
@@ -23,19 +23,12 @@ if TYPE_CHECKING:
 ELECTION_LEASE_S = 10.0
 
 
-class Leadership:
-    """This process leads an election, for as long as its session keeps the lease. Watch `lost` (a
-    `threading.Event`): once it is set, someone else may lead.
+class _Won:
+    """What a leadership shows whichever way it is waited on (`Leadership`, `holdfast.aio.AsyncLeadership`):
+    the election, the fence and session it was won under, and the value published. `lock` is the session
+    lock that holds the election's lock (a `SessionLock` or its asyncio twin)."""
 
-    ```
-    with client.campaign("service-leader", "10.0.0.1:8080") as leadership:   # waits its turn
-        serve_as_leader(leadership.fence, stop=leadership.lost)
-    ```
-
-    As a context manager it resigns at exit. `fence` and `value` stay readable after it ended.
-    """
-
-    def __init__(self, lock: SessionLock) -> None:
+    def __init__(self, lock: Any) -> None:
         self._lock = lock
         # Set when the campaign is won; kept after the leadership ends.
         self._fence = 0
@@ -48,7 +41,7 @@ class Leadership:
     @property
     def name(self) -> str:
         """The election (its lock's name)."""
-        return self._lock.name
+        return str(self._lock.name)
 
     @property
     def fence(self) -> int:
@@ -59,12 +52,28 @@ class Leadership:
     def value(self) -> bytes:
         """What this leader publishes."""
         value = self._lock.value
-        return value.encode("utf-8") if isinstance(value, str) else value
+        return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
     @property
     def session_id(self) -> int:
         """The public id of the session that leads."""
         return self._session_id
+
+
+class Leadership(_Won):
+    """This process leads an election, for as long as its session keeps the lease. Watch `lost` (a
+    `threading.Event`): once it is set, someone else may lead.
+
+    ```
+    with client.campaign("service-leader", "10.0.0.1:8080") as leadership:   # waits its turn
+        serve_as_leader(leadership.fence, stop=leadership.lost)
+    ```
+
+    As a context manager it resigns at exit. `fence` and `value` stay readable after it ended.
+    """
+
+    def __init__(self, lock: SessionLock) -> None:
+        super().__init__(lock)
 
     @property
     def lost(self) -> threading.Event:
