@@ -63,16 +63,22 @@ type Conn = BufReader<Box<dyn Io>>;
 /// A peer's address and its idle connections.
 type Idle = (String, Vec<Conn>);
 
+/// The idle connections by node id and address, and when each peer last answered a call: noted where a
+/// finished call leaves its connection, under the one lock it takes anyway.
+#[derive(Default)]
+struct Pool {
+    conns: BTreeMap<NodeId, Idle>,
+    answered: BTreeMap<NodeId, Instant>,
+}
+
 /// Connections to peers: how they are made, and the idle ones by node id and address.
 ///
 /// Ordered maps, not hash maps: dropping the pool (a node stopping) closes its connections in the same
 /// order every time, which a simulated run of a seed depends on (a hash map's order is drawn per process).
 pub struct Peers {
-    idle: Mutex<BTreeMap<NodeId, Idle>>,
+    idle: Mutex<Pool>,
     /// Each peer's forwarding slots ([`FORWARDS_PER_PEER`]).
     forwards: Mutex<BTreeMap<NodeId, Arc<Semaphore>>>,
-    /// When each peer last answered a call ([`Peers::last_answers`]).
-    answered: Mutex<BTreeMap<NodeId, Instant>>,
     /// Mutual TLS to peers, if the cluster uses it.
     tls: Option<Arc<Tls>>,
     /// How connections are made: TCP, or the simulation's network.
@@ -81,18 +87,18 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(tls: Option<Arc<Tls>>, dialer: Option<Dialer>) -> Self {
-        Peers { idle: Mutex::default(), forwards: Mutex::default(), answered: Mutex::default(), tls, dialer }
+        Peers { idle: Mutex::default(), forwards: Mutex::default(), tls, dialer }
     }
 
     /// When each peer this node called last answered: on the leader, every member it replicates to (a
     /// heartbeat at least every `heartbeat_interval`); on a follower, mostly the leader.
     pub fn last_answers(&self) -> BTreeMap<NodeId, Instant> {
-        self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).answered.clone()
     }
 
     /// Closes every idle connection, so that the next calls connect anew (with reloaded certificates).
     pub fn reset(&self) {
-        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).conns.clear();
     }
 
     /// Calls `call` with `request` on the peer `id` at `addr` and decodes its answer, all within `ttl`.
@@ -154,7 +160,6 @@ impl Peers {
                 Ok(Err(e)) => return Err(self.failed(id, CallError::Broken(e))),
                 Ok(Ok(())) => {
                     self.put(id, addr, conn);
-                    self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id, Instant::now());
                     return codec::decode_answer(&answer).map_err(CallError::Undecodable);
                 }
             }
@@ -165,7 +170,7 @@ impl Peers {
     /// They were made and last used alongside the one that failed: after a partition or a restart of the
     /// peer they are as dead as it was, without looking so, and each would cost a call its whole time.
     fn failed(&self, id: NodeId, error: CallError) -> CallError {
-        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&id);
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).conns.remove(&id);
         error
     }
 
@@ -174,7 +179,7 @@ impl Peers {
         loop {
             let idle = {
                 let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                match idle.get_mut(&id) {
+                match idle.conns.get_mut(&id) {
                     Some((cached, conns)) if cached == addr => conns.pop(),
                     _ => None,
                 }
@@ -192,10 +197,11 @@ impl Peers {
         }
     }
 
-    /// Leaves `conn` to `id` at `addr` for the next call.
+    /// Leaves `conn` to `id` at `addr` for the next call, its call answered now.
     fn put(&self, id: NodeId, addr: &str, conn: Conn) {
         let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (cached, conns) = idle.entry(id).or_insert_with(|| (addr.to_owned(), Vec::new()));
+        idle.answered.insert(id, Instant::now());
+        let (cached, conns) = idle.conns.entry(id).or_insert_with(|| (addr.to_owned(), Vec::new()));
         if cached != addr {
             // The peer moved: its old connections go.
             *cached = addr.to_owned();
@@ -324,7 +330,7 @@ mod tests {
         let calls = [&10, &20, &30].map(|n| peers.call::<u64, u64>(2, &addr, Call::Vote, n, TTL));
         let answers = futures_join3(calls).await;
         assert_eq!(answers, [11, 21, 31]);
-        let idle = || peers.idle.lock().unwrap().get(&2).map_or(0, |(_, conns)| conns.len());
+        let idle = || peers.idle.lock().unwrap().conns.get(&2).map_or(0, |(_, conns)| conns.len());
         assert_eq!(idle(), 3);
         let silent = peers.call::<u64, u64>(2, &addr, Call::Vote, &u64::MAX, Duration::from_millis(200)).await;
         assert!(matches!(silent, Err(CallError::Timeout(_))), "{silent:?}");

@@ -126,16 +126,13 @@ async fn get_lock(
 ) -> Result<Response, ApiError> {
     let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["after", "wait"])?;
-    let Some(after) = p.get("after") else {
+    let Some(after) = p.revision()? else {
         if p.get("wait").is_some() {
             return Err(ApiError::invalid("invalid-query", "wait= needs after=REVISION: see docs/http-api.md".into()));
         }
         let view = locks::get(&api, &scope, name).await?;
         return Ok(Json(lock_json(&view)).into_response());
     };
-    let after = after
-        .parse::<u64>()
-        .map_err(|_| ApiError::invalid("invalid-query", format!("after={after:?}: a revision, as a read showed it")))?;
     let wait_ms = p.duration_ms("wait", "invalid-wait")?.unwrap_or(0);
     let watched = locks::watch(&api, &scope, name, after, wait_ms).await?;
     Ok(Json(watched_json(&watched)).into_response())

@@ -223,6 +223,18 @@ impl<'a> Parsed<'a> {
         Ok(body.to_vec())
     }
 
+    /// `after=REVISION` (a watch's), if given: a number, as a read, a list or a watch event showed it.
+    pub fn revision(&self) -> Result<Option<u64>, ApiError> {
+        let Some(text) = self.get("after") else { return Ok(None) };
+        let parsed = text.parse::<u64>().map_err(|_| {
+            ApiError::invalid(
+                "invalid-query",
+                format!("after={text:?}: a revision, as a read, a list or an event showed it"),
+            )
+        })?;
+        Ok(Some(parsed))
+    }
+
     /// A semaphore's `limit=N` (absent: 1, a lock); its bounds are checked by the operation.
     pub fn limit(&self) -> Result<u32, ApiError> {
         let Some(text) = self.get("limit") else { return Ok(1) };

@@ -35,12 +35,7 @@ pub async fn watch(
     let scope = api.authenticate(authorization.as_deref()).await?;
     let p = Parsed::new(&params, &["prefix", "after"])?;
     let prefix = p.get("prefix").unwrap_or("").to_owned();
-    let after = match p.get("after") {
-        None => 0,
-        Some(text) => text.parse::<u64>().map_err(|_| {
-            ApiError::invalid("invalid-query", format!("after={text:?}: a revision, as a list or an event showed it"))
-        })?,
-    };
+    let after = p.revision()?.unwrap_or(0);
     let watch = locks::watch_prefix_stream(&api, &scope, prefix, after).await?;
     let events = futures_util::stream::unfold(Some(watch), next_event);
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response())
