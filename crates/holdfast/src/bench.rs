@@ -386,8 +386,18 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// A process's resident memory in bytes, from `/proc/PID/status`.
 fn rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The most memory a process has held resident since it started, in bytes (`VmHWM`, its high-water mark).
+fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// A field of `/proc/PID/status` given in kB, in bytes.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -535,7 +545,8 @@ mod tests {
     fn this_process_has_cpu_time_and_memory() {
         let pid = std::process::id();
         assert!(cpu_seconds(pid).is_some());
-        assert!(rss_bytes(pid).is_some_and(|b| b > 0));
+        let (now, peak) = (rss_bytes(pid).unwrap_or(0), peak_rss_bytes(pid).unwrap_or(0));
+        assert!(now > 0 && peak >= now, "resident {now}, peak {peak}");
         assert_eq!(cpu_seconds(u32::MAX), None);
     }
 

@@ -10,7 +10,11 @@
 //!
 //! The client multiplexes every session of one `Client` over one HTTP/2 connection per node, and the server
 //! allows 200 concurrent streams per connection (hyper's default). So the sessions are spread over several
-//! `Client`s, `--per-connection` sessions each, every one made with `connect` (so it prefers the leader).
+//! `Client`s, `--per-connection` sessions each, every one made with `connect` (so it prefers the leader), or
+//! with `--spread` client `i` attached to endpoint `i mod n` (as behind a load balancer).
+//!
+//! Each node's resident memory is read when the window ends and its high-water mark (`VmHWM`: the most it
+//! held since it started) at the end of the run: start the nodes fresh for a run's peak.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,7 +24,8 @@ use holdfast_client::{Client, ClientBuilder, HeldLock, Session};
 use serde_json::json;
 
 use super::{
-    bucket_quantile, histogram_everywhere, metric_everywhere, note, progress, CpuUse, CpuWindow, Report, Samples,
+    bucket_quantile, histogram_everywhere, metric_everywhere, note, peak_rss_bytes, progress, rss_bytes, CpuUse,
+    CpuWindow, Report, Samples,
 };
 
 /// The histogram of heartbeat acknowledgement times in `/metrics` (from a heartbeat reaching a node to its
@@ -50,6 +55,10 @@ pub struct SessionsArgs {
     /// The nodes' process ids (comma-separated, on this machine): CPU per node from /proc.
     #[arg(long, value_delimiter = ',')]
     pub pids: Vec<u32>,
+    /// Attach client connection `i` to endpoint `i mod n` (as a load balancer spreads them) instead of to
+    /// the leader.
+    #[arg(long)]
+    pub spread: bool,
     /// How often a leader-confirmed read is timed during the window.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub probe_interval: Duration,
@@ -70,10 +79,18 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Se
         anyhow::bail!("--per-connection must be 1..=200 (the server allows 200 streams per connection)");
     }
     let groups = args.sessions.div_ceil(args.per_connection);
-    // Each connects as Client::connect does: to the leader first.
+    let endpoints = client.endpoints().to_vec();
     let mut clients = Vec::with_capacity(groups);
-    for _ in 0..groups {
-        clients.push(builder.clone().connect().await?);
+    for i in 0..groups {
+        clients.push(if args.spread {
+            // Endpoint i mod n first: the client's calls start there and fall back in order.
+            let mut rotated = endpoints.clone();
+            rotated.rotate_left(i % endpoints.len());
+            builder.clone().with_endpoints(rotated).build()?
+        } else {
+            // As Client::connect does: to the leader first.
+            builder.clone().connect().await?
+        });
     }
     let expirations_before = metric_everywhere(client, EXPIRATIONS).await;
 
@@ -115,6 +132,7 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Se
         close_seconds,
         close_failures,
         expirations,
+        peak_rss: args.pids.iter().map(|&pid| peak_rss_bytes(pid)).collect(),
     };
     Ok(outcome.report())
 }
@@ -137,6 +155,8 @@ struct Window {
     read_errors: u64,
     /// Session expirations each node counted by the end of the window.
     expirations_after: Vec<Option<f64>>,
+    /// Each node's resident bytes when the window ended.
+    rss: Vec<Option<u64>>,
 }
 
 /// Keeps the sessions for `args.duration`, timing a leader-confirmed read every `args.probe_interval`.
@@ -185,6 +205,7 @@ async fn hold_window(
     let heartbeat = |q: f64| bucket_quantile(heartbeats_before.as_deref()?, heartbeats_after.as_deref()?, q);
     let (heartbeat_p50, heartbeat_p99) = (heartbeat(0.5), heartbeat(0.99));
     let expirations_after = metric_everywhere(client, EXPIRATIONS).await;
+    let rss = args.pids.iter().map(|&pid| rss_bytes(pid)).collect();
     drop(progress_guard);
     let reads = probe_samples.lock().unwrap().clone();
     Window {
@@ -196,6 +217,7 @@ async fn hold_window(
         reads,
         read_errors: probe_errors,
         expirations_after,
+        rss,
     }
 }
 
@@ -213,6 +235,8 @@ struct Outcome<'a> {
     close_failures: usize,
     /// Session expirations each node counted during the run.
     expirations: Vec<Option<f64>>,
+    /// Each node's resident high-water mark at the end of the run.
+    peak_rss: Vec<Option<u64>>,
 }
 
 impl Outcome<'_> {
@@ -283,6 +307,16 @@ impl Outcome<'_> {
                 .collect::<Vec<_>>()),
         );
         report.field("cpu_cores_total", self.total_cores());
+        report.field("spread", args.spread);
+        report.field(
+            "memory",
+            json!(args
+                .pids
+                .iter()
+                .zip(window.rss.iter().zip(&self.peak_rss))
+                .map(|(pid, (held, peak))| json!({"pid": pid, "rss_bytes_holding": held, "rss_bytes_peak": peak}))
+                .collect::<Vec<_>>()),
+        );
         report.field("bench_cpu_cores", own_cpu.cores);
     }
 
@@ -333,6 +367,10 @@ impl Outcome<'_> {
             report.row("cpu, nodes in total", format!("{total:.2} cores"));
         }
         report.row("cpu, this load generator", own_cpu.cores.map_or("unknown".into(), |c| format!("{c:.2} cores")));
+        let mib = |b: &Option<u64>| b.map_or("?".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
+        for (pid, (held, peak)) in args.pids.iter().zip(window.rss.iter().zip(&self.peak_rss)) {
+            report.row(format!("memory pid {pid}"), format!("{} resident holding, {} at most", mib(held), mib(peak)));
+        }
         report.row("closed", format!("in {:.1} s ({} failed)", self.close_seconds, self.close_failures));
     }
 }
