@@ -8,7 +8,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // for a copy of the repository elsewhere (a worktree sharing the target directory).
     let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let protos = [root.join("holdfast/v1/locks.proto")];
-    tonic_prost_build::configure().compile_protos(&protos, std::slice::from_ref(&root))?;
+    // Small per-call buffers: a session stream keeps its two for the session's life (src/codec.rs).
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::LeanCodec")
+        .compile_protos(&protos, std::slice::from_ref(&root))?;
     println!("cargo:rerun-if-changed={}", root.display());
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! holdfast's gRPC messages and services, generated at build time from the repository's `proto/` folder.
 //!
 //! - [`v1`]: the public API (`proto/holdfast/v1/locks.proto`): lock sessions and one-shot calls.
+//! - [`codec`]: prost's codec with small per-call buffers, which every generated method uses.
 //! - [`dial`]: how a connection reaches a node, replaceable so the simulation runs the same code on its
 //!   network.
 //!
@@ -8,6 +9,7 @@
 //!
 //! This crate holds generated code and the dialer; it must not depend on any other holdfast crate.
 
+pub mod codec;
 pub mod dial;
 
 /// The package `holdfast.v1`.

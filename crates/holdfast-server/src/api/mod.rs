@@ -22,11 +22,10 @@ use std::sync::Arc;
 use holdfast_core::{SessionId, SessionView};
 use holdfast_store::{NodeId, SharedState, TypeConfig};
 use openraft::Raft;
-use tokio::sync::mpsc;
 
 use self::auth::{Auth, Scope, Secret};
 use self::error::ApiError;
-use crate::apply::events::{Events, SessionNote};
+use crate::apply::events::{Events, Notes};
 use crate::election::Elections;
 use crate::faults::Bugs;
 use crate::leader::Leader;
@@ -189,14 +188,14 @@ impl Api {
 
     /// Attaches a stream to session `id` (replacing any earlier one: the session moved), with no entry
     /// applied meanwhile: what it hears starts where this node's state is.
-    pub fn attach(&self, id: SessionId) -> mpsc::UnboundedReceiver<SessionNote> {
+    pub fn attach(&self, id: SessionId) -> Notes {
         let _state = crate::state::read(&self.state);
         self.events.attach(id)
     }
 
     /// Attaches a stream to session `id` from inside [`Api::session_view`]'s `attach`, which holds the
     /// state's lock already.
-    pub fn attach_viewed(&self, id: SessionId) -> mpsc::UnboundedReceiver<SessionNote> {
+    pub fn attach_viewed(&self, id: SessionId) -> Notes {
         self.events.attach(id)
     }
 

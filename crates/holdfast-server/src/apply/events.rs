@@ -58,6 +58,11 @@ pub enum SessionNote {
     Ended { name: String, fence: u64 },
 }
 
+/// What a session stream hears of its session, as [`Events::attach`] gives it. Boxed: a channel keeps a
+/// block of 32 slots from the start, and a stream is attached for as long as its session is open (a
+/// `SessionNote` in place made that block 4 KiB a session).
+pub type Notes = mpsc::UnboundedReceiver<Box<SessionNote>>;
+
 /// The node's view of applied entries: watchers and deadlines. Implements [`ApplyObserver`].
 #[derive(Default)]
 pub struct Events {
@@ -92,7 +97,7 @@ struct Inner {
     /// The number of the next lock watcher or stream.
     next_lock_watcher: u64,
     /// Session streams attached to this node.
-    streams: BTreeMap<SessionId, mpsc::UnboundedSender<SessionNote>>,
+    streams: BTreeMap<SessionId, mpsc::UnboundedSender<Box<SessionNote>>>,
     /// Which session holds each session-held lock (name, fence), to route the end of a hold.
     session_holds: BTreeMap<(String, u64), SessionId>,
     /// TTL holds and lock-delays by name and fence (a semaphore has several), tagged with the fence.
@@ -378,7 +383,7 @@ impl Events {
 
     /// Attaches a stream to session `id` (replacing any earlier one: the session moved). The caller holds
     /// the state's read lock.
-    pub fn attach(&self, id: SessionId) -> mpsc::UnboundedReceiver<SessionNote> {
+    pub fn attach(&self, id: SessionId) -> Notes {
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().streams.insert(id, tx);
         rx
@@ -515,7 +520,7 @@ impl Events {
             inner.holds.end(&(name.clone(), *fence), *fence);
             if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
                 if let Some(tx) = inner.streams.get(&id) {
-                    let _ = tx.send(SessionNote::Ended { name: name.clone(), fence: *fence });
+                    let _ = tx.send(Box::new(SessionNote::Ended { name: name.clone(), fence: *fence }));
                 }
             }
         }
@@ -561,7 +566,7 @@ impl ApplyObserver for Events {
                 Lease::Session(id) => {
                     inner.session_holds.insert((grant.name.clone(), grant.fence), id);
                     if let Some(tx) = inner.streams.get(&id) {
-                        let _ = tx.send(SessionNote::Granted(grant.clone()));
+                        let _ = tx.send(Box::new(SessionNote::Granted(grant.clone())));
                     }
                 }
                 Lease::Delayed { .. } => unreachable!("a grant is a live hold"),

@@ -21,7 +21,7 @@ use holdfast_proto::v1::{
     ListRequest, ListResponse, Locks, LocksServer, ReleaseRequest, ReleaseResponse, RemoveMemberRequest, RenewRequest,
     SessionRequest, SetValueRequest, SnapshotRequest, SnapshotResponse, WatchEvent, WatchRequest,
 };
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::codegen::{http, Service};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status, Streaming};
 
@@ -102,10 +102,10 @@ impl Locks for LocksService {
         let inbound = request.into_inner();
         tokio::spawn(async move {
             if let Err(status) = session::serve_session(api, scope, inbound, &tx).await {
-                let _ = tx.send(Err(status)).await;
+                let _ = tx.send(Box::new(Err(status))).await;
             }
         });
-        Ok(GrpcResponse::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(GrpcResponse::new(Box::pin(ReceiverStream::new(rx).map(|event| *event))))
     }
 
     async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {

@@ -20,7 +20,7 @@ use super::request::{malformed, or_anonymous};
 use crate::api::auth;
 use crate::api::error::ApiError;
 use crate::api::{locks, Api};
-use crate::apply::events::SessionNote;
+use crate::apply::events::{Notes, SessionNote};
 use crate::front::proto::holder;
 use crate::peer::protocol::{NodeError, Request};
 
@@ -58,14 +58,17 @@ struct Claim {
     fence: Option<u64>,
 }
 
-type Outbox = mpsc::Sender<Result<SessionEvent, Status>>;
+/// Where a stream's events wait for the client: boxed, as the channel keeps a block of 32 slots for as long
+/// as the session's stream is open, and an event in place made that block 4 KiB a session.
+pub type Outbox = mpsc::Sender<Box<Result<SessionEvent, Status>>>;
 
-/// What a heartbeat task reports back to its stream when it could not simply acknowledge.
+/// What a heartbeat task reports back to its stream when it could not simply acknowledge. Eight bytes, for
+/// the same reason as [`Outbox`].
 enum Beat {
     /// The session is gone (expired or closed).
     Gone,
     /// The leader could not confirm the heartbeat in time.
-    Failed(NodeError),
+    Failed(Box<NodeError>),
 }
 
 struct SessionStream {
@@ -77,6 +80,9 @@ struct SessionStream {
     tx: Outbox,
 }
 
+/// A stream attached to its session: what [`attach`] gives [`SessionStream::run`].
+type Attached = (SessionStream, Notes, v1::Opened, Option<SessionView>);
+
 pub async fn serve_session(
     api: Arc<Api>,
     scope: auth::Scope,
@@ -84,11 +90,29 @@ pub async fn serve_session(
     tx: &Outbox,
 ) -> Result<(), Status> {
     let first = inbound.message().await.map_err(|status| malformed(&status).unwrap_or(status))?.and_then(|m| m.kind);
-    let (stream, mut notes, opened, resumed) = match first {
+    // Boxed, as are the stream's rarer requests (`SessionStream::run`): a stream's task lives as long as its
+    // session, and is as large as the largest future it awaits in place.
+    let (stream, mut notes, opened, resumed) = Box::pin(attach(&api, scope, first, tx)).await?;
+    let id = stream.id;
+    tracing::debug!(session = id, resumed = resumed.is_some(), "session stream attached");
+    let result = stream.run(&mut inbound, &mut notes, opened, resumed).await;
+    drop(notes);
+    api.detach(id);
+    result
+}
+
+/// Opens or resumes the session a stream's first request names, and attaches the stream to it.
+async fn attach(
+    api: &Arc<Api>,
+    scope: auth::Scope,
+    first: Option<RequestKind>,
+    tx: &Outbox,
+) -> Result<Attached, Status> {
+    Ok(match first {
         Some(RequestKind::Open(open)) => {
             let owner = or_anonymous(open.owner);
             locks::check_owner(&owner)?;
-            locks::check_ttl(&api, open.lease_ms)?;
+            locks::check_ttl(api, open.lease_ms)?;
             api.admit_load()?;
             let owner = scope.inner(&owner);
             let written =
@@ -143,13 +167,7 @@ pub async fn serve_session(
                 ApiError::invalid("invalid-session", "a session stream starts with Open or Resume".into()).into()
             )
         }
-    };
-    let id = stream.id;
-    tracing::debug!(session = id, resumed = resumed.is_some(), "session stream attached");
-    let result = stream.run(&mut inbound, &mut notes, opened, resumed).await;
-    drop(notes);
-    api.detach(id);
-    result
+    })
 }
 
 /// The secret a `Resume` presents: 32 hex digits. Missing is refused as a wrong secret would be (a client
@@ -182,36 +200,26 @@ impl SessionStream {
             }
             outer_event(&self.scope, e)
         });
-        self.tx.send(event).await.map_err(|_| Status::cancelled("the client went away"))
+        self.tx.send(Box::new(event)).await.map_err(|_| Status::cancelled("the client went away"))
     }
 
     async fn run(
         mut self,
         inbound: &mut Streaming<SessionRequest>,
-        notes: &mut mpsc::UnboundedReceiver<SessionNote>,
+        notes: &mut Notes,
         opened: v1::Opened,
         resumed: Option<SessionView>,
     ) -> Result<(), Status> {
-        self.send(event(EventKind::Opened(opened))).await?;
-        if let Some(view) = resumed {
-            for grant in &view.holds {
-                self.send(acquired(&grant.name, grant.fence, grant.token, grant.value.clone())).await?;
-            }
-            for wait in &view.waits {
-                let waiting = v1::Waiting {
-                    name: wait.name.clone(),
-                    position: wait.position as u64,
-                    holder: Some(holder(&wait.holder)),
-                };
-                self.send(event(EventKind::Waiting(waiting))).await?;
-            }
-        }
+        Box::pin(self.greet(opened, resumed)).await?;
         let (beats_tx, mut beats) = mpsc::unbounded_channel::<Beat>();
         loop {
             tokio::select! {
                 message = inbound.message() => match message {
+                    // Heartbeats, most of what a stream hears, are handled in place; the rest in a box.
+                    Ok(Some(SessionRequest { kind: Some(RequestKind::Heartbeat(beat)) }))
+                        if self.api.scope_valid(&self.scope) => self.heartbeat(beat.seq, &beats_tx),
                     Ok(Some(SessionRequest { kind: Some(kind) })) => {
-                        if self.handle(kind, &beats_tx).await? {
+                        if Box::pin(self.handle(kind, &beats_tx)).await? {
                             return Ok(());
                         }
                     }
@@ -225,18 +233,58 @@ impl SessionStream {
                     Err(status) => return malformed(&status).map_or(Ok(()), Err),
                 },
                 note = notes.recv() => match note {
-                    Some(note) => self.note(note).await?,
+                    Some(note) => Box::pin(self.note(*note)).await?,
                     // Another stream on this node attached the same session (the client resumed it here):
                     // this one must not go on acting for it.
                     None => return Err(Status::aborted("the session was resumed on another stream")),
                 },
                 Some(beat) = beats.recv() => match beat {
-                    Beat::Gone => return self.gone().await,
+                    Beat::Gone => return Box::pin(self.gone()).await,
                     // No acknowledgement: the client's own clock decides when its lease is lost.
-                    Beat::Failed(e) => self.send(session_error("", &ApiError::from(e))).await?,
+                    Beat::Failed(e) => Box::pin(self.send(session_error("", &ApiError::from(*e)))).await?,
                 },
             }
         }
+    }
+
+    /// Keeps the session alive on heartbeat `seq`: in a task of its own, acknowledged straight from there,
+    /// so that a slow write on the stream never delays an acknowledgement.
+    fn heartbeat(&self, seq: u64, beats: &mpsc::UnboundedSender<Beat>) {
+        let (api, id, beats, tx) = (self.api.clone(), self.id, beats.clone(), self.tx.clone());
+        let received = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            match api.heartbeat(id).await {
+                Ok(Some((held, waiting))) => {
+                    api.metrics().heartbeat_duration.observe(received.elapsed().as_secs_f64());
+                    let ack = event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }));
+                    let _ = tx.send(Box::new(ack)).await;
+                }
+                Ok(None) => {
+                    let _ = beats.send(Beat::Gone);
+                }
+                Err(e) => {
+                    let _ = beats.send(Beat::Failed(Box::new(e)));
+                }
+            }
+        });
+    }
+
+    /// Tells the client its session is open and, if it resumed it, what it holds and waits for.
+    async fn greet(&self, opened: v1::Opened, resumed: Option<SessionView>) -> Result<(), Status> {
+        self.send(event(EventKind::Opened(opened))).await?;
+        let Some(view) = resumed else { return Ok(()) };
+        for grant in &view.holds {
+            self.send(acquired(&grant.name, grant.fence, grant.token, grant.value.clone())).await?;
+        }
+        for wait in &view.waits {
+            let waiting = v1::Waiting {
+                name: wait.name.clone(),
+                position: wait.position as u64,
+                holder: Some(holder(&wait.holder)),
+            };
+            self.send(event(EventKind::Waiting(waiting))).await?;
+        }
+        Ok(())
     }
 
     /// Handles one request. True when the stream is done (the session closed).
@@ -247,27 +295,7 @@ impl SessionStream {
             return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() }.into());
         }
         match kind {
-            RequestKind::Heartbeat(beat) => {
-                let (api, id, beats, seq, tx) = (self.api.clone(), self.id, beats.clone(), beat.seq, self.tx.clone());
-                // Heartbeats run beside the stream's other requests and are acknowledged straight from their
-                // own task, so a slow write on the stream never delays an acknowledgement.
-                let received = tokio::time::Instant::now();
-                tokio::spawn(async move {
-                    match api.heartbeat(id).await {
-                        Ok(Some((held, waiting))) => {
-                            api.metrics().heartbeat_duration.observe(received.elapsed().as_secs_f64());
-                            let _ =
-                                tx.send(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }))).await;
-                        }
-                        Ok(None) => {
-                            let _ = beats.send(Beat::Gone);
-                        }
-                        Err(e) => {
-                            let _ = beats.send(Beat::Failed(e));
-                        }
-                    }
-                });
-            }
+            RequestKind::Heartbeat(beat) => self.heartbeat(beat.seq, beats),
             RequestKind::Acquire(acquire) => {
                 let checked = locks::check_name(&acquire.name)
                     .and_then(|()| locks::check_value(&acquire.value))
