@@ -18,17 +18,27 @@ use tokio::time::Instant;
 /// ([`Deadlines::effective`]). A deadline is moved to that later time only when it
 /// comes up, once ([`Deadlines::settle`], at the keeper's look), so each promotion costs each item at most
 /// one move, spread over the leases.
+///
+/// **An extension touches one map.** A session heartbeats every quarter lease, and with 100,000 sessions
+/// moving its place in the time order each time (a removal and an insertion in a set of 100,000) was a
+/// tenth of the leader's CPU (docs/perf-notes/2026-12-06-memory-per-session.md). An extension moves only
+/// the deadline kept by key; its place in the time order, never later than the deadline, stays until it
+/// comes up, and [`Deadlines::settle`] moves it then to the deadline it finds: once a lease at most,
+/// however many heartbeats came in between.
 pub struct Deadlines<K> {
     by_key: BTreeMap<K, Deadline>,
+    /// Each key once, at its deadline's `queued` instant.
     by_time: BTreeSet<(Instant, K)>,
 }
 
-/// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]) and its lease.
+/// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]), its lease, and
+/// where it stands in the time order (`queued`, never after `at`).
 #[derive(Debug, Clone, Copy)]
 struct Deadline {
     tag: u64,
     at: Instant,
     lease: Duration,
+    queued: Instant,
 }
 
 impl<K> Default for Deadlines<K> {
@@ -42,15 +52,17 @@ impl<K: Clone + Ord> Deadlines<K> {
     /// key by key: both orders are sorted once and built in bulk, about twice as fast for a million keys
     /// that come in order (a state's, from its ordered maps) as inserting them one by one.
     pub fn of(items: impl IntoIterator<Item = (K, u64, Duration)>, now: Instant) -> Self {
-        let by_key: BTreeMap<K, Deadline> =
-            items.into_iter().map(|(key, tag, lease)| (key, Deadline { tag, at: now + lease, lease })).collect();
-        let by_time = by_key.iter().map(|(key, deadline)| (deadline.at, key.clone())).collect();
+        let by_key: BTreeMap<K, Deadline> = items
+            .into_iter()
+            .map(|(key, tag, lease)| (key, Deadline { tag, at: now + lease, lease, queued: now + lease }))
+            .collect();
+        let by_time = by_key.iter().map(|(key, deadline)| (deadline.queued, key.clone())).collect();
         Deadlines { by_key, by_time }
     }
 
     /// `key` (tagged `tag`) runs out a full `lease` after `now`.
     pub fn set(&mut self, key: &K, tag: u64, now: Instant, lease: Duration) {
-        self.place(key, Deadline { tag, at: now + lease, lease });
+        self.place(key, Deadline { tag, at: now + lease, lease, queued: now + lease });
     }
 
     /// The keys that have a deadline, in order.
@@ -58,11 +70,12 @@ impl<K: Clone + Ord> Deadlines<K> {
         self.by_key.keys()
     }
 
+    /// Gives `key` `deadline`, in the time order at `deadline.queued`.
     fn place(&mut self, key: &K, deadline: Deadline) {
         if let Some(old) = self.by_key.insert(key.clone(), deadline) {
-            self.by_time.remove(&(old.at, key.clone()));
+            self.by_time.remove(&(old.queued, key.clone()));
         }
-        self.by_time.insert((deadline.at, key.clone()));
+        self.by_time.insert((deadline.queued, key.clone()));
     }
 
     /// When `deadline` runs out, counting the last promotion (at `floor`): at the floor plus its lease if
@@ -77,13 +90,14 @@ impl<K: Clone + Ord> Deadlines<K> {
     /// Moves `key`'s deadline to `now + lease` if it has not passed by `now` (counting the last promotion,
     /// at `floor`). False if it passed or `key` has none: once passed, the leader may already be expiring
     /// it.
+    /// Its place in the time order stays (see [`Deadlines`]).
     pub fn extend(&mut self, key: &K, now: Instant, lease: Duration, floor: Option<Instant>) -> bool {
-        let Some(deadline) = self.by_key.get(key).copied() else { return false };
-        let at = Self::effective(&deadline, floor);
+        let Some(deadline) = self.by_key.get_mut(key) else { return false };
+        let at = Self::effective(deadline, floor);
         if at <= now {
             return false;
         }
-        self.place(key, Deadline { tag: deadline.tag, at: at.max(now + lease), lease });
+        (deadline.at, deadline.lease) = (at.max(now + lease), lease);
         true
     }
 
@@ -95,26 +109,24 @@ impl<K: Clone + Ord> Deadlines<K> {
     pub fn end(&mut self, key: &K, tag: u64) {
         if let Some(deadline) = self.by_key.get(key) {
             if deadline.tag == tag {
-                self.by_time.remove(&(deadline.at, key.clone()));
+                self.by_time.remove(&(deadline.queued, key.clone()));
                 self.by_key.remove(key);
             }
         }
     }
 
-    /// Moves the deadlines that passed by `now` as set but not counting the last promotion (at `floor`) to
-    /// their effective time, so that every deadline that passed by `now` as set did pass.
+    /// Moves the deadlines queued by `now` that have not passed, counting extensions and the last promotion
+    /// (at `floor`), to their effective time in the time order, so that every deadline queued by `now`
+    /// did pass.
     pub fn settle(&mut self, now: Instant, floor: Option<Instant>) {
-        if floor.is_none() {
-            return;
-        }
         let late: Vec<(K, Deadline)> = self
             .by_time
             .iter()
-            .take_while(|(at, _)| *at <= now)
+            .take_while(|(queued, _)| *queued <= now)
             .filter_map(|(_, key)| {
                 let deadline = self.by_key[key];
                 let at = Self::effective(&deadline, floor);
-                (at > now).then(|| (key.clone(), Deadline { at, ..deadline }))
+                (at > now).then(|| (key.clone(), Deadline { at, queued: at, ..deadline }))
             })
             .collect();
         for (key, deadline) in late {
@@ -125,7 +137,7 @@ impl<K: Clone + Ord> Deadlines<K> {
     /// Keys whose deadline passed by `now`, earliest first, with their tags. Call [`Deadlines::settle`]
     /// with the same `now` first.
     pub fn due(&self, now: Instant) -> impl Iterator<Item = (&K, u64)> + '_ {
-        self.by_time.iter().take_while(move |(at, _)| *at <= now).map(|(_, key)| (key, self.by_key[key].tag))
+        self.by_time.iter().take_while(move |(queued, _)| *queued <= now).map(|(_, key)| (key, self.by_key[key].tag))
     }
 }
 
@@ -156,5 +168,32 @@ mod tests {
         let later = t0 + Duration::from_secs(15);
         deadlines.settle(later, floor);
         assert_eq!(deadlines.due(later).map(|(key, tag)| (*key, tag)).collect::<Vec<_>>(), [(0, 7), (1, 7)]);
+    }
+
+    #[test]
+    fn an_extended_deadline_moves_in_the_time_order_only_when_it_comes_up() {
+        let t0 = Instant::now();
+        let (lease, s) = (Duration::from_secs(10), Duration::from_secs);
+        let mut deadlines: Deadlines<u32> = Deadlines::default();
+        deadlines.set(&1, 0, t0, lease);
+        deadlines.set(&2, 0, t0, lease);
+        // Extended three times: at 3, 6 and 9 s, so it runs out at 19 s.
+        for at in [3, 6, 9] {
+            assert!(deadlines.extend(&1, t0 + s(at), lease, None));
+        }
+        assert_eq!(deadlines.by_time.len(), 2, "extensions leave the time order alone");
+        let now = t0 + s(10);
+        deadlines.settle(now, None);
+        assert_eq!(deadlines.due(now).map(|(key, _)| *key).collect::<Vec<_>>(), [2], "only the one not extended");
+        assert_eq!(deadlines.by_time.iter().find(|(_, key)| *key == 1).map(|(at, _)| *at), Some(t0 + s(19)));
+        // Ending it under its tag takes it from both orders, wherever it is queued.
+        assert!(deadlines.extend(&1, t0 + s(12), lease, None));
+        deadlines.end(&1, 0);
+        assert_eq!((deadlines.by_key.len(), deadlines.by_time.len()), (1, 1));
+        // A deadline that passed is not revived, extended or not.
+        assert!(!deadlines.extend(&2, now, lease, None));
+        let later = t0 + s(30);
+        deadlines.settle(later, None);
+        assert_eq!(deadlines.due(later).map(|(key, _)| *key).collect::<Vec<_>>(), [2]);
     }
 }
