@@ -177,6 +177,10 @@ pub(crate) struct Pool {
     preferred: AtomicUsize,
     /// Jitters the backoff between rounds of retries.
     jitter: Mutex<StdRng>,
+    /// When the client was made, and a random fraction of a heartbeat period: its heartbeat grids pass
+    /// through `made + fraction × period` ([`Pool::beat_origin`]).
+    made: Instant,
+    beat_phase: f64,
     pub(crate) config: Config,
 }
 
@@ -195,9 +199,17 @@ impl Pool {
     pub(crate) fn new(endpoints: Vec<String>, config: Config) -> Arc<Pool> {
         assert!(!endpoints.is_empty(), "a pool needs an endpoint");
         let channels = Mutex::new(vec![None; endpoints.len()]);
-        let jitter = Mutex::new(config.seed.map_or_else(StdRng::from_entropy, StdRng::seed_from_u64));
+        let mut rng = config.seed.map_or_else(StdRng::from_entropy, StdRng::seed_from_u64);
+        let beat_phase = rng.gen_range(0.0..1.0);
         let streams = endpoints.iter().map(|_| Mutex::new(Streamed::NotYet)).collect();
-        Arc::new(Pool { endpoints, channels, streams, preferred: AtomicUsize::new(0), jitter, config })
+        let (jitter, made, preferred) = (Mutex::new(rng), Instant::now(), AtomicUsize::new(0));
+        Arc::new(Pool { endpoints, channels, streams, preferred, jitter, made, beat_phase, config })
+    }
+
+    /// A point of the grid this client's sessions heartbeat on, every `period` (see
+    /// [`crate::lease::next_tick`]): clients made at the same moment still heartbeat at different ones.
+    pub(crate) fn beat_origin(&self, period: Duration) -> Instant {
+        self.made + period.mul_f64(self.beat_phase)
     }
 
     pub(crate) fn endpoints(&self) -> &[String] {

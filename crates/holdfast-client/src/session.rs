@@ -33,7 +33,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::lease::{heartbeat_interval, LeaseClock};
+use crate::lease::{heartbeat_interval, next_tick, LeaseClock};
 use crate::pool::{Pool, Retry};
 use crate::types::{millis_ceil, AcquireOptions, HolderInfo};
 
@@ -563,8 +563,14 @@ impl Task {
         // A stream whose heartbeats go unanswered for half a lease is stuck (a node that hangs, a partition
         // the transport has not noticed): leave it while there is still half a lease to resume elsewhere.
         let stall_after = lease / 2;
-        let mut heartbeat = tokio::time::interval(heartbeat_interval(lease));
-        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The first heartbeat at once (a resume's report ends at its ack), the next ones on the client's grid
+        // (`next_tick`), with the client's other sessions of this lease.
+        let period = heartbeat_interval(lease);
+        let mut heartbeat = tokio::time::interval_at(next_tick(Instant::now(), self.pool.beat_origin(period), period), period);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        if !matches!(self.closing, Some(Closing { sent: true, .. })) {
+            self.on_tick();
+        }
         loop {
             let closing = self.closing.as_ref().map(|c| (c.sent, c.deadline));
             let close_sent = matches!(closing, Some((true, _)));
