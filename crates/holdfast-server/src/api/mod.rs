@@ -31,7 +31,7 @@ use crate::faults::Bugs;
 use crate::leader::Leader;
 use crate::load::Load;
 use crate::metrics::Metrics;
-use crate::peer::protocol::{HeartbeatReply, NodeError, Request, Written};
+use crate::peer::protocol::{NodeError, Request, Written};
 use crate::route::Router;
 
 /// Bounds the front doors apply before proposing anything.
@@ -160,9 +160,10 @@ impl Api {
         self.route.write(request).await
     }
 
-    /// Keeps session `id` alive through the leader ([`Router::heartbeat`]).
-    pub async fn heartbeat(&self, id: SessionId) -> Result<HeartbeatReply, NodeError> {
-        self.route.heartbeat(id).await
+    /// Keeps session `id` alive through the leader, and calls `beaten` with the answer
+    /// ([`Router::heartbeat`]).
+    pub fn heartbeat(&self, id: SessionId, beaten: crate::route::Beaten) {
+        self.route.heartbeat(id, beaten)
     }
 
     /// The value the hold of `name` under `fence` publishes as this node has applied it (empty if that

@@ -12,13 +12,6 @@ use tokio::time::Instant;
 /// a batch, as a leader of a build from before batches does (it cannot decode the request).
 pub const BATCHES_REFUSED_FOR: Duration = Duration::from_secs(30);
 
-/// What a follower sends its leader in batches.
-#[derive(Debug, Clone, Copy)]
-pub enum Batched {
-    Heartbeats,
-    Writes,
-}
-
 /// What a leader did with the last batch (of heartbeats or writes) a follower sent it.
 #[derive(Debug, Clone, Copy)]
 pub enum LeaderBatches {

@@ -16,7 +16,7 @@ use holdfast_store::{NodeId, SharedState, TypeConfig};
 use openraft::Raft;
 use tokio::sync::oneshot;
 
-use self::batches::{Batched, Batches};
+use self::batches::Batches;
 use self::gather::Gather;
 use crate::apply::events::{Events, WAITER_PING};
 use crate::election::Elections;
@@ -41,6 +41,9 @@ const BARRIER_SENDERS: usize = 4;
 /// Reads that wait for one barrier, at most. A barrier is the same one request however many wait for it.
 const READS_PER_BARRIER: usize = 4096;
 
+/// What a heartbeat's sender does with its answer ([`Router::heartbeat`]): called on the batch's task.
+pub type Beaten = Box<dyn FnOnce(Result<HeartbeatReply, NodeError>) + Send>;
+
 /// What [`Router::watch`] found for a queued claim.
 pub enum Watch {
     /// The claim holds the lock.
@@ -61,8 +64,9 @@ pub struct Router {
     peers: Arc<Peers>,
     metrics: Arc<Metrics>,
     bugs: Bugs,
-    /// Heartbeats of sessions attached here, gathered for the leader while this node follows.
-    heartbeats: Gather<SessionId, Result<HeartbeatReply, NodeError>>,
+    /// Heartbeats of sessions attached here, gathered for the leader (this node or another), each with what
+    /// to do with its answer.
+    heartbeats: Gather<(SessionId, Beaten), ()>,
     /// Writes of clients attached here, gathered for the leader while this node follows.
     writes: Gather<Request, Result<Written, NodeError>>,
     /// Reads (and session views) answered here while this node follows, waiting for a barrier through the
@@ -113,7 +117,7 @@ impl Router {
     /// batch whose connection breaks leaves each of its writes with an unknown outcome, as a lone write's
     /// would.
     pub async fn write(self: &Arc<Self>, request: Request) -> Result<Written, NodeError> {
-        if !self.in_batches(Batched::Writes) {
+        if !self.writes_in_batches() {
             return self.write_alone(request).await;
         }
         // Each batch's future boxed: it holds the lone writes it may fall back to, each as deep as a write.
@@ -162,24 +166,38 @@ impl Router {
         .await
     }
 
-    /// Keeps session `id` alive: the leader extends its lease from when the heartbeat reached it, once a
-    /// quorum round begun after that confirmed it is still leader.
+    /// Keeps session `id` alive, and calls `beaten` with the answer: the leader extends its lease from when
+    /// the heartbeat reached it, once a quorum round begun after that confirmed it is still leader.
     ///
-    /// A follower gathers its sessions' heartbeats and forwards them in batches, at most
-    /// [`HEARTBEAT_SENDERS`] under way at once, each carrying whatever arrived while the others were: one
-    /// forwarded heartbeat holds a forwarding slot for a whole quorum round on the leader, and one by one a
-    /// follower could pass on only about 8,000 a second, so that most of 10,000 sessions attached to it
-    /// expired (docs/perf-notes/2026-12-03-sessions-through-a-follower.md).
-    pub async fn heartbeat(self: &Arc<Self>, id: SessionId) -> Result<HeartbeatReply, NodeError> {
-        if !self.in_batches(Batched::Heartbeats) {
-            return self.heartbeat_alone(id).await;
+    /// Heartbeats are gathered and sent to the leader in batches, at most [`HEARTBEAT_SENDERS`] under way
+    /// at once, each carrying whatever arrived while the others were. On a follower, one forwarded
+    /// heartbeat held a forwarding slot for a whole quorum round on the leader, and one by one a follower
+    /// could pass on only about 8,000 a second, so that most of 10,000 sessions attached to it expired
+    /// (docs/perf-notes/2026-12-03-sessions-through-a-follower.md). On the leader too: one batch is one
+    /// read of the state and one wait for a round, and its answers are all given from the sender's task,
+    /// so a connection's acknowledgements leave in one write rather than one each (at 100,000 sessions a
+    /// write per acknowledgement was the leader's largest cost: docs/perf-notes/2026-12-06-memory-per-session.md).
+    pub fn heartbeat(self: &Arc<Self>, id: SessionId, beaten: Beaten) {
+        let queued = self.heartbeats.push((id, beaten));
+        if queued.start_sender {
+            let router = self.clone();
+            drop(tokio::spawn(async move {
+                router.heartbeats.send_all(|batch| router.clone().answer_heartbeats(batch)).await;
+            }));
         }
-        self.gathered(
-            |router| &router.heartbeats,
-            |router, ids| async move { router.forward_heartbeats(ids).await },
-            id,
-        )
-        .await
+    }
+
+    /// Keeps the sessions of `batch` alive through the leader and gives each its answer: one by one to a
+    /// leader that refused a batch lately (a build from before batches).
+    async fn answer_heartbeats(self: Arc<Self>, batch: Vec<(SessionId, Beaten)>) -> Vec<()> {
+        let (ids, answers): (Vec<SessionId>, Vec<Beaten>) = batch.into_iter().unzip();
+        let leader = self.raft.metrics().borrow().current_leader;
+        let replies = if leader != Some(self.elections.id()) && self.batches.refused(leader) {
+            futures_util::future::join_all(ids.into_iter().map(|id| self.heartbeat_alone(id))).await
+        } else {
+            self.forward_heartbeats(ids).await
+        };
+        answers.into_iter().zip(replies).map(|(beaten, reply)| beaten(reply)).collect()
     }
 
     /// Session `id` and its claims, as of a point no earlier than this call (confirmed by the leader and
@@ -273,27 +291,23 @@ impl Router {
         gather(self).ask(item, sender, shutting_down).await
     }
 
-    /// Whether this node, following another, sends `what` to its leader in batches: heartbeats unless the
-    /// leader refused a batch lately, writes only once it has answered one. When that is not known, asks
-    /// the leader with an empty batch of heartbeats in the background (one question at a time), and its
-    /// writes go one by one meanwhile.
-    fn in_batches(self: &Arc<Self>, what: Batched) -> bool {
+    /// Whether this node, following another, sends its writes to its leader in batches: only once the
+    /// leader has answered one. When that is not known, asks the leader with an empty batch of heartbeats
+    /// in the background (one question at a time), and its writes go one by one meanwhile.
+    fn writes_in_batches(self: &Arc<Self>) -> bool {
         let leader = self.raft.metrics().borrow().current_leader;
         let Some(leader) = leader.filter(|leader| *leader != self.elections.id()) else { return false };
-        match (self.batches.reads(leader), what) {
-            (Some(reads), _) => reads,
-            (None, Batched::Heartbeats) => true,
-            (None, Batched::Writes) => {
-                if self.batches.start_asking() {
-                    let router = self.clone();
-                    tokio::spawn(async move {
-                        let _ = router.through_leader(ForwardRequest::Heartbeats(Vec::new())).await;
-                        router.batches.done_asking();
-                    });
-                }
-                false
-            }
+        if let Some(reads) = self.batches.reads(leader) {
+            return reads;
         }
+        if self.batches.start_asking() {
+            let router = self.clone();
+            tokio::spawn(async move {
+                let _ = router.through_leader(ForwardRequest::Heartbeats(Vec::new())).await;
+                router.batches.done_asking();
+            });
+        }
+        false
     }
 }
 

@@ -247,17 +247,23 @@ impl SessionStream {
         }
     }
 
-    /// Keeps the session alive on heartbeat `seq`: in a task of its own, acknowledged straight from there,
-    /// so that a slow write on the stream never delays an acknowledgement.
+    /// Keeps the session alive on heartbeat `seq`, beside the stream's other requests: the node's
+    /// heartbeat batch acknowledges it straight to the outbox (`Router::heartbeat`), so that a slow write on
+    /// the stream never delays an acknowledgement.
     fn heartbeat(&self, seq: u64, beats: &mpsc::UnboundedSender<Beat>) {
-        let (api, id, beats, tx) = (self.api.clone(), self.id, beats.clone(), self.tx.clone());
+        let (api, beats, tx) = (self.api.clone(), beats.clone(), self.tx.clone());
         let received = tokio::time::Instant::now();
-        tokio::spawn(async move {
-            match api.heartbeat(id).await {
+        self.api.heartbeat(
+            self.id,
+            Box::new(move |reply| match reply {
                 Ok(Some((held, waiting))) => {
                     api.metrics().heartbeat_duration.observe(received.elapsed().as_secs_f64());
-                    let ack = event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }));
-                    let _ = tx.send(Box::new(ack)).await;
+                    let ack = Box::new(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting })));
+                    // Without waiting, on the batch's task: only a client that leaves 256 events unread
+                    // waits for room, in a task of its own.
+                    if let Err(mpsc::error::TrySendError::Full(ack)) = tx.try_send(ack) {
+                        tokio::spawn(async move { tx.send(ack).await });
+                    }
                 }
                 Ok(None) => {
                     let _ = beats.send(Beat::Gone);
@@ -265,8 +271,8 @@ impl SessionStream {
                 Err(e) => {
                     let _ = beats.send(Beat::Failed(Box::new(e)));
                 }
-            }
-        });
+            }),
+        );
     }
 
     /// Tells the client its session is open and, if it resumed it, what it holds and waits for.
