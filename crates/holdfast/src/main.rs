@@ -655,7 +655,13 @@ fn server(args: ServerArgs) -> anyhow::Result<()> {
     if let Some(threads) = args.worker_threads {
         runtime.worker_threads(threads.into());
     }
-    let runtime = runtime.enable_all().build().context("starting the async runtime")?;
+    // No LIFO slot: with it, a task woken by another ran next, so a batch of heartbeats answered together
+    // woke each response stream and then its connection's task, which wrote that one acknowledgement
+    // before the next stream ran: a write per acknowledgement. Without it the connection's task runs after
+    // the batch, and writes its streams' answers at once: 64 clients +24-37 % (nodes' CPU per operation
+    // 54-61 → 39-41 µs), one client 1-7 % slower, within noise (docs/perf-notes/2026-12-06-memory-per-session.md).
+    // `disable_lifo_slot` is tokio's unstable API (`--cfg tokio_unstable`, .cargo/config.toml).
+    let runtime = runtime.disable_lifo_slot().enable_all().build().context("starting the async runtime")?;
     runtime.block_on(async {
         let client = tokio::net::TcpListener::bind(args.client_addr)
             .await
