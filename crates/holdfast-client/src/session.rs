@@ -566,7 +566,8 @@ impl Task {
         // The first heartbeat at once (a resume's report ends at its ack), the next ones on the client's grid
         // (`next_tick`), with the client's other sessions of this lease.
         let period = heartbeat_interval(lease);
-        let mut heartbeat = tokio::time::interval_at(next_tick(Instant::now(), self.pool.beat_origin(period), period), period);
+        let mut heartbeat =
+            tokio::time::interval_at(next_tick(Instant::now(), self.pool.beat_origin(period), period), period);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Skip);
         if !matches!(self.closing, Some(Closing { sent: true, .. })) {
             self.on_tick();
