@@ -62,7 +62,7 @@ struct Claim {
 /// as the session's stream is open, and an event in place made that block 4 KiB a session.
 pub type Outbox = mpsc::Sender<Box<Result<SessionEvent, Status>>>;
 
-/// What a heartbeat task reports back to its stream when it could not simply acknowledge. Eight bytes, for
+/// What a heartbeat's answer reports back to its stream when it could not simply acknowledge. Eight bytes, for
 /// the same reason as [`Outbox`].
 enum Beat {
     /// The session is gone (expired or closed).
