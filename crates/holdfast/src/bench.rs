@@ -17,6 +17,7 @@ mod elect;
 mod failover;
 mod host;
 mod http;
+mod light;
 mod loops;
 mod scale;
 mod sessions;

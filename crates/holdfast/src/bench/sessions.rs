@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use holdfast_client::{Client, ClientBuilder, HeldLock, Session};
 use serde_json::json;
+use tokio::sync::{watch, Semaphore};
 
+use super::light;
 use super::{
     bucket_quantile, histogram_everywhere, metric_everywhere, note, peak_rss_bytes, progress, rss_bytes, CpuUse,
     CpuWindow, Report, Samples,
@@ -59,6 +61,10 @@ pub struct SessionsArgs {
     /// the leader.
     #[arg(long)]
     pub spread: bool,
+    /// Drive the sessions with raw streams, one task per connection (`bench/light.rs`), instead of the
+    /// client library's task per session: a cheaper generator, for runs past what the library's can send.
+    #[arg(long)]
+    pub light: bool,
     /// How often a leader-confirmed read is timed during the window.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub probe_interval: Duration,
@@ -99,22 +105,26 @@ pub async fn run(client: &Client, builder: &ClientBuilder, run_id: u32, args: Se
         "opening {} sessions (lease {:?}) over {} connections, {} at a time",
         args.sessions, args.lease, groups, args.open_concurrency
     ));
-    let mut opened = open_all(&clients, run_id, &args, started).await;
+    let (opened, held) = match args.light {
+        false => {
+            let mut opened = open_all(&clients, run_id, &args, started).await;
+            let sessions = Arc::new(std::mem::take(&mut opened.sessions));
+            (opened, Held::Library(sessions))
+        }
+        true => open_light(&clients, run_id, &args, started).await,
+    };
     let open_seconds = started.elapsed().as_secs_f64();
+    let opened_count = held.count();
     note(format!(
-        "{} sessions open with their locks in {open_seconds:.1} s ({} failed); keeping them for {:?}",
-        opened.sessions.len(),
-        opened.failures,
-        args.duration
+        "{opened_count} sessions open with their locks in {open_seconds:.1} s ({} failed); keeping them for {:?}",
+        opened.failures, args.duration
     ));
-    let opened_count = opened.sessions.len();
-    let sessions = Arc::new(std::mem::take(&mut opened.sessions));
 
-    let window = hold_window(client, &sessions, &args, started).await;
+    let window = hold_window(client, &held, run_id, &args, started).await;
 
-    note(format!("closing {} sessions", sessions.len()));
+    note(format!("closing {opened_count} sessions"));
     let closing = Instant::now();
-    let close_failures = close_all(&sessions, args.open_concurrency).await;
+    let close_failures = held.close(args.open_concurrency).await;
     let close_seconds = closing.elapsed().as_secs_f64();
 
     let expirations = expirations_before
@@ -159,37 +169,106 @@ struct Window {
     rss: Vec<Option<u64>>,
 }
 
+/// The open sessions: the client library's, or the light driver's (`--light`).
+enum Held {
+    Library(Arc<Vec<(Session, HeldLock)>>),
+    Light { tally: Arc<light::Tally>, stop: watch::Sender<bool>, tasks: Vec<tokio::task::JoinHandle<()>> },
+}
+
+impl Held {
+    fn count(&self) -> usize {
+        match self {
+            Held::Library(sessions) => sessions.len(),
+            Held::Light { tally, .. } => tally.opened.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts the sessions seen to have lost their lock so far.
+    fn lost_counter(&self) -> Arc<dyn Fn() -> usize + Send + Sync> {
+        match self {
+            Held::Library(sessions) => {
+                let (sessions, seen) = (sessions.clone(), Mutex::new(vec![false; sessions.len()]));
+                Arc::new(move || {
+                    let mut seen = seen.lock().unwrap();
+                    for (i, (_, held)) in sessions.iter().enumerate() {
+                        seen[i] |= held.is_lost();
+                    }
+                    seen.iter().filter(|&&l| l).count()
+                })
+            }
+            Held::Light { tally, .. } => {
+                let tally = tally.clone();
+                Arc::new(move || tally.lost.load(Ordering::Relaxed))
+            }
+        }
+    }
+
+    /// Closes every session; how many closes failed (the light driver does not tell).
+    async fn close(self, concurrency: usize) -> usize {
+        match self {
+            Held::Library(sessions) => close_all(&sessions, concurrency).await,
+            Held::Light { stop, tasks, .. } => {
+                let _ = stop.send(true);
+                futures_util::future::join_all(tasks).await;
+                0
+            }
+        }
+    }
+}
+
+/// Opens the sessions with the light driver: a task per connection, `open_concurrency` opens at a time
+/// over all of them, until all are open or the open timeout.
+async fn open_light(clients: &[Client], run_id: u32, args: &SessionsArgs, started: Instant) -> (Opened, Held) {
+    let tally = Arc::new(light::Tally::default());
+    let opening = Arc::new(Semaphore::new(args.open_concurrency.max(1)));
+    let (stop, stopped) = watch::channel(false);
+    let tasks = clients
+        .iter()
+        .enumerate()
+        .map(|(g, client)| {
+            let ids = g * args.per_connection..((g + 1) * args.per_connection).min(args.sessions);
+            let (endpoint, opening, tally) = (client.preferred_endpoint().to_owned(), opening.clone(), tally.clone());
+            tokio::spawn(light::connection(endpoint, ids, run_id, args.lease, opening, tally, stopped.clone()))
+        })
+        .collect();
+    let _progress = {
+        let tally = tally.clone();
+        progress(started, move || format!("{:>7} sessions open", tally.opened.load(Ordering::Relaxed)))
+    };
+    let deadline = started + args.open_timeout;
+    let settled = |t: &light::Tally| {
+        [&t.opened, &t.failures, &t.refused].iter().map(|c| c.load(Ordering::Relaxed)).sum::<usize>()
+    };
+    while settled(&tally) < args.sessions && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let opened = Opened {
+        sessions: Vec::new(),
+        open: std::mem::take(&mut *tally.open.lock().unwrap()),
+        lock: std::mem::take(&mut *tally.lock.lock().unwrap()),
+        failures: tally.failures.load(Ordering::Relaxed),
+        refused: tally.refused.load(Ordering::Relaxed),
+    };
+    (opened, Held::Light { tally, stop, tasks })
+}
+
 /// Keeps the sessions for `args.duration`, timing a leader-confirmed read every `args.probe_interval`.
-async fn hold_window(
-    client: &Client,
-    sessions: &Arc<Vec<(Session, HeldLock)>>,
-    args: &SessionsArgs,
-    started: Instant,
-) -> Window {
+async fn hold_window(client: &Client, held: &Held, run_id: u32, args: &SessionsArgs, started: Instant) -> Window {
     let heartbeats_before = histogram_everywhere(client, HEARTBEATS).await;
     let cpu = CpuWindow::start(&args.pids);
     let window_end = Instant::now() + args.duration;
-    let lost_seen = Arc::new(Mutex::new(vec![false; sessions.len()]));
-    let check_lost = {
-        let (sessions, lost_seen) = (sessions.clone(), lost_seen.clone());
-        move || {
-            let mut seen = lost_seen.lock().unwrap();
-            for (i, (_, held)) in sessions.iter().enumerate() {
-                seen[i] |= held.is_lost();
-            }
-            seen.iter().filter(|&&l| l).count()
-        }
-    };
+    let check_lost = held.lost_counter();
     let probe_samples = Arc::new(Mutex::new(Samples::default()));
     let progress_guard = {
-        let (check_lost, probe_samples, n) = (check_lost.clone(), probe_samples.clone(), sessions.len());
+        let (check_lost, probe_samples, n) = (check_lost.clone(), probe_samples.clone(), held.count());
         progress(started, move || {
             let lost = check_lost();
             let probe = probe_samples.lock().unwrap().percentile(0.99);
             format!("{:>7} sessions holding  {lost} lost  read p99 {probe:.2} ms", n - lost)
         })
     };
-    let probe_name = sessions.first().map(|(_, held)| held.name().to_owned()).unwrap_or_else(|| "bench-probe".into());
+    // Session 0's lock: every session takes `bench-RUN-session-I`.
+    let probe_name = format!("bench-{run_id:08x}-session-0");
     let mut probe_errors = 0u64;
     while Instant::now() < window_end {
         let t = Instant::now();

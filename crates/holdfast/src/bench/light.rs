@@ -1,0 +1,181 @@
+//! `sessions --light`: the same sessions as the client library's, driven more cheaply, so that the load
+//! generator is not what limits a run of hundreds of thousands of heartbeats a second.
+//!
+//! One task per connection owns its sessions' streams (raw `Locks.Session` calls): it opens them (`Open`,
+//! then `Acquire` of the session's own lock), then heartbeats all of them together every lease/4 and reads
+//! every stream's events. Each session's lease is kept by the client's rule: confirmed until the send
+//! instant of the last acknowledged heartbeat (or the `Open`) plus the lease. A session whose lease ran out
+//! by that clock, that was told `Lost`, or whose stream ended, counts as having lost its lock. What the
+//! library also does and this does not: resume on another node, reconnect, TLS and API keys.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::stream::FuturesUnordered;
+use holdfast_proto::v1::{
+    Close, EventKind, Heartbeat, LocksClient, Open, RequestKind, SessionAcquire, SessionEvent, SessionRequest,
+};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{StreamExt, StreamMap};
+use tonic::Streaming;
+
+use super::Samples;
+
+/// What the light sessions did, shared with the run.
+#[derive(Default)]
+pub struct Tally {
+    pub opened: AtomicUsize,
+    pub lost: AtomicUsize,
+    pub failures: AtomicUsize,
+    pub refused: AtomicUsize,
+    pub open: Mutex<Samples>,
+    pub lock: Mutex<Samples>,
+}
+
+/// One session's stream and lease.
+struct Light {
+    tx: mpsc::Sender<SessionRequest>,
+    /// Heartbeats sent and not yet acknowledged: sequence number and send instant, oldest first.
+    sent: VecDeque<(u64, Instant)>,
+    confirmed_until: Instant,
+    lost: bool,
+}
+
+fn request(kind: RequestKind) -> SessionRequest {
+    SessionRequest { kind: Some(kind) }
+}
+
+/// Runs connection `conn`'s sessions (`ids`, to `endpoint`) until `stop` turns true, then closes them.
+pub async fn connection(
+    endpoint: String,
+    ids: std::ops::Range<usize>,
+    run_id: u32,
+    lease: Duration,
+    opening: Arc<Semaphore>,
+    tally: Arc<Tally>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let channel = match tonic::transport::Endpoint::from_shared(endpoint).map(|e| e.connect_lazy()) {
+        Ok(channel) => channel,
+        Err(_) => {
+            tally.failures.fetch_add(ids.len(), Ordering::Relaxed);
+            return;
+        }
+    };
+    let client = LocksClient::new(channel);
+    // Each session heartbeats from when it is open, not from when the connection's last one is.
+    let mut opens: FuturesUnordered<_> =
+        ids.map(|i| open(client.clone(), format!("bench-{run_id:08x}-session-{i}"), lease, &opening, &tally)).collect();
+    let mut sessions = Vec::new();
+    let mut events = StreamMap::new();
+    let period = lease / 4;
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut seq = 0u64;
+    loop {
+        tokio::select! {
+            Some(opened) = opens.next() => {
+                if let Some((session, inbound)) = opened {
+                    events.insert(sessions.len(), inbound);
+                    sessions.push(session);
+                }
+            }
+            _ = ticks.tick() => {
+                seq += 1;
+                let now = Instant::now();
+                for session in sessions.iter_mut().filter(|s| !s.lost) {
+                    if now >= session.confirmed_until {
+                        lose(session, &tally);
+                        continue;
+                    }
+                    session.sent.push_back((seq, now));
+                    if session.sent.len() > 8 {
+                        session.sent.pop_front();
+                    }
+                    let _ = session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq })));
+                }
+            }
+            Some((i, event)) = events.next() => match event.map(|e| e.kind) {
+                Ok(Some(EventKind::HeartbeatAck(ack))) => {
+                    let session = &mut sessions[i];
+                    while let Some(&(sent_seq, at)) = session.sent.front() {
+                        if sent_seq > ack.seq {
+                            break;
+                        }
+                        session.sent.pop_front();
+                        if sent_seq == ack.seq {
+                            session.confirmed_until = session.confirmed_until.max(at + lease);
+                        }
+                    }
+                }
+                Ok(Some(EventKind::Lost(_))) | Err(_) => lose(&mut sessions[i], &tally),
+                Ok(_) => {}
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    // The window's end: a lease that ran out by now is lost; the rest close, and the streams end.
+    let now = Instant::now();
+    for session in &mut sessions {
+        if !session.lost && now >= session.confirmed_until {
+            lose(session, &tally);
+        }
+        let _ = session.tx.send(request(RequestKind::Close(Close {}))).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), async { while events.next().await.is_some() {} }).await;
+}
+
+fn lose(session: &mut Light, tally: &Tally) {
+    if !session.lost {
+        session.lost = true;
+        tally.lost.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Opens a session and takes its lock `name`; `None` (counted) if either failed or the open was refused.
+async fn open(
+    mut client: LocksClient<tonic::transport::Channel>,
+    name: String,
+    lease: Duration,
+    opening: &Semaphore,
+    tally: &Tally,
+) -> Option<(Light, Streaming<SessionEvent>)> {
+    let _permit = opening.acquire().await.ok()?;
+    let (tx, rx) = mpsc::channel(16);
+    let sent = Instant::now();
+    let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+    let owner = "bench-light".to_owned();
+    tx.send(request(RequestKind::Open(Open { owner, lease_ms }))).await.ok()?;
+    let failed = |refused: bool| {
+        let count = if refused { &tally.refused } else { &tally.failures };
+        count.fetch_add(1, Ordering::Relaxed);
+        None
+    };
+    let mut inbound = match client.session(ReceiverStream::new(rx)).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return failed(status.code() == tonic::Code::ResourceExhausted),
+    };
+    match inbound.message().await {
+        Ok(Some(SessionEvent { kind: Some(EventKind::Opened(_)) })) => {}
+        Err(status) => return failed(status.code() == tonic::Code::ResourceExhausted),
+        Ok(_) => return failed(false),
+    }
+    tally.open.lock().unwrap().push(sent.elapsed());
+    let taking = Instant::now();
+    let acquire = SessionAcquire { name, wait: false, value: Vec::new(), lock_delay_ms: 0, limit: 0 };
+    tx.send(request(RequestKind::Acquire(acquire))).await.ok()?;
+    loop {
+        match inbound.message().await {
+            Ok(Some(SessionEvent { kind: Some(EventKind::Acquired(_)) })) => break,
+            Ok(Some(SessionEvent { kind: Some(EventKind::HeartbeatAck(_)) })) => continue,
+            _ => return failed(false),
+        }
+    }
+    tally.lock.lock().unwrap().push(taking.elapsed());
+    tally.opened.fetch_add(1, Ordering::Relaxed);
+    let light = Light { tx, sent: VecDeque::new(), confirmed_until: sent + lease, lost: false };
+    Some((light, inbound))
+}
