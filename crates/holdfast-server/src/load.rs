@@ -11,8 +11,9 @@
 //!
 //! Past `--overload-delay`, either one makes the node refuse what would add load (new sessions, one-shot
 //! acquires) rather than let live sessions pay for it ([`Load::overloaded`]). The leader's keeper lets a
-//! session live its runtime lag past its deadline ([`Load::expiry_grace`]): a heartbeat that reached it in
-//! time but waited to be read is not the reason the session ends.
+//! session live the larger lag past its deadline ([`Load::expiry_grace`]): a heartbeat that reached it in
+//! time but waited to be read, or waited in its batch (`Router::heartbeat`, which counts a batch from its
+//! oldest heartbeat's arrival), is not the reason the session ends.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -126,10 +127,10 @@ impl Load {
         )
     }
 
-    /// How long past its deadline the leader's keeper lets a session live: the runtime lag, how long a
-    /// heartbeat that reached this node waited to be read.
+    /// How long past its deadline the leader's keeper lets a session live: the larger lag, how long a
+    /// heartbeat that reached this node waited to be read, or to be extended and confirmed.
     pub fn expiry_grace(&self) -> Duration {
-        self.runtime_lag()
+        self.runtime_lag().max(self.heartbeat_lag())
     }
 }
 
@@ -149,6 +150,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(600)).await;
         load.confirmed(arrived);
         assert_eq!(load.overloaded(), Some(Duration::from_millis(600)));
+        assert_eq!(load.expiry_grace(), Duration::from_millis(600), "a heartbeat that waited is waited for");
         // Into the next window: the last one's largest still counts; a quick heartbeat does not hide it.
         tokio::time::advance(WINDOW).await;
         load.confirmed(Instant::now());
@@ -157,7 +159,7 @@ mod tests {
         tokio::time::advance(WINDOW).await;
         load.confirmed(Instant::now());
         assert_eq!((load.heartbeat_lag(), load.overloaded()), (Duration::ZERO, None));
-        assert_eq!(load.expiry_grace(), Duration::ZERO, "the runtime was never late");
+        assert_eq!(load.expiry_grace(), Duration::ZERO, "nothing was late for two windows");
     }
 
     #[test]

@@ -31,11 +31,7 @@ impl Leader {
 
     /// Keeps the sessions `ids` alive from now, on heartbeats that reached this node at `received`: for each,
     /// how many locks it holds and waits for, or `None` if it is gone. One quorum round confirms them all.
-    pub(super) async fn keep_alive_all(
-        &self,
-        ids: &[SessionId],
-        received: Instant,
-    ) -> Result<Vec<HeartbeatReply>, NodeError> {
+    pub async fn keep_alive_all(&self, ids: &[SessionId], received: Instant) -> Result<Vec<HeartbeatReply>, NodeError> {
         self.elections.check_leader()?;
         // A heartbeat may reach a new leader before its keeper's next tick: the deadlines it kept as a
         // follower are stale, so promote first or a live session would be refused as gone.

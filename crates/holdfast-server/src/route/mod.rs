@@ -15,6 +15,7 @@ use holdfast_core::{Grant, SessionId, SessionView, Token};
 use holdfast_store::{NodeId, SharedState, TypeConfig};
 use openraft::Raft;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use self::batches::Batches;
 use self::gather::Gather;
@@ -66,7 +67,7 @@ pub struct Router {
     bugs: Bugs,
     /// Heartbeats of sessions attached here, gathered for the leader (this node or another), each with what
     /// to do with its answer.
-    heartbeats: Gather<(SessionId, Beaten), ()>,
+    heartbeats: Gather<(SessionId, Instant, Beaten), ()>,
     /// Writes of clients attached here, gathered for the leader while this node follows.
     writes: Gather<Request, Result<Written, NodeError>>,
     /// Reads (and session views) answered here while this node follows, waiting for a barrier through the
@@ -178,7 +179,7 @@ impl Router {
     /// so a connection's acknowledgements leave in one write rather than one each (at 100,000 sessions a
     /// write per acknowledgement was the leader's largest cost: docs/perf-notes/2026-12-06-memory-per-session.md).
     pub fn heartbeat(self: &Arc<Self>, id: SessionId, beaten: Beaten) {
-        let queued = self.heartbeats.push((id, beaten));
+        let queued = self.heartbeats.push((id, Instant::now(), beaten));
         if queued.start_sender {
             let router = self.clone();
             drop(tokio::spawn(async move {
@@ -188,11 +189,19 @@ impl Router {
     }
 
     /// Keeps the sessions of `batch` alive through the leader and gives each its answer: one by one to a
-    /// leader that refused a batch lately (a build from before batches).
-    async fn answer_heartbeats(self: Arc<Self>, batch: Vec<(SessionId, Beaten)>) -> Vec<()> {
-        let (ids, answers): (Vec<SessionId>, Vec<Beaten>) = batch.into_iter().unzip();
+    /// leader that refused a batch lately (a build from before batches). On the leader, the batch counts
+    /// from its oldest heartbeat's arrival, so that the heartbeat lag (`load.rs`) includes the wait here.
+    async fn answer_heartbeats(self: Arc<Self>, batch: Vec<(SessionId, Instant, Beaten)>) -> Vec<()> {
+        let oldest = batch.iter().map(|(_, received, _)| *received).min().unwrap_or_else(Instant::now);
+        let (ids, answers): (Vec<SessionId>, Vec<Beaten>) = batch.into_iter().map(|(id, _, b)| (id, b)).unzip();
         let leader = self.raft.metrics().borrow().current_leader;
-        let replies = if leader != Some(self.elections.id()) && self.batches.refused(leader) {
+        let here = match self.elections.is_leader() {
+            true => self.leader.keep_alive_all(&ids, oldest).await.ok(),
+            false => None,
+        };
+        let replies = if let Some(replies) = here {
+            replies.into_iter().map(Ok).collect()
+        } else if leader != Some(self.elections.id()) && self.batches.refused(leader) {
             futures_util::future::join_all(ids.into_iter().map(|id| self.heartbeat_alone(id))).await
         } else {
             self.forward_heartbeats(ids).await
