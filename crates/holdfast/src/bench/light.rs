@@ -66,13 +66,17 @@ pub async fn connection(
         }
     };
     let client = LocksClient::new(channel);
+    let ids_start = ids.start;
     // Each session heartbeats from when it is open, not from when the connection's last one is.
     let mut opens: FuturesUnordered<_> =
         ids.map(|i| open(client.clone(), format!("bench-{run_id:08x}-session-{i}"), lease, &opening, &tally)).collect();
     let mut sessions = Vec::new();
     let mut events = StreamMap::new();
     let period = lease / 4;
-    let mut ticks = tokio::time::interval(period);
+    // Connections heartbeat at different points of the period (as the library's clients draw theirs), not
+    // all at once: the golden ratio spreads consecutive connections evenly.
+    let phase = (ids_start as f64 * 0.618_034).fract();
+    let mut ticks = tokio::time::interval_at((Instant::now() + period.mul_f64(phase)).into(), period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut seq = 0u64;
     loop {
