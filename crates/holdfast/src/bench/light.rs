@@ -89,32 +89,10 @@ pub async fn connection(
             }
             _ = ticks.tick() => {
                 seq += 1;
-                let now = Instant::now();
-                for session in sessions.iter_mut().filter(|s| !s.lost) {
-                    if now >= session.confirmed_until {
-                        lose(session, &tally);
-                        continue;
-                    }
-                    session.sent.push_back((seq, now));
-                    if session.sent.len() > 8 {
-                        session.sent.pop_front();
-                    }
-                    let _ = session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq })));
-                }
+                beat_all(&mut sessions, seq, &tally);
             }
             Some((i, event)) = events.next() => match event.map(|e| e.kind) {
-                Ok(Some(EventKind::HeartbeatAck(ack))) => {
-                    let session = &mut sessions[i];
-                    while let Some(&(sent_seq, at)) = session.sent.front() {
-                        if sent_seq > ack.seq {
-                            break;
-                        }
-                        session.sent.pop_front();
-                        if sent_seq == ack.seq {
-                            session.confirmed_until = session.confirmed_until.max(at + lease);
-                        }
-                    }
-                }
+                Ok(Some(EventKind::HeartbeatAck(ack))) => sessions[i].acknowledged(ack.seq, lease),
                 Ok(Some(EventKind::Lost(_))) | Err(_) => lose(&mut sessions[i], &tally),
                 Ok(_) => {}
             },
@@ -130,6 +108,37 @@ pub async fn connection(
         let _ = session.tx.send(request(RequestKind::Close(Close {}))).await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), async { while events.next().await.is_some() {} }).await;
+}
+
+/// Sends heartbeat `seq` on every session still holding, and counts those whose lease ran out as lost.
+fn beat_all(sessions: &mut [Light], seq: u64, tally: &Tally) {
+    let now = Instant::now();
+    for session in sessions.iter_mut().filter(|s| !s.lost) {
+        if now >= session.confirmed_until {
+            lose(session, tally);
+            continue;
+        }
+        session.sent.push_back((seq, now));
+        if session.sent.len() > 8 {
+            session.sent.pop_front();
+        }
+        let _ = session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq })));
+    }
+}
+
+impl Light {
+    /// Heartbeat `seq` was acknowledged: the lease holds until its send instant plus the lease.
+    fn acknowledged(&mut self, seq: u64, lease: Duration) {
+        while let Some(&(sent_seq, at)) = self.sent.front() {
+            if sent_seq > seq {
+                break;
+            }
+            self.sent.pop_front();
+            if sent_seq == seq {
+                self.confirmed_until = self.confirmed_until.max(at + lease);
+            }
+        }
+    }
 }
 
 fn lose(session: &mut Light, tally: &Tally) {
