@@ -569,7 +569,10 @@ impl Task {
         let mut heartbeat =
             tokio::time::interval_at(next_tick(Instant::now(), self.pool.beat_origin(period), period), period);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        if !matches!(self.closing, Some(Closing { sent: true, .. })) {
+        let closing = matches!(self.closing, Some(Closing { sent: true, .. }));
+        // Not on a lease already run out: the loop below ends the session first, as it did when this tick
+        // was the interval's first.
+        if !closing && Instant::now() < self.clock.confirmed_until() {
             self.on_tick();
         }
         loop {
