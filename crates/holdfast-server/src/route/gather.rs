@@ -24,8 +24,12 @@ pub struct Gather<T, R> {
     max_batch: usize,
 }
 
+/// What a sender does with a request's answer: send it to the caller waiting in [`Gather::ask`], or act on
+/// it in the sender's task ([`Gather::push_with`]). Dropped unanswered when the sender goes away.
+pub type Reply<R> = Box<dyn FnOnce(R) + Send>;
+
 struct Inner<T, R> {
-    queued: Vec<(T, oneshot::Sender<R>)>,
+    queued: Vec<(T, Reply<R>)>,
     senders: usize,
 }
 
@@ -36,7 +40,7 @@ pub struct Queued<R> {
     pub start_sender: bool,
 }
 
-impl<T, R> Gather<T, R> {
+impl<T, R: Send + 'static> Gather<T, R> {
     pub fn new(max_senders: usize, max_batch: usize) -> Self {
         assert!(max_senders > 0 && max_batch > 0, "a gather needs a sender and room for a request");
         Gather { inner: Mutex::new(Inner { queued: Vec::new(), senders: 0 }), max_senders, max_batch }
@@ -50,18 +54,30 @@ impl<T, R> Gather<T, R> {
     /// takes the request (a dropped sender ends the wait with an error).
     pub fn push(&self, request: T) -> Queued<R> {
         let (reply, answer) = oneshot::channel();
+        let start_sender = self.push_with(
+            request,
+            Box::new(move |answer| {
+                let _ = reply.send(answer);
+            }),
+        );
+        Queued { answer, start_sender }
+    }
+
+    /// Queues `request`, whose answer `reply` takes in the sender's task (no caller waits). True when the
+    /// caller must start a sender.
+    pub fn push_with(&self, request: T, reply: Reply<R>) -> bool {
         let mut inner = self.inner();
         inner.queued.push((request, reply));
         let start_sender = inner.senders < self.max_senders;
         if start_sender {
             inner.senders += 1;
         }
-        Queued { answer, start_sender }
+        start_sender
     }
 
     /// For a sender: the next batch, oldest first, or `None` when nothing is queued, and then this sender is
     /// counted out and must stop.
-    pub fn next_batch(&self) -> Option<Vec<(T, oneshot::Sender<R>)>> {
+    pub fn next_batch(&self) -> Option<Vec<(T, Reply<R>)>> {
         let mut inner = self.inner();
         if inner.queued.is_empty() {
             inner.senders -= 1;
@@ -89,7 +105,7 @@ impl<T, R> Gather<T, R> {
         while let Some(batch) = self.next_batch() {
             let (requests, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
             for (reply, answer) in replies.into_iter().zip(forward(requests).await) {
-                let _ = reply.send(answer);
+                reply(answer);
             }
         }
     }
@@ -105,11 +121,11 @@ impl<T, R> Gather<T, R> {
 mod tests {
     use super::*;
 
-    fn answer_all(batch: Vec<(u32, oneshot::Sender<u32>)>) -> Vec<u32> {
+    fn answer_all(batch: Vec<(u32, Reply<u32>)>) -> Vec<u32> {
         batch
             .into_iter()
             .map(|(n, reply)| {
-                let _ = reply.send(n * 10);
+                reply(n * 10);
                 n
             })
             .collect()

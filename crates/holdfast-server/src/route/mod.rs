@@ -43,7 +43,7 @@ const BARRIER_SENDERS: usize = 4;
 const READS_PER_BARRIER: usize = 4096;
 
 /// What a heartbeat's sender does with its answer ([`Router::heartbeat`]): called on the batch's task.
-pub type Beaten = Box<dyn FnOnce(Result<HeartbeatReply, NodeError>) + Send>;
+pub type Beaten = gather::Reply<Result<HeartbeatReply, NodeError>>;
 
 /// What [`Router::watch`] found for a queued claim.
 pub enum Watch {
@@ -65,9 +65,9 @@ pub struct Router {
     peers: Arc<Peers>,
     metrics: Arc<Metrics>,
     bugs: Bugs,
-    /// Heartbeats of sessions attached here, gathered for the leader (this node or another), each with what
-    /// to do with its answer.
-    heartbeats: Gather<(SessionId, Instant, Beaten), ()>,
+    /// Heartbeats of sessions attached here, with their arrival, gathered for the leader (this node or
+    /// another); each answer is acted on in the batch's task.
+    heartbeats: Gather<(SessionId, Instant), Result<HeartbeatReply, NodeError>>,
     /// Writes of clients attached here, gathered for the leader while this node follows.
     writes: Gather<Request, Result<Written, NodeError>>,
     /// Reads (and session views) answered here while this node follows, waiting for a barrier through the
@@ -179,8 +179,7 @@ impl Router {
     /// so a connection's acknowledgements leave in one write rather than one each (at 100,000 sessions a
     /// write per acknowledgement was the leader's largest cost: docs/perf-notes/2026-12-06-memory-per-session.md).
     pub fn heartbeat(self: &Arc<Self>, id: SessionId, beaten: Beaten) {
-        let queued = self.heartbeats.push((id, Instant::now(), beaten));
-        if queued.start_sender {
+        if self.heartbeats.push_with((id, Instant::now()), beaten) {
             let router = self.clone();
             drop(tokio::spawn(async move {
                 router.heartbeats.send_all(|batch| router.clone().answer_heartbeats(batch)).await;
@@ -188,25 +187,25 @@ impl Router {
         }
     }
 
-    /// Keeps the sessions of `batch` alive through the leader and gives each its answer: one by one to a
+    /// Keeps the sessions of `batch` alive through the leader, an answer each in order: one by one to a
     /// leader that refused a batch lately (a build from before batches). On the leader, the batch counts
     /// from its oldest heartbeat's arrival, so that the heartbeat lag (`load.rs`) includes the wait here.
-    async fn answer_heartbeats(self: Arc<Self>, batch: Vec<(SessionId, Instant, Beaten)>) -> Vec<()> {
-        let oldest = batch.iter().map(|(_, received, _)| *received).min().unwrap_or_else(Instant::now);
-        let (ids, answers): (Vec<SessionId>, Vec<Beaten>) = batch.into_iter().map(|(id, _, b)| (id, b)).unzip();
+    async fn answer_heartbeats(
+        self: Arc<Self>,
+        batch: Vec<(SessionId, Instant)>,
+    ) -> Vec<Result<HeartbeatReply, NodeError>> {
+        let oldest = batch.iter().map(|(_, received)| *received).min().unwrap_or_else(Instant::now);
+        let ids: Vec<SessionId> = batch.into_iter().map(|(id, _)| id).collect();
+        if self.elections.is_leader() {
+            if let Ok(replies) = self.leader.keep_alive_all(&ids, oldest).await {
+                return replies.into_iter().map(Ok).collect();
+            }
+        }
         let leader = self.raft.metrics().borrow().current_leader;
-        let here = match self.elections.is_leader() {
-            true => self.leader.keep_alive_all(&ids, oldest).await.ok(),
-            false => None,
-        };
-        let replies = if let Some(replies) = here {
-            replies.into_iter().map(Ok).collect()
-        } else if leader != Some(self.elections.id()) && self.batches.refused(leader) {
-            futures_util::future::join_all(ids.into_iter().map(|id| self.heartbeat_alone(id))).await
-        } else {
-            self.forward_heartbeats(ids).await
-        };
-        answers.into_iter().zip(replies).map(|(beaten, reply)| beaten(reply)).collect()
+        if leader != Some(self.elections.id()) && self.batches.refused(leader) {
+            return futures_util::future::join_all(ids.into_iter().map(|id| self.heartbeat_alone(id))).await;
+        }
+        self.forward_heartbeats(ids).await
     }
 
     /// Session `id` and its claims, as of a point no earlier than this call (confirmed by the leader and

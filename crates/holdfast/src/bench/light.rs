@@ -69,7 +69,7 @@ pub async fn connection(
     let ids_start = ids.start;
     // Each session heartbeats from when it is open, not from when the connection's last one is.
     let mut opens: FuturesUnordered<_> =
-        ids.map(|i| open(client.clone(), format!("bench-{run_id:08x}-session-{i}"), lease, &opening, &tally)).collect();
+        ids.map(|i| open(client.clone(), super::sessions::lock_name(run_id, i), lease, &opening, &tally)).collect();
     let mut sessions = Vec::new();
     let mut events = StreamMap::new();
     let period = lease / 4;

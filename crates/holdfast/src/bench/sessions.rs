@@ -169,6 +169,11 @@ struct Window {
     rss: Vec<Option<u64>>,
 }
 
+/// The lock session `i` of run `run_id` takes (whichever driver opens it).
+pub fn lock_name(run_id: u32, i: usize) -> String {
+    format!("bench-{run_id:08x}-session-{i}")
+}
+
 /// The open sessions: the client library's, or the light driver's (`--light`).
 enum Held {
     Library(Arc<Vec<(Session, HeldLock)>>),
@@ -267,8 +272,7 @@ async fn hold_window(client: &Client, held: &Held, run_id: u32, args: &SessionsA
             format!("{:>7} sessions holding  {lost} lost  read p99 {probe:.2} ms", n - lost)
         })
     };
-    // Session 0's lock: every session takes `bench-RUN-session-I`.
-    let probe_name = format!("bench-{run_id:08x}-session-0");
+    let probe_name = lock_name(run_id, 0);
     let mut probe_errors = 0u64;
     while Instant::now() < window_end {
         let t = Instant::now();
@@ -502,7 +506,7 @@ async fn open_all(clients: &[Client], run_id: u32, args: &SessionsArgs, started:
                 };
                 out.open.push(t.elapsed());
                 let t = Instant::now();
-                match session.lock(format!("bench-{run_id:08x}-session-{i}"), Some(Duration::from_secs(10))).await {
+                match session.lock(lock_name(run_id, i), Some(Duration::from_secs(10))).await {
                     Ok(held) => {
                         out.lock.push(t.elapsed());
                         out.sessions.push((session, held));
