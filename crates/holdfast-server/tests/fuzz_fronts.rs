@@ -850,6 +850,23 @@ fn check_http_answer(case: &HttpCase, answer: &HttpAnswer) -> Result<(), TestCas
         );
         return Ok(());
     }
+    if status == 200 && matches!(case.method.as_str(), "GET" | "HEAD") {
+        // The live page and its script and style (front/page): each with its own type.
+        let page = match case.route_path() {
+            "/" => Some("text/html; charset=utf-8"),
+            "/ui/page.js" => Some("text/javascript; charset=utf-8"),
+            "/ui/page.css" => Some("text/css; charset=utf-8"),
+            _ => None,
+        };
+        if let Some(expected) = page {
+            prop_assert!(
+                content_type == expected,
+                "the page's {} with content-type {content_type:?}",
+                case.route_path()
+            );
+            return Ok(());
+        }
+    }
     if (200..300).contains(&status) {
         prop_assert!(content_type == "application/json", "a success with content-type {content_type:?}");
         if !head {
