@@ -72,13 +72,35 @@ pub async fn add_member(api: &Api, id: u64, addr: &str) -> Result<(), ApiError> 
         let detail = format!("addr {addr:?}: expected HOST:PORT of the node's peer port");
         return Err(ApiError::invalid("invalid-member", detail));
     }
-    Ok(api.route.add(id, addr.to_owned()).await?)
+    api.route.add(id, addr.to_owned()).await?;
+    seen_here(api, |voters, _| voters.contains(&id)).await;
+    Ok(())
 }
 
 /// Removes node `id`; through the leader.
 pub async fn remove_member(api: &Api, id: u64) -> Result<(), ApiError> {
-    Ok(api.route.remove(id).await?)
+    api.route.remove(id).await?;
+    seen_here(api, |_, members| !members.contains(&id)).await;
+    Ok(())
 }
+
+/// Waits, a few seconds at most, until this node has applied a membership change the leader committed
+/// (`done` given its voters and members), so that the cluster view it answers with shows it: through a
+/// follower, the answer showed the membership from before the change.
+async fn seen_here(api: &Api, done: impl Fn(&[u64], &[u64]) -> bool) {
+    let mut metrics = api.raft.metrics();
+    let wait = metrics.wait_for(|m| {
+        let membership = m.membership_config.membership();
+        let voters: Vec<u64> = membership.voter_ids().collect();
+        let members: Vec<u64> = membership.nodes().map(|(id, _)| *id).collect();
+        done(&voters, &members)
+    });
+    // Past the bound the answer shows what this node has: the change is committed either way.
+    let _ = tokio::time::timeout(SEEN_HERE_MAX, wait).await;
+}
+
+/// How long a membership call waits for its own node to apply the change it made.
+const SEEN_HERE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The longest peer address a member may have.
 const ADDR_LEN_MAX: usize = 255;
