@@ -52,11 +52,13 @@ impl Api {
     /// The cluster as this node sees it.
     pub fn cluster(&self) -> ClusterView {
         let leader = self.elections.leader();
+        // Before the borrow below: `last_heard` reads openraft's metrics too, and a second read of them while
+        // openraft waits to write them blocks for ever, holding up the writer and, with it, the whole node.
+        let heard = self.elections.last_heard();
+        let now = tokio::time::Instant::now();
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         let membership = m.membership_config.membership();
-        let heard = self.elections.last_heard();
-        let now = tokio::time::Instant::now();
         let peers = membership
             .nodes()
             .map(|(id, _)| *id)

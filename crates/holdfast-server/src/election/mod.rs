@@ -148,10 +148,12 @@ impl Elections {
 
     /// This node's role, the term of its vote and its last durable entry, as its Raft metrics last told.
     fn role(&self) -> Role {
+        // Nothing else is read while openraft's metrics are borrowed (see `Api::cluster`).
+        let last = self.durable.last();
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let voter = metrics.membership_config.membership().voter_ids().any(|id| id == self.id);
-        Role { state: metrics.state, voter, term: metrics.vote.leader_id().term, last: self.durable.last() }
+        Role { state: metrics.state, voter, term: metrics.vote.leader_id().term, last }
     }
 
     /// After this node answered a candidate's vote ([`Election::vote_answered`]).
