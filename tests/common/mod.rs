@@ -676,6 +676,11 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.print_log_tails();
+            for node in &self.nodes {
+                if let Some(child) = &node.child {
+                    print_stacks_if_stuck(node.id, child.id(), node.client_addr);
+                }
+            }
             if std::env::var_os("HOLDFAST_TEST_KEEP").is_some() {
                 let dir = std::mem::replace(&mut self.dir, TempDir::new().expect("temp dir"));
                 eprintln!("harness: keeping {}", dir.keep().display());
@@ -687,6 +692,42 @@ impl Drop for Cluster {
                 let _ = child.wait();
             }
         }
+    }
+}
+
+/// Prints the threads' stacks of node `id` (process `pid`) if it does not answer on its client port within
+/// a second, as a node that hangs does not, and `gdb` is installed: a hang that happens once in many runs
+/// then shows where it was.
+fn print_stacks_if_stuck(id: usize, pid: u32, client_addr: SocketAddr) {
+    use std::io::Read;
+    let answers = || -> std::io::Result<bool> {
+        let mut stream = std::net::TcpStream::connect_timeout(&client_addr, Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+        // Plain HTTP; a TLS node answers it with an alert or closes the connection: either way, it answers.
+        stream.write_all(b"GET /livez HTTP/1.0\r\n\r\n")?;
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte) {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(false),
+            Err(_) => Ok(true),
+        }
+    };
+    // A node a test stopped (SIGSTOP) does not answer either, and is not stuck.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let stopped = stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'));
+    if stopped || answers().unwrap_or(true) {
+        return;
+    }
+    let dump = Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
+        .stdin(Stdio::null())
+        .output();
+    match dump {
+        Ok(out) => eprintln!(
+            "----- node {id} (pid {pid}) does not answer on {client_addr}: its threads -----\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        ),
+        Err(e) => eprintln!("----- node {id} (pid {pid}) does not answer on {client_addr} (no stacks: gdb: {e}) -----"),
     }
 }
 
