@@ -6,13 +6,14 @@
 //!   node whose threads are all busy reads what arrives that much late: a heartbeat waits in its socket.
 //!   Network faults do not move it.
 //! - the **heartbeat lag**, on the leader: how long it took to confirm a heartbeat, from the heartbeat's
-//!   arrival there to the quorum round that confirmed it. Not measured on a follower, where a heartbeat
-//!   also waits for a leader to be elected: that is a failover, not load.
+//!   arrival at the node its session is attached to, to the quorum round that confirmed it. A follower
+//!   reports how long its batch's oldest heartbeat waited there (`ForwardRequest::HeartbeatsWaited`), but
+//!   only while it knew a leader that answered: waiting for an election is a failover, not load.
 //!
 //! Past `--overload-delay`, either one makes the node refuse what would add load (new sessions, one-shot
 //! acquires) rather than let live sessions pay for it ([`Load::overloaded`]). The leader's keeper lets a
-//! session live the larger lag past its deadline ([`Load::expiry_grace`]): a heartbeat that reached it in
-//! time but waited to be read, or waited in its batch (`Router::heartbeat`, which counts a batch from its
+//! session live the larger lag past its deadline ([`Load::expiry_grace`]): a heartbeat that reached a node in
+//! time but waited to be read, or waited in a batch (`Router::heartbeat`, which counts a batch from its
 //! oldest heartbeat's arrival), is not the reason the session ends.
 
 use std::sync::Mutex;
@@ -26,6 +27,10 @@ pub const WINDOW: Duration = Duration::from_secs(1);
 pub const PROBE_EVERY: Duration = Duration::from_millis(10);
 /// A probe this late is logged.
 pub const LATE_WARNING: Duration = Duration::from_millis(250);
+/// How long a follower's heartbeats may have waited there, at most, as the leader counts it in its
+/// heartbeat lag. A follower counts a wait only while its leader answers (`Router::waited_with_a_leader`),
+/// so an honest report is far shorter; a wrong one must not keep every session alive for long.
+pub const WAIT_COUNTED_MAX: Duration = Duration::from_secs(60);
 /// The default `--overload-delay`.
 pub const OVERLOAD_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 
@@ -95,7 +100,7 @@ impl Load {
         }
     }
 
-    /// A heartbeat that reached this node, as leader, at `arrived` was confirmed now.
+    /// A heartbeat that reached this node (or the follower that passed it on) at `arrived` was confirmed now.
     pub fn confirmed(&self, arrived: Instant) {
         let now = Instant::now();
         lock(&self.heartbeats).note(now, now.saturating_duration_since(arrived));

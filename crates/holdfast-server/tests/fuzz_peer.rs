@@ -185,6 +185,7 @@ fn request_bodies() -> Vec<Vec<u8>> {
         ForwardRequest::RemoveMember { id: 5 },
         ForwardRequest::Heartbeats(vec![7, 8, 9]),
         ForwardRequest::Writes(writes),
+        ForwardRequest::HeartbeatsWaited { ids: vec![7, 8], waited_ms: 1500 },
     ]);
     frames.extend(forwarded.iter().map(|request| codec::request(Call::Forward, request)));
     // The body: what follows the 4 bytes `write_frame` fills with its length.

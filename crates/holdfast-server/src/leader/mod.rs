@@ -23,6 +23,7 @@ pub mod snapshot;
 pub mod tenants;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use holdfast_store::{SharedState, TypeConfig};
 use openraft::Raft;
@@ -100,7 +101,14 @@ impl Leader {
             ForwardRequest::Read(query) => self.answer(query).await.map(ForwardReply::Read),
             ForwardRequest::Heartbeat(id) => self.keep_alive(id, Instant::now()).await.map(ForwardReply::Heartbeat),
             ForwardRequest::Heartbeats(ids) => {
-                self.keep_alive_all(&ids, Instant::now()).await.map(ForwardReply::Heartbeats)
+                let now = Instant::now();
+                self.keep_alive_all(&ids, now, now).await.map(ForwardReply::Heartbeats)
+            }
+            ForwardRequest::HeartbeatsWaited { ids, waited_ms } => {
+                let now = Instant::now();
+                let waited = Duration::from_millis(waited_ms.into()).min(crate::load::WAIT_COUNTED_MAX);
+                let waiting_since = now.checked_sub(waited).unwrap_or(now);
+                self.keep_alive_all(&ids, now, waiting_since).await.map(ForwardReply::Heartbeats)
             }
             ForwardRequest::Writes(requests) => {
                 self.elections.check_leader()?;

@@ -7,6 +7,9 @@ use tokio::time::Instant;
 use super::Leader;
 use crate::peer::protocol::{HeartbeatReply, NodeError};
 
+/// Sessions a heartbeat batch extends under one read of the lock state, at most.
+const EXTENDED_UNDER_ONE_READ: usize = 512;
+
 impl Leader {
     /// As leader: gives every hold, session and waiter a full lease from now (with `--max-clock-skew`, each
     /// TTL hold its stamped end plus the bound and the election), once per term. True if this call did it.
@@ -26,27 +29,33 @@ impl Leader {
 
     /// The leader's side of a heartbeat that reached it at `received`.
     pub(super) async fn keep_alive(&self, id: SessionId, received: Instant) -> Result<HeartbeatReply, NodeError> {
-        Ok(self.keep_alive_all(&[id], received).await?.pop().flatten())
+        Ok(self.keep_alive_all(&[id], received, received).await?.pop().flatten())
     }
 
     /// Keeps the sessions `ids` alive from now, on heartbeats that reached this node at `received`: for each,
     /// how many locks it holds and waits for, or `None` if it is gone. One quorum round confirms them all.
-    pub async fn keep_alive_all(&self, ids: &[SessionId], received: Instant) -> Result<Vec<HeartbeatReply>, NodeError> {
+    /// The heartbeat lag counts from `waiting_since` (`received`, or earlier if they waited on a follower).
+    pub async fn keep_alive_all(
+        &self,
+        ids: &[SessionId],
+        received: Instant,
+        waiting_since: Instant,
+    ) -> Result<Vec<HeartbeatReply>, NodeError> {
         self.elections.check_leader()?;
         // A heartbeat may reach a new leader before its keeper's next tick: the deadlines it kept as a
         // follower are stale, so promote first or a live session would be refused as gone.
         self.promote();
-        let extended: Vec<HeartbeatReply> = {
+        let mut extended: Vec<HeartbeatReply> = Vec::with_capacity(ids.len());
+        // A few hundred under each read of the state: applies wait no longer than that for a large batch.
+        for ids in ids.chunks(EXTENDED_UNDER_ONE_READ) {
             let state = crate::state::read(&self.state);
-            ids.iter()
-                .map(|&id| {
-                    let (_, lease_ms, holds, waits) = state.session_summary(id)?;
-                    // Extended from now, after the client sent the heartbeat: the client, counting its lease
-                    // from when it sent it, never believes in a lease longer than the leader's.
-                    self.events.extend_session(id, lease_ms).then_some((holds as u32, waits as u32))
-                })
-                .collect()
-        };
+            extended.extend(ids.iter().map(|&id| {
+                let (_, lease_ms, holds, waits) = state.session_summary(id)?;
+                // Extended from now, after the client sent the heartbeat: the client, counting its lease
+                // from when it sent it, never believes in a lease longer than the leader's.
+                self.events.extend_session(id, lease_ms).then_some((holds as u32, waits as u32))
+            }));
+        }
         // Acknowledged only once a quorum round begun after the heartbeats arrived confirms this node still
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
         if extended.iter().any(Option::is_some) && !self.bugs.unconfirmed_heartbeats() {
@@ -54,7 +63,7 @@ impl Leader {
             if !matches!(self.confirmer.confirmed_since(received, false).await, Ok(None)) {
                 return Err(NodeError::NotLeader { leader: None });
             }
-            self.load.confirmed(received);
+            self.load.confirmed(waiting_since.min(received));
         }
         // Belt and braces: a session may have been closed while the round ran.
         let state = crate::state::read(&self.state);

@@ -147,6 +147,16 @@ pub enum ForwardRequest {
     /// Apply these writes: a follower's, gathered, once the leader has shown it reads batches (it answered
     /// a [`ForwardRequest::Heartbeats`]). Each is proposed on its own; the answer has one result each.
     Writes(Vec<Request>),
+    /// Keep these sessions alive, as [`ForwardRequest::Heartbeats`]; the oldest of them waited `waited_ms` on
+    /// the sending node, while it knew a leader, before it was sent. The leader counts that wait in its
+    /// heartbeat lag (`load.rs`): a follower that falls behind with its sessions' heartbeats makes the
+    /// cluster refuse new load, and the keeper lets those sessions live that much longer. Last, so that the
+    /// others keep their encoding; a leader of a build from before it closes the connection on it, and the
+    /// follower then sends [`ForwardRequest::Heartbeats`].
+    HeartbeatsWaited {
+        ids: Vec<SessionId>,
+        waited_ms: u32,
+    },
 }
 
 impl ForwardRequest {
@@ -165,7 +175,10 @@ impl ForwardRequest {
 
     /// Whether this is a batch, which a leader of a build from before batches cannot decode.
     pub fn is_batch(&self) -> bool {
-        matches!(self, ForwardRequest::Heartbeats(_) | ForwardRequest::Writes(_))
+        matches!(
+            self,
+            ForwardRequest::Heartbeats(_) | ForwardRequest::Writes(_) | ForwardRequest::HeartbeatsWaited { .. }
+        )
     }
 }
 
@@ -177,7 +190,7 @@ pub enum ForwardReply {
     Heartbeat(HeartbeatReply),
     Barrier(u64),
     Noted,
-    /// One answer per session of a [`ForwardRequest::Heartbeats`], in its order.
+    /// One answer per session of a [`ForwardRequest::Heartbeats`] (or `HeartbeatsWaited`), in its order.
     Heartbeats(Vec<HeartbeatReply>),
     /// One result per write of a [`ForwardRequest::Writes`], in its order.
     Writes(Vec<Result<Written, NodeError>>),

@@ -1,5 +1,6 @@
 //! What a follower knows of its leader's batches: whether the leader reads them (a leader of a build from
-//! before batches closes the connection on one), and whether a question about it is on its way.
+//! before batches closes the connection on one), whether it reads heartbeat batches that say how long they
+//! waited (`ForwardRequest::HeartbeatsWaited`, newer still), and whether a question about it is on its way.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -27,6 +28,9 @@ pub enum LeaderBatches {
 pub struct Batches {
     /// What the last leader sent a batch did with it.
     seen: Mutex<Option<LeaderBatches>>,
+    /// The last leader that closed the connection on a `HeartbeatsWaited`, and until when it is sent plain
+    /// `Heartbeats` instead.
+    waited_refused: Mutex<Option<(NodeId, Instant)>>,
     /// Whether an empty batch is on its way to ask the leader whether it reads batches.
     asking: AtomicBool,
 }
@@ -52,6 +56,19 @@ impl Batches {
         leader.is_some_and(|leader| self.reads(leader) == Some(false))
     }
 
+    /// Whether `leader` may be sent a `HeartbeatsWaited`: unless it closed the connection on one less than
+    /// [`BATCHES_REFUSED_FOR`] ago.
+    pub fn reads_waited(&self, leader: NodeId) -> bool {
+        let refused = *self.waited_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        !refused.is_some_and(|(by, until)| by == leader && Instant::now() < until)
+    }
+
+    /// Records that `leader` closed the connection on a `HeartbeatsWaited`, as a build from before it does.
+    pub fn refused_waited(&self, leader: NodeId) {
+        let until = Instant::now() + BATCHES_REFUSED_FOR;
+        *self.waited_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((leader, until));
+    }
+
     /// Marks a question to the leader as on its way: true if none was.
     pub fn start_asking(&self) -> bool {
         !self.asking.swap(true, Ordering::AcqRel)
@@ -60,5 +77,22 @@ impl Batches {
     /// The question came back.
     pub fn done_asking(&self) {
         self.asking.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_that_refused_waited_heartbeats_is_sent_plain_ones_for_a_while() {
+        let batches = Batches::default();
+        assert!(batches.reads_waited(1), "unknown: tried");
+        batches.refused_waited(1);
+        assert!(!batches.reads_waited(1), "refused: plain batches");
+        assert!(batches.reads_waited(2), "another leader is tried");
+        assert!(!batches.refused(Some(1)), "plain batches still go to it");
+        tokio::time::advance(BATCHES_REFUSED_FOR).await;
+        assert!(batches.reads_waited(1), "tried again after a while (it may have been upgraded)");
     }
 }

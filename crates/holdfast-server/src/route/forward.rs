@@ -39,7 +39,11 @@ impl Router {
             // follower and keeps that leader for as long as the cut lasts) would send requests into the
             // cut, where a write waits out its bound and ends with an unknown outcome. A leader gone silent
             // counts as none: the request waits here, sent nowhere, until a leader is heard from again.
-            let attempt = match self.elections.heard_leader(current) {
+            let heard = self.elections.heard_leader(current);
+            if heard.is_none() {
+                self.mark_leaderless();
+            }
+            let attempt = match heard {
                 Some(leader) if leader == self.elections.id() => self.leader.serve(request.clone()).await,
                 // Boxed: a call to a peer is a large future, and on the leader, where requests are served
                 // in place, every request's future would carry its size inline.
@@ -48,6 +52,7 @@ impl Router {
             };
             match attempt {
                 Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_)) if Instant::now() < deadline => {
+                    self.mark_leaderless();
                     // Wait for news of a leader, but not forever: the metrics may not change while a
                     // partitioned leader still believes it leads.
                     let _ = tokio::time::timeout(RETRY_PAUSE * 4, metrics.changed()).await;
@@ -81,7 +86,7 @@ impl Router {
             ForwardRequest::Write(_) => Forwarded::Write,
             ForwardRequest::Read(_) => Forwarded::Read,
             ForwardRequest::Heartbeat(_) => Forwarded::Heartbeat,
-            ForwardRequest::Heartbeats(_) => Forwarded::Heartbeats,
+            ForwardRequest::Heartbeats(_) | ForwardRequest::HeartbeatsWaited { .. } => Forwarded::Heartbeats,
             ForwardRequest::Writes(_) => Forwarded::Writes,
             ForwardRequest::StillWaiting(_) => Forwarded::StillWaiting,
             ForwardRequest::Barrier => Forwarded::Barrier,
@@ -117,6 +122,13 @@ impl Router {
             Err(CallError::Timeout(timeout)) => Err(NodeError::Timeout(timeout)),
             // Nothing was sent: the request may go to the next leader.
             Err(e @ CallError::Connect(_)) => Err(NodeError::Unreachable(format!("node {leader}: {e}"))),
+            Err(e @ CallError::Broken(_)) if matches!(request, ForwardRequest::HeartbeatsWaited { .. }) => {
+                // A leader of a build from before waited batches (or one that failed meanwhile): it is sent
+                // plain batches for a while.
+                tracing::warn!(leader, %e, "the leader closed the connection on a batch of heartbeats with their wait; sending plain batches for {BATCHES_REFUSED_FOR:?}");
+                self.batches.refused_waited(leader);
+                Err(NodeError::Unavailable(format!("forwarding to node {leader}: {e}")))
+            }
             Err(e @ CallError::Broken(_)) if request.is_batch() => {
                 // So does a leader of a build from before batches, which cannot decode one (or a leader that
                 // failed meanwhile): heartbeats and writes go to it one by one for a while. The writes of a
@@ -201,19 +213,40 @@ impl Router {
     }
 
     /// One answer per session in `ids`, in order, from one request through the leader (this node, if it
-    /// became leader meanwhile); one by one where the leader refused the batch.
-    pub(super) async fn forward_heartbeats(&self, ids: Vec<SessionId>) -> Vec<Result<HeartbeatReply, NodeError>> {
+    /// became leader meanwhile), telling it how long the oldest of them, which arrived at `oldest`, waited
+    /// here with a leader known; in a plain batch to a leader that refused that, one by one to a leader
+    /// that refused batches.
+    pub(super) async fn forward_heartbeats(
+        &self,
+        ids: Vec<SessionId>,
+        oldest: Instant,
+    ) -> Vec<Result<HeartbeatReply, NodeError>> {
         let count = ids.len();
-        let error = match self.through_leader(ForwardRequest::Heartbeats(ids.clone())).await {
-            Ok(ForwardReply::Heartbeats(replies)) if replies.len() == count => {
-                return replies.into_iter().map(Ok).collect()
+        let mut waited = true;
+        let error = loop {
+            let leader = self.raft.metrics().borrow().current_leader;
+            waited = waited && leader.is_none_or(|leader| self.batches.reads_waited(leader));
+            let request = if waited {
+                let waited_ms = self.waited_with_a_leader(oldest).as_millis().min(u32::MAX.into()) as u32;
+                ForwardRequest::HeartbeatsWaited { ids: ids.clone(), waited_ms }
+            } else {
+                ForwardRequest::Heartbeats(ids.clone())
+            };
+            match self.through_leader(request).await {
+                Ok(ForwardReply::Heartbeats(replies)) if replies.len() == count => {
+                    return replies.into_iter().map(Ok).collect()
+                }
+                Ok(other) => {
+                    break NodeError::Unavailable(format!("the leader answered {count} heartbeats with {other:?}"))
+                }
+                Err(_) if self.batches.refused(self.raft.metrics().borrow().current_leader) => {
+                    let alone = ids.into_iter().map(|id| self.heartbeat_alone(id));
+                    return futures_util::future::join_all(alone).await;
+                }
+                // Heartbeats may be sent twice: the same batch goes again, plain.
+                Err(_) if waited && !leader.is_none_or(|leader| self.batches.reads_waited(leader)) => waited = false,
+                Err(e) => break e,
             }
-            Ok(other) => NodeError::Unavailable(format!("the leader answered {count} heartbeats with {other:?}")),
-            Err(_) if self.batches.refused(self.raft.metrics().borrow().current_leader) => {
-                let alone = ids.into_iter().map(|id| self.heartbeat_alone(id));
-                return futures_util::future::join_all(alone).await;
-            }
-            Err(e) => e,
         };
         vec![Err(error); count]
     }

@@ -30,9 +30,11 @@ use crate::peer::protocol::{ForwardRequest, HeartbeatReply, NodeError, Query, Qu
 
 /// A follower's heartbeat batches under way to the leader at once, at most (see [`Router::heartbeat`]).
 const HEARTBEAT_SENDERS: usize = 4;
-/// Heartbeats in one batch, at most: the leader extends them all under one read of the lock state, which
-/// holds its applies back meanwhile.
-const HEARTBEATS_PER_BATCH: usize = 1024;
+/// Heartbeats in one batch, at most. With [`HEARTBEAT_SENDERS`] batches under way, this many times theirs
+/// is what a follower passes on in one round trip to the leader: at 1,024, a follower with 60,000 sessions
+/// on 2 s leases (120,000 heartbeats a second) needed round trips under 35 ms, and fell behind on a busy
+/// host (docs/perf-notes/2026-12-06-overload.md).
+const HEARTBEATS_PER_BATCH: usize = 8192;
 /// A follower's write batches under way to the leader at once, at most (see [`Router::write`]).
 const WRITE_SENDERS: usize = 8;
 /// Writes in one forwarded batch, at most.
@@ -75,6 +77,10 @@ pub struct Router {
     barriers: Gather<(), Result<u64, NodeError>>,
     /// Whether the leader reads batches.
     batches: Batches,
+    /// The last time this node, sending a request to the leader, knew of none that answered (none elected,
+    /// or gone silent, or no longer leading): a heartbeat's wait counts from then at the latest, so that an
+    /// election is not taken for load ([`Router::waited_with_a_leader`]).
+    leaderless: std::sync::Mutex<Instant>,
 }
 
 /// What a [`Router`] is made of: the node's shared parts.
@@ -105,6 +111,7 @@ impl Router {
             writes: Gather::new(WRITE_SENDERS, WRITES_PER_BATCH),
             barriers: Gather::new(BARRIER_SENDERS, READS_PER_BARRIER),
             batches: Batches::default(),
+            leaderless: std::sync::Mutex::new(Instant::now()),
         }
     }
 
@@ -188,8 +195,10 @@ impl Router {
     }
 
     /// Keeps the sessions of `batch` alive through the leader, an answer each in order: one by one to a
-    /// leader that refused a batch lately (a build from before batches). On the leader, the batch counts
-    /// from its oldest heartbeat's arrival, so that the heartbeat lag (`load.rs`) includes the wait here.
+    /// leader that refused a batch lately (a build from before batches). The heartbeat lag (`load.rs`)
+    /// includes the wait here: on the leader, the batch counts from its oldest heartbeat's arrival; a
+    /// follower tells the leader how long that one waited ([`ForwardRequest::HeartbeatsWaited`]). Either
+    /// way, only since a leader was known ([`Router::waited_with_a_leader`]).
     async fn answer_heartbeats(
         self: Arc<Self>,
         batch: Vec<(SessionId, Instant)>,
@@ -197,7 +206,8 @@ impl Router {
         let oldest = batch.iter().map(|(_, received)| *received).min().unwrap_or_else(Instant::now);
         let ids: Vec<SessionId> = batch.into_iter().map(|(id, _)| id).collect();
         if self.elections.is_leader() {
-            if let Ok(replies) = self.leader.keep_alive_all(&ids, oldest).await {
+            let counted_from = Instant::now() - self.waited_with_a_leader(oldest);
+            if let Ok(replies) = self.leader.keep_alive_all(&ids, oldest, counted_from).await {
                 return replies.into_iter().map(Ok).collect();
             }
         }
@@ -205,7 +215,19 @@ impl Router {
         if leader != Some(self.elections.id()) && self.batches.refused(leader) {
             return futures_util::future::join_all(ids.into_iter().map(|id| self.heartbeat_alone(id))).await;
         }
-        self.forward_heartbeats(ids).await
+        self.forward_heartbeats(ids, oldest).await
+    }
+
+    /// How long a heartbeat that arrived at `arrived` has waited here while a leader was known: since its
+    /// arrival, or since this node last found no leader to send to, whichever is later.
+    fn waited_with_a_leader(&self, arrived: Instant) -> std::time::Duration {
+        let leaderless = *self.leaderless.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Instant::now().saturating_duration_since(arrived.max(leaderless))
+    }
+
+    /// Notes that this node found no leader to send a request to ([`Router::waited_with_a_leader`]).
+    fn mark_leaderless(&self) {
+        *self.leaderless.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
     }
 
     /// Session `id` and its claims, as of a point no earlier than this call (confirmed by the leader and
