@@ -9,7 +9,7 @@
 //! library also does and this does not: resume on another node, reconnect, TLS and API keys.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,22 @@ pub struct Tally {
     pub refused: AtomicUsize,
     pub open: Mutex<Samples>,
     pub lock: Mutex<Samples>,
+    /// The longest a heartbeat waited for its acknowledgement (or has waited, unacknowledged) since this
+    /// was last taken, in ms: the lateness the sessions see, wherever the wait was.
+    pub late_ms: AtomicU64,
+    /// Heartbeats not sent because the stream's send queue was full (the node did not read them).
+    pub unsent: AtomicUsize,
+}
+
+impl Tally {
+    /// The longest wait for an acknowledgement since the last call ([`Tally::late_ms`]), and resets it.
+    pub fn take_late(&self) -> Duration {
+        Duration::from_millis(self.late_ms.swap(0, Ordering::Relaxed))
+    }
+
+    fn late(&self, waited: Duration) {
+        self.late_ms.fetch_max(waited.as_millis() as u64, Ordering::Relaxed);
+    }
 }
 
 /// One session's stream and lease.
@@ -92,7 +108,7 @@ pub async fn connection(
                 beat_all(&mut sessions, seq, &tally);
             }
             Some((i, event)) = events.next() => match event.map(|e| e.kind) {
-                Ok(Some(EventKind::HeartbeatAck(ack))) => sessions[i].acknowledged(ack.seq, lease),
+                Ok(Some(EventKind::HeartbeatAck(ack))) => sessions[i].acknowledged(ack.seq, lease, &tally),
                 Ok(Some(EventKind::Lost(_))) | Err(_) => lose(&mut sessions[i], &tally),
                 Ok(_) => {}
             },
@@ -118,17 +134,22 @@ fn beat_all(sessions: &mut [Light], seq: u64, tally: &Tally) {
             lose(session, tally);
             continue;
         }
+        if let Some(&(_, oldest)) = session.sent.front() {
+            tally.late(now - oldest);
+        }
         session.sent.push_back((seq, now));
         if session.sent.len() > 8 {
             session.sent.pop_front();
         }
-        let _ = session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq })));
+        if session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq }))).is_err() {
+            tally.unsent.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
 impl Light {
     /// Heartbeat `seq` was acknowledged: the lease holds until its send instant plus the lease.
-    fn acknowledged(&mut self, seq: u64, lease: Duration) {
+    fn acknowledged(&mut self, seq: u64, lease: Duration, tally: &Tally) {
         while let Some(&(sent_seq, at)) = self.sent.front() {
             if sent_seq > seq {
                 break;
@@ -136,6 +157,7 @@ impl Light {
             self.sent.pop_front();
             if sent_seq == seq {
                 self.confirmed_until = self.confirmed_until.max(at + lease);
+                tally.late(at.elapsed());
             }
         }
     }

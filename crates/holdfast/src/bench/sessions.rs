@@ -238,7 +238,11 @@ async fn open_light(clients: &[Client], run_id: u32, args: &SessionsArgs, starte
         .collect();
     let _progress = {
         let tally = tally.clone();
-        progress(started, move || format!("{:>7} sessions open", tally.opened.load(Ordering::Relaxed)))
+        progress(started, move || {
+            let (opened, late) = (tally.opened.load(Ordering::Relaxed), tally.take_late().as_millis());
+            let (lost, unsent) = (tally.lost.load(Ordering::Relaxed), tally.unsent.load(Ordering::Relaxed));
+            format!("{opened:>7} sessions open  {lost} lost  heartbeats late ≤ {late} ms, {unsent} unsent")
+        })
     };
     let deadline = started + args.open_timeout;
     let settled = |t: &light::Tally| {
