@@ -8,7 +8,7 @@
 //! - the **heartbeat lag**, on the leader: how long it took to confirm a heartbeat, from the heartbeat's
 //!   arrival at the node its session is attached to, to the quorum round that confirmed it. A follower
 //!   reports how long its batch's oldest heartbeat waited there (`ForwardRequest::HeartbeatsWaited`), but
-//!   only while it knew a leader that answered: waiting for an election is a failover, not load.
+//!   only since its requests were last left unserved: waiting out a failover is not load.
 //!
 //! Past `--overload-delay`, either one makes the node refuse what would add load (new sessions, one-shot
 //! acquires) rather than let live sessions pay for it ([`Load::overloaded`]). The leader's keeper lets a
@@ -28,7 +28,7 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(10);
 /// A probe this late is logged.
 pub const LATE_WARNING: Duration = Duration::from_millis(250);
 /// How long a follower's heartbeats may have waited there, at most, as the leader counts it in its
-/// heartbeat lag. A follower counts a wait only while its leader answers (`Router::waited_with_a_leader`),
+/// heartbeat lag. A follower counts a wait only while its leader serves it (`Router::waited_with_a_leader`),
 /// so an honest report is far shorter; a wrong one must not keep every session alive for long.
 pub const WAIT_COUNTED_MAX: Duration = Duration::from_secs(60);
 /// The default `--overload-delay`.

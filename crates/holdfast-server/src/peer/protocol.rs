@@ -148,7 +148,7 @@ pub enum ForwardRequest {
     /// a [`ForwardRequest::Heartbeats`]). Each is proposed on its own; the answer has one result each.
     Writes(Vec<Request>),
     /// Keep these sessions alive, as [`ForwardRequest::Heartbeats`]; the oldest of them waited `waited_ms` on
-    /// the sending node, while it knew a leader, before it was sent. The leader counts that wait in its
+    /// the sending node, while a leader served its requests, before it was sent. The leader counts that wait in its
     /// heartbeat lag (`load.rs`): a follower that falls behind with its sessions' heartbeats makes the
     /// cluster refuse new load, and the keeper lets those sessions live that much longer. Last, so that the
     /// others keep their encoding; a leader of a build from before it closes the connection on it, and the

@@ -39,20 +39,25 @@ impl Router {
             // follower and keeps that leader for as long as the cut lasts) would send requests into the
             // cut, where a write waits out its bound and ends with an unknown outcome. A leader gone silent
             // counts as none: the request waits here, sent nowhere, until a leader is heard from again.
-            let heard = self.elections.heard_leader(current);
-            if heard.is_none() {
-                self.mark_leaderless();
-            }
-            let attempt = match heard {
+            let attempt = match self.elections.heard_leader(current) {
                 Some(leader) if leader == self.elections.id() => self.leader.serve(request.clone()).await,
                 // Boxed: a call to a peer is a large future, and on the leader, where requests are served
                 // in place, every request's future would carry its size inline.
                 Some(leader) => Box::pin(self.forward(leader, &request, deadline)).await,
                 None => Err(NodeError::NotLeader { leader: None }),
             };
+            // Not for a refusal (a limit, bad input): the leader served that.
+            if let Err(
+                NodeError::NotLeader { .. }
+                | NodeError::Unreachable(_)
+                | NodeError::Timeout(_)
+                | NodeError::Unavailable(_),
+            ) = attempt
+            {
+                self.mark_unserved();
+            }
             match attempt {
                 Err(NodeError::NotLeader { .. } | NodeError::Unreachable(_)) if Instant::now() < deadline => {
-                    self.mark_leaderless();
                     // Wait for news of a leader, but not forever: the metrics may not change while a
                     // partitioned leader still believes it leads.
                     let _ = tokio::time::timeout(RETRY_PAUSE * 4, metrics.changed()).await;
@@ -214,8 +219,8 @@ impl Router {
 
     /// One answer per session in `ids`, in order, from one request through the leader (this node, if it
     /// became leader meanwhile), telling it how long the oldest of them, which arrived at `oldest`, waited
-    /// here with a leader known; in a plain batch to a leader that refused that, one by one to a leader
-    /// that refused batches.
+    /// here while a leader served this node; in a plain batch to a leader that refused that, one by one to
+    /// a leader that refused batches.
     pub(super) async fn forward_heartbeats(
         &self,
         ids: Vec<SessionId>,

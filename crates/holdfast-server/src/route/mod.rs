@@ -77,10 +77,11 @@ pub struct Router {
     barriers: Gather<(), Result<u64, NodeError>>,
     /// Whether the leader reads batches.
     batches: Batches,
-    /// The last time this node, sending a request to the leader, knew of none that answered (none elected,
-    /// or gone silent, or no longer leading): a heartbeat's wait counts from then at the latest, so that an
-    /// election is not taken for load ([`Router::waited_with_a_leader`]).
-    leaderless: std::sync::Mutex<Instant>,
+    /// The last time a request of this node's was not served through the leader: no leader was known (none
+    /// elected, or gone silent), or the one asked failed it (no longer leading, unreachable, no answer in
+    /// time). A heartbeat's wait counts from then at the latest, so that a failover is not taken for load
+    /// ([`Router::waited_with_a_leader`]).
+    unserved: std::sync::Mutex<Instant>,
 }
 
 /// What a [`Router`] is made of: the node's shared parts.
@@ -111,7 +112,7 @@ impl Router {
             writes: Gather::new(WRITE_SENDERS, WRITES_PER_BATCH),
             barriers: Gather::new(BARRIER_SENDERS, READS_PER_BARRIER),
             batches: Batches::default(),
-            leaderless: std::sync::Mutex::new(Instant::now()),
+            unserved: std::sync::Mutex::new(Instant::now()),
         }
     }
 
@@ -198,7 +199,7 @@ impl Router {
     /// leader that refused a batch lately (a build from before batches). The heartbeat lag (`load.rs`)
     /// includes the wait here: on the leader, the batch counts from its oldest heartbeat's arrival; a
     /// follower tells the leader how long that one waited ([`ForwardRequest::HeartbeatsWaited`]). Either
-    /// way, only since a leader was known ([`Router::waited_with_a_leader`]).
+    /// way, only since a leader last left a request of this node's unserved ([`Router::waited_with_a_leader`]).
     async fn answer_heartbeats(
         self: Arc<Self>,
         batch: Vec<(SessionId, Instant)>,
@@ -218,16 +219,17 @@ impl Router {
         self.forward_heartbeats(ids, oldest).await
     }
 
-    /// How long a heartbeat that arrived at `arrived` has waited here while a leader was known: since its
-    /// arrival, or since this node last found no leader to send to, whichever is later.
+    /// How long a heartbeat that arrived at `arrived` has waited here while a leader served this node: since
+    /// its arrival, or since a request of this node's last went unserved, whichever is later. A follower
+    /// whose requests wait on a leader that was cut off, or lost its office, counts nothing for that.
     fn waited_with_a_leader(&self, arrived: Instant) -> std::time::Duration {
-        let leaderless = *self.leaderless.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        Instant::now().saturating_duration_since(arrived.max(leaderless))
+        let unserved = *self.unserved.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Instant::now().saturating_duration_since(arrived.max(unserved))
     }
 
-    /// Notes that this node found no leader to send a request to ([`Router::waited_with_a_leader`]).
-    fn mark_leaderless(&self) {
-        *self.leaderless.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
+    /// Notes that a request of this node's was not served through the leader ([`Router::waited_with_a_leader`]).
+    fn mark_unserved(&self) {
+        *self.unserved.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
     }
 
     /// Session `id` and its claims, as of a point no earlier than this call (confirmed by the leader and
