@@ -371,7 +371,7 @@ impl Metrics {
         );
         registry.register(
             "heartbeat_lag_milliseconds",
-            "How long this node took to confirm a heartbeat: the largest in the last one to two seconds",
+            "How long this node, as leader, took to confirm a heartbeat from its arrival at the node it was sent to: the largest in the last one to two seconds",
             self.heartbeat_lag_ms.clone(),
         );
         registry.register(
