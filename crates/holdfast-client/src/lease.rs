@@ -26,6 +26,8 @@ pub(crate) struct LeaseClock {
     next_seq: u64,
     /// Heartbeats sent and not yet acknowledged, oldest first: (seq, send instant).
     outstanding: VecDeque<(u64, Instant)>,
+    /// How long the last acknowledged heartbeat took to be acknowledged.
+    last_round_trip: Duration,
 }
 
 impl LeaseClock {
@@ -33,7 +35,13 @@ impl LeaseClock {
     /// server starts the lease when it applies the open, which is after the client sent it).
     pub(crate) fn new(lease: Duration, sent_at: Instant) -> Self {
         assert!(!lease.is_zero(), "a lease must be longer than zero");
-        LeaseClock { lease, confirmed_until: sent_at + lease, next_seq: 1, outstanding: VecDeque::new() }
+        LeaseClock {
+            lease,
+            confirmed_until: sent_at + lease,
+            next_seq: 1,
+            outstanding: VecDeque::new(),
+            last_round_trip: Duration::ZERO,
+        }
     }
 
     /// The lease length this clock counts with.
@@ -65,13 +73,14 @@ impl LeaseClock {
         seq
     }
 
-    /// Records the ack of heartbeat `seq`. Returns whether it extended the lease. An ack for a heartbeat
-    /// this clock never sent, or already forgot, changes nothing.
-    pub(crate) fn on_ack(&mut self, seq: u64) -> bool {
+    /// Records the ack of heartbeat `seq`, received at `now`. Returns whether it extended the lease. An ack
+    /// for a heartbeat this clock never sent, or already forgot, changes nothing.
+    pub(crate) fn on_ack(&mut self, seq: u64, now: Instant) -> bool {
         let Some(i) = self.outstanding.iter().position(|(s, _)| *s == seq) else {
             return false;
         };
         let sent_at = self.outstanding[i].1;
+        self.last_round_trip = now.saturating_duration_since(sent_at);
         // Older heartbeats are superseded: their acks could only confirm an earlier deadline.
         self.outstanding.drain(..=i);
         let until = sent_at + self.lease;
@@ -89,9 +98,19 @@ impl LeaseClock {
         self.outstanding.front().map(|(_, at)| *at)
     }
 
+    /// How late this session's heartbeats are, as of `now`: the longer of how long the last acknowledged one
+    /// took and how long the oldest unacknowledged one has waited; at least 1 ms, as the protocol's 0 says
+    /// "not measured". Told to the node with each heartbeat (`Heartbeat.late_ms`).
+    pub(crate) fn late(&self, now: Instant) -> Duration {
+        let waiting = self.oldest_unacked().map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+        self.last_round_trip.max(waiting).max(Duration::from_millis(1))
+    }
+
     /// Forgets unacknowledged heartbeats, whose acks cannot come any more (their stream is gone).
     pub(crate) fn forget_outstanding(&mut self) {
         self.outstanding.clear();
+        // A new stream starts with nothing to say of its lateness.
+        self.last_round_trip = Duration::ZERO;
     }
 }
 
@@ -142,10 +161,24 @@ mod tests {
         let mut clock = LeaseClock::new(LEASE, t0);
         let seq = clock.on_send(t0 + ms(500));
         // The ack takes 1.4 s to come back: the lease still counts from 500 ms.
-        assert!(clock.on_ack(seq));
+        assert!(clock.on_ack(seq, Instant::now()));
         assert_eq!(clock.confirmed_until(), t0 + ms(2500));
         assert!(clock.is_alive(t0 + ms(2499)));
         assert!(!clock.is_alive(t0 + ms(2500)));
+    }
+
+    #[test]
+    fn lateness_is_the_longer_of_the_last_round_trip_and_the_oldest_unacknowledged_wait() {
+        let t0 = Instant::now();
+        let mut clock = LeaseClock::new(ms(2000), t0);
+        assert_eq!(clock.late(t0), ms(1), "nothing measured yet: the least a measure says");
+        let first = clock.on_send(t0);
+        clock.on_ack(first, t0 + ms(30));
+        assert_eq!(clock.late(t0 + ms(500)), ms(30), "the last round trip");
+        clock.on_send(t0 + ms(500));
+        assert_eq!(clock.late(t0 + ms(1300)), ms(800), "an unacknowledged heartbeat waiting longer");
+        clock.forget_outstanding();
+        assert_eq!(clock.late(t0 + ms(1300)), ms(1), "a new stream starts afresh");
     }
 
     #[test]
@@ -165,10 +198,10 @@ mod tests {
         let mut clock = LeaseClock::new(LEASE, t0);
         let first = clock.on_send(t0 + ms(500));
         let second = clock.on_send(t0 + ms(1000));
-        assert!(clock.on_ack(second));
+        assert!(clock.on_ack(second, Instant::now()));
         assert_eq!(clock.confirmed_until(), t0 + ms(3000));
         // The first was superseded by the second's ack: its ack changes nothing.
-        assert!(!clock.on_ack(first));
+        assert!(!clock.on_ack(first, Instant::now()));
         assert_eq!(clock.confirmed_until(), t0 + ms(3000));
         assert_eq!(clock.oldest_unacked(), None);
     }
@@ -177,11 +210,11 @@ mod tests {
     fn acks_for_unknown_or_repeated_sequence_numbers_are_ignored() {
         let t0 = Instant::now();
         let mut clock = LeaseClock::new(LEASE, t0);
-        assert!(!clock.on_ack(0));
-        assert!(!clock.on_ack(42));
+        assert!(!clock.on_ack(0, Instant::now()));
+        assert!(!clock.on_ack(42, Instant::now()));
         let seq = clock.on_send(t0 + ms(500));
-        assert!(clock.on_ack(seq));
-        assert!(!clock.on_ack(seq));
+        assert!(clock.on_ack(seq, Instant::now()));
+        assert!(!clock.on_ack(seq, Instant::now()));
         assert_eq!(clock.confirmed_until(), t0 + ms(2500));
     }
 
@@ -191,7 +224,7 @@ mod tests {
         let mut clock = LeaseClock::new(LEASE, t0);
         let seq = clock.on_send(t0 + ms(500));
         clock.forget_outstanding();
-        assert!(!clock.on_ack(seq));
+        assert!(!clock.on_ack(seq, Instant::now()));
         assert_eq!(clock.oldest_unacked(), None);
         assert_eq!(clock.confirmed_until(), t0 + LEASE);
     }
@@ -204,7 +237,7 @@ mod tests {
         for i in 1..=OUTSTANDING_MAX as u64 {
             clock.on_send(t0 + ms(i));
         }
-        assert!(!clock.on_ack(first), "the oldest was forgotten");
+        assert!(!clock.on_ack(first, Instant::now()), "the oldest was forgotten");
         assert_eq!(clock.oldest_unacked(), Some(t0 + ms(1)));
     }
 
@@ -236,7 +269,7 @@ mod tests {
         assert!(!clock.is_alive(Instant::now()));
         // The ack arrives now; counted from its send at 400 ms it confirms until 2.4 s. (The clock only does
         // the arithmetic: the session task declared everything lost at 2 s and never revives a session.)
-        assert!(clock.on_ack(seq));
+        assert!(clock.on_ack(seq, Instant::now()));
         assert!(clock.is_alive(Instant::now()));
         tokio::time::advance(ms(100)).await;
         assert!(!clock.is_alive(Instant::now()));

@@ -718,8 +718,10 @@ impl Task {
 
     fn on_tick(&mut self) {
         let Some(conn) = &self.conn else { return };
-        let seq = self.clock.on_send(Instant::now());
-        conn.send(RequestKind::Heartbeat(Heartbeat { seq }));
+        let now = Instant::now();
+        let late_ms = self.clock.late(now).as_millis().min(u32::MAX.into()) as u32;
+        let seq = self.clock.on_send(now);
+        conn.send(RequestKind::Heartbeat(Heartbeat { seq, late_ms }));
         if let Some(replay) = &mut self.replay {
             replay.barrier.get_or_insert(seq);
         }
@@ -964,7 +966,7 @@ impl Task {
     }
 
     fn on_ack(&mut self, ack: v1::HeartbeatAck) {
-        if self.clock.on_ack(ack.seq) {
+        if self.clock.on_ack(ack.seq, Instant::now()) {
             self.shared.set_confirmed_until(self.clock.confirmed_until());
         }
         let barrier_passed = self.replay.as_ref().is_some_and(|r| r.barrier.is_some_and(|b| ack.seq >= b));

@@ -10,8 +10,12 @@
 //!   reports how long its batch's oldest heartbeat waited there (`ForwardRequest::HeartbeatsWaited`), but
 //!   only since its requests were last left unserved: waiting out a failover is not load.
 //!
-//! Past `--overload-delay`, either one makes the node refuse what would add load (new sessions, one-shot
-//! acquires) rather than let live sessions pay for it ([`Load::overloaded`]). The leader's keeper lets a
+//! A third measure is the sessions' own: each stream's client tells, with its heartbeats, how late it sees
+//! them acknowledged ([`Load::client_late`]), which counts the waits no node measures (a heartbeat unread in
+//! a busy node's socket).
+//!
+//! Past `--overload-delay`, either lag, or enough sessions' word, makes the node refuse what would add load
+//! (new sessions, one-shot acquires) rather than let live sessions pay for it ([`Load::overloaded`]). The leader's keeper lets a
 //! session live the larger lag past its deadline ([`Load::expiry_grace`]): a heartbeat that reached a node in
 //! time but waited to be read, or waited in a batch (`Router::heartbeat`, which counts a batch from its
 //! oldest heartbeat's arrival), is not the reason the session ends.
@@ -31,6 +35,12 @@ pub const LATE_WARNING: Duration = Duration::from_millis(250);
 /// heartbeat lag. A follower counts a wait only while its leader serves it (`Router::waited_with_a_leader`),
 /// so an honest report is far shorter; a wrong one must not keep every session alive for long.
 pub const WAIT_COUNTED_MAX: Duration = Duration::from_secs(60);
+/// Sessions, at least, that must tell a node their heartbeats are late past `--overload-delay` within one
+/// to two [`WINDOW`]s for the node to refuse new load on their word ([`Load::client_late`]).
+pub const LATE_SESSIONS_MIN: usize = 32;
+/// ... and the share of the sessions that told it anything, at least, in percent: one client, or a few,
+/// cannot make a node refuse everybody.
+pub const LATE_SESSIONS_PERCENT: usize = 1;
 /// The default `--overload-delay`.
 pub const OVERLOAD_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 
@@ -38,6 +48,7 @@ pub const OVERLOAD_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 pub struct Load {
     runtime: Mutex<Windowed>,
     heartbeats: Mutex<Windowed>,
+    clients: Mutex<Told>,
     /// Past this lag, the node refuses new load.
     overload_delay: Duration,
 }
@@ -73,13 +84,49 @@ impl Windowed {
     }
 }
 
-fn lock(windowed: &Mutex<Windowed>) -> std::sync::MutexGuard<'_, Windowed> {
+fn lock<T>(windowed: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     windowed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What sessions told a node of their lateness, in the current window and the one before: for each, its
+/// start, how many told, how many of them were later than the delay, and the latest of those.
+#[derive(Default)]
+struct Told([(Option<Instant>, usize, usize, Duration); 2]);
+
+impl Told {
+    fn note(&mut self, now: Instant, late: Duration, delay: Duration) {
+        let [previous, current] = &mut self.0;
+        match current.0 {
+            Some(start) if now < start + WINDOW => {}
+            Some(start) if now < start + 2 * WINDOW => {
+                *previous = *current;
+                *current = (Some(start + WINDOW), 0, 0, Duration::ZERO);
+            }
+            _ => {
+                *previous = (None, 0, 0, Duration::ZERO);
+                *current = (Some(now), 0, 0, Duration::ZERO);
+            }
+        }
+        current.1 += 1;
+        if late > delay {
+            current.2 += 1;
+            current.3 = current.3.max(late);
+        }
+    }
+
+    /// The latest a session told, if enough of them were late ([`LATE_SESSIONS_MIN`],
+    /// [`LATE_SESSIONS_PERCENT`]) in the windows that started less than two windows before `now`.
+    fn late(&self, now: Instant) -> Option<Duration> {
+        let recent = self.0.iter().filter(|(start, ..)| start.is_some_and(|start| now < start + 2 * WINDOW));
+        let (told, late, latest) = recent
+            .fold((0, 0, Duration::ZERO), |(t, l, m), (_, told, late, latest)| (t + told, l + late, m.max(*latest)));
+        (late >= LATE_SESSIONS_MIN && late * 100 >= told * LATE_SESSIONS_PERCENT).then_some(latest)
+    }
 }
 
 impl Load {
     pub fn new(overload_delay: Duration) -> Self {
-        Load { runtime: Mutex::default(), heartbeats: Mutex::default(), overload_delay }
+        Load { runtime: Mutex::default(), heartbeats: Mutex::default(), clients: Mutex::default(), overload_delay }
     }
 
     /// Wakes every [`PROBE_EVERY`] and notes how late, until `shutdown` changes.
@@ -116,9 +163,25 @@ impl Load {
         lock(&self.heartbeats).largest(Instant::now())
     }
 
-    /// The larger lag, if it is past `--overload-delay`: the node refuses new load.
+    /// A session's client sees its heartbeats `late`: the longer of how long its last acknowledged one took
+    /// and how long its oldest unacknowledged one has waited, by its own clock (each stream tells this at
+    /// most once a window). Heartbeats that wait before a node reads them, in its sockets, are in no lag
+    /// the node measures; the sessions see them.
+    pub fn client_late(&self, late: Duration) {
+        lock(&self.clients).note(Instant::now(), late, self.overload_delay);
+    }
+
+    /// How late the sessions that told this node see their heartbeats, if enough of them are later than
+    /// `--overload-delay` ([`LATE_SESSIONS_MIN`], [`LATE_SESSIONS_PERCENT`]): the latest told.
+    pub fn sessions_late(&self) -> Option<Duration> {
+        lock(&self.clients).late(Instant::now())
+    }
+
+    /// The larger lag, if it is past `--overload-delay`, or how late the sessions see their heartbeats, if
+    /// enough of them are later than that ([`Load::sessions_late`]): the node refuses new load.
     pub fn overloaded(&self) -> Option<Duration> {
-        Some(self.runtime_lag().max(self.heartbeat_lag())).filter(|lag| *lag > self.overload_delay)
+        let lag = Some(self.runtime_lag().max(self.heartbeat_lag())).filter(|lag| *lag > self.overload_delay);
+        lag.max(self.sessions_late())
     }
 
     /// What a client is told when new load is refused at `lag`: how late, and what to do.
@@ -165,6 +228,39 @@ mod tests {
         load.confirmed(Instant::now());
         assert_eq!((load.heartbeat_lag(), load.overloaded()), (Duration::ZERO, None));
         assert_eq!(load.expiry_grace(), Duration::ZERO, "nothing was late for two windows");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_that_see_their_heartbeats_late_make_the_node_refuse_when_enough_of_them_do() {
+        let delay = Duration::from_millis(500);
+        let load = Load::new(delay);
+        let (late, prompt) = (Duration::from_millis(900), Duration::from_millis(20));
+        // One session, however late it says it is, is not enough.
+        load.client_late(Duration::from_secs(30));
+        assert_eq!(load.overloaded(), None);
+        // Enough late sessions, but under the share of those that told: not enough either.
+        let prompt_count = LATE_SESSIONS_MIN * 100 / LATE_SESSIONS_PERCENT + 100;
+        for _ in 0..prompt_count {
+            load.client_late(prompt);
+        }
+        for _ in 1..LATE_SESSIONS_MIN {
+            load.client_late(late);
+        }
+        assert_eq!(load.overloaded(), None, "{} late of {prompt_count} prompt", LATE_SESSIONS_MIN);
+        // Twice as many late, and the share is reached: the node refuses, saying how late the latest told.
+        for _ in 0..LATE_SESSIONS_MIN {
+            load.client_late(late);
+        }
+        assert_eq!(load.sessions_late(), Some(Duration::from_secs(30)));
+        assert_eq!(load.overloaded(), Some(Duration::from_secs(30)));
+        // Into the next window it still counts; two windows on, with only prompt sessions telling, it is over.
+        tokio::time::advance(WINDOW).await;
+        load.client_late(prompt);
+        assert!(load.overloaded().is_some());
+        tokio::time::advance(WINDOW * 2).await;
+        load.client_late(prompt);
+        assert_eq!(load.overloaded(), None);
+        assert_eq!(load.expiry_grace(), Duration::ZERO, "what the sessions see does not stretch expiry");
     }
 
     #[test]

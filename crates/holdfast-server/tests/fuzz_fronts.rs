@@ -1568,7 +1568,7 @@ fn session_msg() -> impl Strategy<Value = SessionMsg> {
             }
         ),
         2 => name_text().prop_map(|name| SessionMsg::Release(SessionRelease { name })),
-        2 => any::<u64>().prop_map(|seq| SessionMsg::Heartbeat(Heartbeat { seq })),
+        2 => (any::<u64>(), any::<u32>()).prop_map(|(seq, late_ms)| SessionMsg::Heartbeat(Heartbeat { seq, late_ms })),
         1 => Just(SessionMsg::Close),
         1 => Just(SessionMsg::Empty),
     ]

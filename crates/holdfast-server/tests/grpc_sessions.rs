@@ -175,7 +175,7 @@ async fn heartbeats_are_acknowledged_and_a_silent_session_loses_its_lock_after_i
     let (holder_id, holder_secret) = opened(&mut holder).await;
     holder.send(acquire("job", true)).await;
     let EventKind::Acquired(held) = holder.next().await else { panic!("holder holds job") };
-    holder.send(RequestKind::Heartbeat(Heartbeat { seq: 7 })).await;
+    holder.send(RequestKind::Heartbeat(Heartbeat { seq: 7, late_ms: 0 })).await;
     match holder.next().await {
         EventKind::HeartbeatAck(ack) => assert_eq!((ack.seq, ack.held, ack.waiting), (7, 1, 0)),
         other => panic!("expected an ack: {other:?}"),
@@ -269,7 +269,7 @@ async fn a_session_cannot_be_taken_over_with_what_a_read_of_its_lock_shows() {
     }
 
     // Nothing changed: the holder's stream was not displaced, it still holds, the waiter still waits.
-    holder.send(RequestKind::Heartbeat(Heartbeat { seq: 1 })).await;
+    holder.send(RequestKind::Heartbeat(Heartbeat { seq: 1, late_ms: 0 })).await;
     assert!(matches!(holder.next().await, EventKind::HeartbeatAck(ack) if ack.seq == 1 && ack.held == 1));
     let after = client.get(GetRequest { name: "job".into() }).await.unwrap().into_inner();
     assert_eq!(after, read);
@@ -537,5 +537,73 @@ async fn a_stream_ends_after_its_last_answer_and_on_a_reused_outstanding_id() {
     .expect("in time");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("call id 6"), "{status:?}");
+    node.stop().await;
+}
+
+/// Whether a new session opened now is refused as overloaded (and is closed at once if it opened).
+async fn open_refused_as_overloaded(client: &mut LocksClient<Channel>) -> bool {
+    let (tx, rx) = mpsc::channel(2);
+    tx.send(SessionRequest { kind: Some(open("newcomer", 10_000)) }).await.unwrap();
+    let mut events = client.session(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    match tokio::time::timeout(BOUND, events.message()).await.expect("an answer in time") {
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+            assert_eq!(problem(&status), "urn:holdfast:overloaded", "{status:?}");
+            assert!(status.message().contains("behind"), "the refusal says how late: {status:?}");
+            true
+        }
+        Ok(_) => {
+            let _ = tx.send(SessionRequest { kind: Some(RequestKind::Close(Default::default())) }).await;
+            false
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_that_see_their_heartbeats_late_make_the_node_refuse_new_ones_until_they_see_them_on_time() {
+    let node = Node::start().await;
+    let mut client = node.client().await;
+    // As many sessions as the node needs to take their word (`load::LATE_SESSIONS_MIN`).
+    let mut streams = Vec::new();
+    for i in 0..holdfast_server::load::LATE_SESSIONS_MIN {
+        let mut stream = Stream::open(&mut client, open(&format!("s{i}"), 30_000)).await;
+        opened(&mut stream).await;
+        streams.push(stream);
+    }
+    // Each heartbeats once a window (a stream is heard once a window), telling the node how late it sees
+    // its heartbeats: 3 s, then 5 ms. Each heartbeat is acknowledged: what the node has, it serves.
+    let mut seq = 0;
+    let mut beat_all = async |streams: &mut Vec<Stream>, late_ms: u32| {
+        seq += 1;
+        for stream in streams.iter() {
+            stream.send(RequestKind::Heartbeat(Heartbeat { seq, late_ms })).await;
+        }
+        for stream in streams.iter_mut() {
+            match stream.next().await {
+                EventKind::HeartbeatAck(ack) => assert_eq!(ack.seq, seq),
+                other => panic!("expected the heartbeat's acknowledgement, got {other:?}"),
+            }
+        }
+    };
+    // The node counts a session's lateness only since its own start: it is refused within a few windows.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        beat_all(&mut streams, 3_000).await;
+        if open_refused_as_overloaded(&mut client).await {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "new sessions were never refused");
+        tokio::time::sleep(holdfast_server::load::WINDOW).await;
+    }
+    // Once the sessions see their heartbeats on time, the lateness they told is forgotten in two windows.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        tokio::time::sleep(holdfast_server::load::WINDOW).await;
+        beat_all(&mut streams, 5).await;
+        if !open_refused_as_overloaded(&mut client).await {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "new sessions were refused after the sessions caught up");
+    }
     node.stop().await;
 }

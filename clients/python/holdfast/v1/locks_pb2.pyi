@@ -68,10 +68,12 @@ class SessionRelease(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq",)
+    __slots__ = ("seq", "late_ms")
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    LATE_MS_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+    late_ms: int
+    def __init__(self, seq: _Optional[int] = ..., late_ms: _Optional[int] = ...) -> None: ...
 
 class Close(_message.Message):
     __slots__ = ()

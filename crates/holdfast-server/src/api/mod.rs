@@ -166,6 +166,13 @@ impl Api {
         self.route.heartbeat(id, beaten)
     }
 
+    /// A session's client sees its heartbeats `late` ([`Load::client_late`]), counted only since this node's
+    /// requests were last left unserved, so that the wait for a failover is not taken for load.
+    pub fn client_late(&self, late: std::time::Duration) {
+        let since = tokio::time::Instant::now().checked_sub(late).unwrap_or_else(tokio::time::Instant::now);
+        self.load.client_late(self.route.waited_with_a_leader(since));
+    }
+
     /// The value the hold of `name` under `fence` publishes as this node has applied it (empty if that
     /// hold is not there).
     pub fn value_here(&self, name: &str, fence: u64) -> Vec<u8> {

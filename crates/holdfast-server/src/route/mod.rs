@@ -223,7 +223,7 @@ impl Router {
     /// How long a heartbeat that arrived at `arrived` has waited here while a leader served this node: since
     /// its arrival, or since a request of this node's last went unserved, whichever is later. A follower
     /// whose requests wait on a leader that was cut off, or lost its office, counts nothing for that.
-    fn waited_with_a_leader(&self, arrived: Instant) -> std::time::Duration {
+    pub fn waited_with_a_leader(&self, arrived: Instant) -> std::time::Duration {
         let unserved = *self.unserved.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Instant::now().saturating_duration_since(arrived.max(unserved))
     }

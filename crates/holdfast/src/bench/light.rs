@@ -57,6 +57,8 @@ struct Light {
     /// Heartbeats sent and not yet acknowledged: sequence number and send instant, oldest first.
     sent: VecDeque<(u64, Instant)>,
     confirmed_until: Instant,
+    /// How long the last acknowledged heartbeat took to be acknowledged.
+    last_round_trip: Duration,
     lost: bool,
 }
 
@@ -134,14 +136,17 @@ fn beat_all(sessions: &mut [Light], seq: u64, tally: &Tally) {
             lose(session, tally);
             continue;
         }
-        if let Some(&(_, oldest)) = session.sent.front() {
-            tally.late(now - oldest);
-        }
+        // As the client library tells it (`Heartbeat.late_ms`): the longer of the last round trip and the
+        // oldest unacknowledged heartbeat's wait, at least 1 ms.
+        let waiting = session.sent.front().map_or(Duration::ZERO, |&(_, oldest)| now - oldest);
+        let late = session.last_round_trip.max(waiting).max(Duration::from_millis(1));
+        tally.late(waiting);
         session.sent.push_back((seq, now));
         if session.sent.len() > 8 {
             session.sent.pop_front();
         }
-        if session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq }))).is_err() {
+        let late_ms = late.as_millis().min(u32::MAX.into()) as u32;
+        if session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq, late_ms }))).is_err() {
             tally.unsent.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -157,7 +162,8 @@ impl Light {
             self.sent.pop_front();
             if sent_seq == seq {
                 self.confirmed_until = self.confirmed_until.max(at + lease);
-                tally.late(at.elapsed());
+                self.last_round_trip = at.elapsed();
+                tally.late(self.last_round_trip);
             }
         }
     }
@@ -211,6 +217,12 @@ async fn open(
     }
     tally.lock.lock().unwrap().push(taking.elapsed());
     tally.opened.fetch_add(1, Ordering::Relaxed);
-    let light = Light { tx, sent: VecDeque::new(), confirmed_until: sent + lease, lost: false };
+    let light = Light {
+        tx,
+        sent: VecDeque::new(),
+        confirmed_until: sent + lease,
+        last_round_trip: Duration::ZERO,
+        lost: false,
+    };
     Some((light, inbound))
 }

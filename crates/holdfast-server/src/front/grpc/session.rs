@@ -78,6 +78,9 @@ struct SessionStream {
     id: SessionId,
     claims: BTreeMap<String, Claim>,
     tx: Outbox,
+    /// When this stream last told the node's load how late its client sees its heartbeats: once a
+    /// `load::WINDOW` at most, so that no client counts for more than one session.
+    late_told: Option<tokio::time::Instant>,
 }
 
 /// A stream attached to its session: what [`attach`] gives [`SessionStream::run`].
@@ -124,7 +127,8 @@ async fn attach(
             };
             api.wait_applied(written.index).await.map_err(ApiError::from)?;
             let notes = { api.attach(id) };
-            let stream = SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
+            let stream =
+                SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone(), late_told: None };
             let opened = v1::Opened { session_id: id, lease_ms: open.lease_ms, secret: secret.to_string() };
             (stream, notes, opened, None)
         }
@@ -157,7 +161,8 @@ async fn attach(
                 return Err(ApiError::SessionGone { id }.into());
             };
             let notes = attached?;
-            let mut stream = SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone() };
+            let mut stream =
+                SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone(), late_told: None };
             stream.adopt(&view);
             let opened = v1::Opened { session_id: id, lease_ms: view.lease_ms, secret: String::new() };
             (stream, notes, opened, Some(view))
@@ -217,7 +222,7 @@ impl SessionStream {
                 message = inbound.message() => match message {
                     // Heartbeats, most of what a stream hears, are handled in place; the rest in a box.
                     Ok(Some(SessionRequest { kind: Some(RequestKind::Heartbeat(beat)) }))
-                        if self.api.scope_valid(&self.scope) => self.heartbeat(beat.seq, &beats_tx),
+                        if self.api.scope_valid(&self.scope) => self.heartbeat(beat, &beats_tx),
                     Ok(Some(SessionRequest { kind: Some(kind) })) => {
                         if Box::pin(self.handle(kind, &beats_tx)).await? {
                             return Ok(());
@@ -250,9 +255,13 @@ impl SessionStream {
     /// Keeps the session alive on heartbeat `seq`, beside the stream's other requests: the node's
     /// heartbeat batch acknowledges it straight to the outbox (`Router::heartbeat`), so that a slow write on
     /// the stream never delays an acknowledgement.
-    fn heartbeat(&self, seq: u64, beats: &mpsc::UnboundedSender<Beat>) {
-        let (api, beats, tx) = (self.api.clone(), beats.clone(), self.tx.clone());
+    fn heartbeat(&mut self, beat: v1::Heartbeat, beats: &mpsc::UnboundedSender<Beat>) {
+        let (seq, api, beats, tx) = (beat.seq, self.api.clone(), beats.clone(), self.tx.clone());
         let received = tokio::time::Instant::now();
+        if beat.late_ms > 0 && self.late_told.is_none_or(|told| received >= told + crate::load::WINDOW) {
+            self.late_told = Some(received);
+            self.api.client_late(std::time::Duration::from_millis(beat.late_ms.into()));
+        }
         self.api.heartbeat(
             self.id,
             Box::new(move |reply| match reply {
@@ -301,7 +310,7 @@ impl SessionStream {
             return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() }.into());
         }
         match kind {
-            RequestKind::Heartbeat(beat) => self.heartbeat(beat.seq, beats),
+            RequestKind::Heartbeat(beat) => self.heartbeat(beat, beats),
             RequestKind::Acquire(acquire) => {
                 let checked = locks::check_name(&acquire.name)
                     .and_then(|()| locks::check_value(&acquire.value))
