@@ -252,9 +252,10 @@ impl SessionStream {
         }
     }
 
-    /// Keeps the session alive on heartbeat `seq`, beside the stream's other requests: the node's
+    /// Keeps the session alive on heartbeat `beat`, beside the stream's other requests: the node's
     /// heartbeat batch acknowledges it straight to the outbox (`Router::heartbeat`), so that a slow write on
-    /// the stream never delays an acknowledgement.
+    /// the stream never delays an acknowledgement. How late the client says it sees its heartbeats goes to
+    /// the node's load, once a window at most (`Api::client_late`).
     fn heartbeat(&mut self, beat: v1::Heartbeat, beats: &mpsc::UnboundedSender<Beat>) {
         let (seq, api, beats, tx) = (beat.seq, self.api.clone(), beats.clone(), self.tx.clone());
         let received = tokio::time::Instant::now();
