@@ -32,7 +32,7 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(10);
 /// A probe this late is logged.
 pub const LATE_WARNING: Duration = Duration::from_millis(250);
 /// How long a follower's heartbeats may have waited there, at most, as the leader counts it in its
-/// heartbeat lag. A follower counts a wait only while its leader serves it (`Router::waited_with_a_leader`),
+/// heartbeat lag. A follower counts a wait only while its leader serves it (`Router::waited_while_served`),
 /// so an honest report is far shorter; a wrong one must not keep every session alive for long.
 pub const WAIT_COUNTED_MAX: Duration = Duration::from_secs(60);
 /// Sessions, at least, that must tell a node their heartbeats are late past `--overload-delay` within one
@@ -53,34 +53,48 @@ pub struct Load {
     overload_delay: Duration,
 }
 
-/// The largest of the durations noted in the current window and the one before: (window start, largest).
+/// What was noted in the current [`WINDOW`] and the one before, each with its start: a measure counts for
+/// one to two windows.
 #[derive(Default)]
-struct Windowed([(Option<Instant>, Duration); 2]);
+struct Windows<T>([(Option<Instant>, T); 2]);
+
+impl<T: Default + Copy> Windows<T> {
+    /// The current window as of `now`, started afresh (and the one before it kept) once `now` is past it.
+    fn current(&mut self, now: Instant) -> &mut T {
+        let [previous, current] = &mut self.0;
+        match current.0 {
+            Some(start) if now < start + WINDOW => {}
+            Some(start) if now < start + 2 * WINDOW => {
+                *previous = *current;
+                *current = (Some(start + WINDOW), T::default());
+            }
+            _ => {
+                *previous = (None, T::default());
+                *current = (Some(now), T::default());
+            }
+        }
+        &mut current.1
+    }
+
+    /// What was noted in the windows that started less than two windows before `now`.
+    fn recent(&self, now: Instant) -> impl Iterator<Item = &T> {
+        self.0.iter().filter(move |(start, _)| start.is_some_and(|start| now < start + 2 * WINDOW)).map(|(_, t)| t)
+    }
+}
+
+/// The largest duration noted.
+type Windowed = Windows<Duration>;
 
 impl Windowed {
     /// Notes `took`, at `now`.
     fn note(&mut self, now: Instant, took: Duration) {
-        let [previous, current] = &mut self.0;
-        match current.0 {
-            Some(start) if now < start + WINDOW => current.1 = current.1.max(took),
-            Some(start) if now < start + 2 * WINDOW => {
-                *previous = *current;
-                *current = (Some(start + WINDOW), took);
-            }
-            _ => {
-                *previous = (None, Duration::ZERO);
-                *current = (Some(now), took);
-            }
-        }
+        let largest = self.current(now);
+        *largest = (*largest).max(took);
     }
 
     /// The largest noted in a window that started less than two windows before `now`.
     fn largest(&self, now: Instant) -> Duration {
-        let recent = |(start, took): &(Option<Instant>, Duration)| match start {
-            Some(start) if now < *start + 2 * WINDOW => *took,
-            _ => Duration::ZERO,
-        };
-        recent(&self.0[0]).max(recent(&self.0[1]))
+        self.recent(now).copied().max().unwrap_or_default()
     }
 }
 
@@ -88,38 +102,26 @@ fn lock<T>(windowed: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     windowed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What sessions told a node of their lateness, in the current window and the one before: for each, its
-/// start, how many told, how many of them were later than the delay, and the latest of those.
-#[derive(Default)]
-struct Told([(Option<Instant>, usize, usize, Duration); 2]);
+/// What sessions told a node of their lateness in a window: how many told, how many of them were later
+/// than the delay, and the latest of those.
+type Told = Windows<(usize, usize, Duration)>;
 
 impl Told {
     fn note(&mut self, now: Instant, late: Duration, delay: Duration) {
-        let [previous, current] = &mut self.0;
-        match current.0 {
-            Some(start) if now < start + WINDOW => {}
-            Some(start) if now < start + 2 * WINDOW => {
-                *previous = *current;
-                *current = (Some(start + WINDOW), 0, 0, Duration::ZERO);
-            }
-            _ => {
-                *previous = (None, 0, 0, Duration::ZERO);
-                *current = (Some(now), 0, 0, Duration::ZERO);
-            }
-        }
-        current.1 += 1;
+        let (told, late_count, latest) = self.current(now);
+        *told += 1;
         if late > delay {
-            current.2 += 1;
-            current.3 = current.3.max(late);
+            *late_count += 1;
+            *latest = (*latest).max(late);
         }
     }
 
     /// The latest a session told, if enough of them were late ([`LATE_SESSIONS_MIN`],
     /// [`LATE_SESSIONS_PERCENT`]) in the windows that started less than two windows before `now`.
     fn late(&self, now: Instant) -> Option<Duration> {
-        let recent = self.0.iter().filter(|(start, ..)| start.is_some_and(|start| now < start + 2 * WINDOW));
-        let (told, late, latest) = recent
-            .fold((0, 0, Duration::ZERO), |(t, l, m), (_, told, late, latest)| (t + told, l + late, m.max(*latest)));
+        let (told, late, latest) = self
+            .recent(now)
+            .fold((0, 0, Duration::ZERO), |(t, l, m), (told, late, latest)| (t + told, l + late, m.max(*latest)));
         (late >= LATE_SESSIONS_MIN && late * 100 >= told * LATE_SESSIONS_PERCENT).then_some(latest)
     }
 }

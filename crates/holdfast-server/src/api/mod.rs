@@ -170,7 +170,7 @@ impl Api {
     /// requests were last left unserved, so that the wait for a failover is not taken for load.
     pub fn client_late(&self, late: std::time::Duration) {
         let since = tokio::time::Instant::now().checked_sub(late).unwrap_or_else(tokio::time::Instant::now);
-        self.load.client_late(self.route.waited_with_a_leader(since));
+        self.load.client_late(self.route.waited_while_served(since));
     }
 
     /// The value the hold of `name` under `fence` publishes as this node has applied it (empty if that

@@ -232,7 +232,7 @@ impl Router {
             let leader = self.raft.metrics().borrow().current_leader;
             waited = waited && leader.is_none_or(|leader| self.batches.reads_waited(leader));
             let request = if waited {
-                let waited_ms = self.waited_with_a_leader(oldest).as_millis().min(u32::MAX.into()) as u32;
+                let waited_ms = self.waited_while_served(oldest).as_millis().min(u32::MAX.into()) as u32;
                 ForwardRequest::HeartbeatsWaited { ids: ids.clone(), waited_ms }
             } else {
                 ForwardRequest::Heartbeats(ids.clone())

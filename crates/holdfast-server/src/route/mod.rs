@@ -81,7 +81,7 @@ pub struct Router {
     /// The last time a request of this node's was not served through the leader: no leader was known (none
     /// elected, or gone silent), or the one asked failed it (no longer leading, unreachable, no answer in
     /// time). A heartbeat's wait counts from then at the latest, so that a failover is not taken for load
-    /// ([`Router::waited_with_a_leader`]).
+    /// ([`Router::waited_while_served`]).
     unserved: std::sync::Mutex<Instant>,
 }
 
@@ -200,7 +200,7 @@ impl Router {
     /// leader that refused a batch lately (a build from before batches). The heartbeat lag (`load.rs`)
     /// includes the wait here: on the leader, the batch counts from its oldest heartbeat's arrival; a
     /// follower tells the leader how long that one waited ([`ForwardRequest::HeartbeatsWaited`]). Either
-    /// way, only since a leader last left a request of this node's unserved ([`Router::waited_with_a_leader`]).
+    /// way, only since a leader last left a request of this node's unserved ([`Router::waited_while_served`]).
     async fn answer_heartbeats(
         self: Arc<Self>,
         batch: Vec<(SessionId, Instant)>,
@@ -208,7 +208,7 @@ impl Router {
         let oldest = batch.iter().map(|(_, received)| *received).min().unwrap_or_else(Instant::now);
         let ids: Vec<SessionId> = batch.into_iter().map(|(id, _)| id).collect();
         if self.elections.is_leader() {
-            let counted_from = Instant::now() - self.waited_with_a_leader(oldest);
+            let counted_from = Instant::now() - self.waited_while_served(oldest);
             if let Ok(replies) = self.leader.keep_alive_all(&ids, oldest, counted_from).await {
                 return replies.into_iter().map(Ok).collect();
             }
@@ -223,12 +223,12 @@ impl Router {
     /// How long a heartbeat that arrived at `arrived` has waited here while a leader served this node: since
     /// its arrival, or since a request of this node's last went unserved, whichever is later. A follower
     /// whose requests wait on a leader that was cut off, or lost its office, counts nothing for that.
-    pub fn waited_with_a_leader(&self, arrived: Instant) -> std::time::Duration {
+    pub fn waited_while_served(&self, arrived: Instant) -> std::time::Duration {
         let unserved = *self.unserved.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Instant::now().saturating_duration_since(arrived.max(unserved))
     }
 
-    /// Notes that a request of this node's was not served through the leader ([`Router::waited_with_a_leader`]).
+    /// Notes that a request of this node's was not served through the leader ([`Router::waited_while_served`]).
     fn mark_unserved(&self) {
         *self.unserved.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
     }
