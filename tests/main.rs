@@ -4,9 +4,10 @@
 //! with its module (`http_cluster::…`), so `cargo test -p holdfast --test cluster http_cluster::` runs one
 //! file's tests.
 //!
-//! Two modules are ignored by default and run by `tests/run` when the machine allows:
-//! `admin_access::` (root, for a network namespace) and `containers::` (a Docker engine), with
-//! `cargo test -p holdfast --test cluster -- --ignored admin_access::` and the same with `containers::`.
+//! Three modules are ignored by default and run by `tests/run` when the machine allows:
+//! `admin_access::` (root, for a network namespace), `disk_full::` (root, to mount a tmpfs) and
+//! `containers::` (a Docker engine), with `cargo test -p holdfast --test cluster -- --ignored admin_access::`
+//! and the same with the others.
 
 mod common;
 
@@ -15,6 +16,7 @@ mod auth;
 mod cli_run;
 mod containers;
 mod disk_damage;
+mod disk_full;
 mod http_cluster;
 mod lock_delay;
 mod membership;

@@ -98,6 +98,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// The storage's page cache, in bytes.
     pub cache_bytes: u64,
+    /// Disk space kept in reserve for when the disk fills up (holdfast-store's `Space`), in bytes.
+    pub disk_reserve: u64,
     /// Where the leader's time stamps come from: the system clock, but in simulations.
     pub clock: WallClock,
     /// Seeds tokens and session ids; `None` (always, outside simulations): the operating system's entropy.
@@ -135,23 +137,9 @@ pub async fn run(
     let client_addr = client.local_addr()?;
     tracing::info!(id = config.id, %client_addr, peer_addr = %peer.local_addr()?, data_dir = %config.data_dir.display(), "starting holdfast node");
     let data_dir = config.data_dir.clone();
-    let cache_bytes = config.cache_bytes;
+    let options = holdfast_store::Options { cache_bytes: config.cache_bytes, disk_reserve: config.disk_reserve };
     let id = config.id;
-    let storage = move |observer| {
-        std::fs::create_dir_all(&data_dir)
-            .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
-        let (log, machine) = holdfast_store::open_with_cache(&data_dir, observer, cache_bytes)
-            .with_context(|| format!("opening storage in {}", data_dir.display()))?;
-        // The leader's own entries go to its followers while they are synced: see holdfast-store's `durable`.
-        let log = log.acknowledge_own_appends(id);
-        Ok(Storage {
-            state: machine.state(),
-            committed_index: log.committed_index(),
-            durable: log.durable(),
-            log,
-            machine,
-        })
-    };
+    let storage = move |observer| disk_storage(&data_dir, observer, id, options);
     match tls {
         Some(tls) => {
             use tokio_stream::StreamExt;
@@ -186,6 +174,30 @@ pub struct Storage<LS, SM> {
     pub committed_index: Arc<std::sync::atomic::AtomicU64>,
     /// How far the log is durable: the leader tells its followers no commit index past it.
     pub durable: holdfast_store::Durable,
+    /// The room on the disk, for a store on one (`None`: in memory).
+    pub space: Option<holdfast_store::Space>,
+}
+
+/// Node `id`'s storage on disk under `data_dir`, as [`run`] opens it: the leader's own entries go to its
+/// followers while they are synced (see holdfast-store's `durable`).
+pub fn disk_storage(
+    data_dir: &std::path::Path,
+    observer: Arc<dyn holdfast_store::ApplyObserver>,
+    id: NodeId,
+    options: holdfast_store::Options,
+) -> anyhow::Result<Storage<holdfast_store::LogStore, holdfast_store::StateMachineStore>> {
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    let (log, machine) = holdfast_store::open_with(data_dir, observer, options)
+        .with_context(|| format!("opening storage in {}", data_dir.display()))?;
+    let log = log.acknowledge_own_appends(id);
+    Ok(Storage {
+        state: machine.state(),
+        committed_index: log.committed_index(),
+        durable: log.durable(),
+        space: Some(log.space()),
+        log,
+        machine,
+    })
 }
 
 /// How a node is reached and reaches its peers: real sockets (with or without TLS), or the simulation's.
@@ -231,7 +243,8 @@ where
     metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
     let metrics = Arc::new(metrics);
     let events = Arc::new(Events::new(metrics.clone(), config.bugs, config.max_clock_skew));
-    let Storage { log: log_store, machine: sm_store, state, committed_index, durable } = storage(events.clone())?;
+    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, space } =
+        storage(events.clone())?;
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
     let network =
         Network { peers: peers.clone(), durable: Some(durable.clone()), urgent: Some(events.urgent_commits()) };
@@ -246,6 +259,7 @@ where
         metrics,
         committed_index,
         durable,
+        space,
         limits: config.limits.clone(),
         auth: config.auth.clone(),
         admin_key: config.admin_key.clone(),
@@ -390,6 +404,10 @@ impl Running {
         proposer.abort();
         for task in tasks {
             let _ = task.await;
+        }
+        // An append waiting for room on a full disk would hold openraft's core, and its shutdown, for good.
+        if let Some(space) = node.api.space() {
+            space.close();
         }
         let stopped = node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"));
         let _ = peer_stop.send(true);

@@ -164,6 +164,9 @@ pub struct Metrics {
     pub fsync: Histogram,
     pub snapshot_bytes: Gauge,
     pub snapshot_index: Gauge,
+    /// The room on the store's disk (set at scrape time).
+    pub disk_free: Gauge,
+    pub disk_full: Gauge,
 
     // The lock state, read when scraped.
     pub locks_held: Gauge,
@@ -221,6 +224,8 @@ impl Metrics {
             fsync: latency_histogram(),
             snapshot_bytes: Gauge::default(),
             snapshot_index: Gauge::default(),
+            disk_free: Gauge::default(),
+            disk_full: Gauge::default(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
             sessions: Gauge::default(),
@@ -316,6 +321,18 @@ impl Metrics {
             "snapshot_index",
             "The last log index this node's current snapshot covers (0: none)",
             self.snapshot_index.clone(),
+        );
+        storage.register_with_unit(
+            "disk_free",
+            "Bytes free on the file system of the data directory, at the last look (every 250 ms)",
+            Unit::Bytes,
+            self.disk_free.clone(),
+        );
+        storage.register(
+            "disk_full",
+            "1 while the data directory's disk is full: the reserve is given back and the raft log takes no more \
+             entries, so this node acknowledges no write and, as leader, lets another lead",
+            self.disk_full.clone(),
         );
     }
 
@@ -442,6 +459,7 @@ mod tests {
             "holdfast_raft_apply_lag_entries 0",
             "holdfast_storage_snapshot_bytes 0",
             "holdfast_storage_snapshot_index 0",
+            "holdfast_storage_disk_full 0",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");

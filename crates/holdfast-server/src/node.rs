@@ -63,6 +63,8 @@ pub struct Parts {
     pub committed_index: Arc<AtomicU64>,
     /// How far the log is durable: its last entry is what a pre-vote offers.
     pub durable: Durable,
+    /// The room on the store's disk (`None`: in memory).
+    pub space: Option<holdfast_store::Space>,
     pub limits: FrontLimits,
     pub auth: AuthConfig,
     pub admin_key: Option<Secret>,
@@ -83,6 +85,7 @@ impl Node {
             metrics,
             committed_index,
             durable,
+            space,
             limits,
             auth,
             admin_key,
@@ -129,6 +132,7 @@ impl Node {
             route: route.clone(),
             metrics,
             committed_index: committed_index.clone(),
+            space,
             limits,
             auth,
             admin_key,
@@ -159,7 +163,12 @@ impl Node {
         let watch = tokio::spawn(async move { elections.run(stop_elections).await });
         let (load, stop_probe) = (self.api.load().clone(), stop.clone());
         let probe = tokio::spawn(async move { load.run_probe(stop_probe).await });
-        (proposer, vec![keeper, confirmer, pings, watch, probe])
+        let mut tasks = vec![keeper, confirmer, pings, watch, probe];
+        if let Some(space) = self.api.space().cloned() {
+            let (leader, stop_disk) = (self.leader.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move { leader.run_disk_watch(space, stop_disk).await }));
+        }
+        (proposer, tasks)
     }
 }
 

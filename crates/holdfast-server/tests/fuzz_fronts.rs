@@ -176,16 +176,8 @@ impl Fuzzed {
             // As `holdfast_server::run` opens it, but through `serve`, which hands back the node: the cases
             // compare its lock state before and after each refused request.
             let storage = move |observer| {
-                let (log, machine) =
-                    holdfast_store::open_with_cache(&data_dir, observer, holdfast_store::CACHE_BYTES_DEFAULT)?;
-                let log = log.acknowledge_own_appends(1);
-                Ok(holdfast_server::Storage {
-                    state: machine.state(),
-                    committed_index: log.committed_index(),
-                    durable: log.durable(),
-                    log,
-                    machine,
-                })
+                let options = holdfast_store::Options::default();
+                holdfast_server::disk_storage(&data_dir, observer, 1, options)
             };
             let (started, node) = tokio::sync::oneshot::channel();
             // As `run` does: without TCP_NODELAY, every answer pushed on a stream waits ~40 ms for Nagle.

@@ -472,6 +472,7 @@ impl NodeSpec {
             tls: None,
             auth: Default::default(),
             cache_bytes: 0,
+            disk_reserve: 0,
             clock: {
                 let skew_ms = self.skew_ms.clone();
                 WallClock::from_fn(move || {
@@ -513,7 +514,14 @@ async fn serve_node(config: Config, disk: MemDisk, registry: Registry) -> turmoi
         let (log, machine) = open_memory(&disk, observer);
         let log = log.acknowledge_own_appends(id);
         let durable = log.durable();
-        Ok(Storage { state: machine.state(), committed_index: log.committed_index(), durable, log, machine })
+        Ok(Storage {
+            state: machine.state(),
+            committed_index: log.committed_index(),
+            durable,
+            space: None,
+            log,
+            machine,
+        })
     };
     let transport = Transport {
         client: crate::net::ClientListener(client),

@@ -23,6 +23,8 @@
 //!   state (and telling the observer), tracking the last applied log id and membership, snapshot
 //!   bytes to state and back, and the order of a snapshot build and install. A store adds only where
 //!   its records are kept and when they are flushed.
+//! - `space`: [`Space`], the room on the store's disk: a reserve, and appends that wait while the disk is
+//!   full rather than fail.
 //! - `runtime`: [`Runtime`], openraft's tokio runtime with a random source a simulation can seed.
 //! - [`codec`]: bincode decoding with bounds on how deep a value nests and how much memory its elements
 //!   take, for the log's records and (in holdfast-server) the peer protocol's frames, which carry the
@@ -38,6 +40,8 @@
 //!   file, `<n>.snapshot`; while a snapshot is built or received from the leader, its file `<n>.new` beside
 //!   it. Any other file there is left from a crash and removed when the directory is opened.
 //! - `vote`: the vote, with its length and CRC-32 (see the `vote` module); `vote.new` while one is saved.
+//! - `reserve`: disk space held while there is room, and given back when the disk fills up (see the
+//!   `space` module).
 //! - one `sled::Db` with two trees, every value bincode 1:
 //!   - `meta`: `format` (this layout's version, checked on open), `vote` (a copy, for builds before the
 //!     file, taken where there is no `vote` file or where it is the later vote), `committed` and
@@ -118,6 +122,7 @@ mod machine;
 pub mod memory;
 mod runtime;
 mod snapshot;
+mod space;
 mod state_machine;
 mod vote;
 mod wal;
@@ -135,6 +140,7 @@ pub use log_store::LogStore;
 pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
 pub use runtime::{seed_thread_rng, Runtime};
 pub use snapshot::SnapshotData;
+pub use space::{Room, Space};
 pub use state_machine::{SnapshotBuilder, StateMachineStore};
 
 /// A node's id in the cluster.
@@ -237,12 +243,12 @@ mod keys {
     pub const SNAPSHOT_FILE: &str = "file";
 }
 
-/// Opens (or creates) the node's storage under `dir`.
+/// Opens (or creates) the node's storage under `dir`, with the default [`Options`].
 ///
 /// If a snapshot is stored, the lock state, last applied log id and membership are restored from it
 /// (and `observer` is told), so that openraft re-applies only the log after it.
 pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_with_cache(dir, observer, CACHE_BYTES_DEFAULT)
+    open_with(dir, observer, Options::default())
 }
 
 /// sled's page cache when nobody says otherwise: sled's own default, 1 GiB. The cache grows only as the
@@ -250,14 +256,35 @@ pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, S
 /// smaller bound is for nodes with little memory.
 pub const CACHE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
 
-/// [`open`], with sled's page cache bounded to `cache_bytes`.
-pub fn open_with_cache(
+/// The disk space kept in reserve when nobody says otherwise: room for sled's records, the vote and a
+/// snapshot of some hundred thousand locks once the disk is full (see the `space` module).
+pub const DISK_RESERVE_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// How [`open_with`] opens a store.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// The most sled's page cache holds, in bytes.
+    pub cache_bytes: u64,
+    /// Bytes of disk kept in reserve while there is room, and given back when it runs out ([`Space`]).
+    pub disk_reserve: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { cache_bytes: CACHE_BYTES_DEFAULT, disk_reserve: DISK_RESERVE_DEFAULT }
+    }
+}
+
+/// [`open`], with `options`.
+pub fn open_with(
     dir: &Path,
     observer: Arc<dyn ApplyObserver>,
-    cache_bytes: u64,
+    options: Options,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
     std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
-    let db = sled::Config::new().path(dir).cache_capacity(cache_bytes).open()?;
+    // Before sled: a disk already full gives the reserve back for sled's own writes.
+    let space = Space::watch(dir, options.disk_reserve)?;
+    let db = sled::Config::new().path(dir).cache_capacity(options.cache_bytes).open()?;
     let meta = db.open_tree(keys::META_TREE)?;
     let purged: Option<LogId<NodeId>> = match meta.get(keys::LAST_PURGED)? {
         Some(bytes) => Some(bincode::deserialize(&bytes)?),
@@ -303,7 +330,7 @@ pub fn open_with_cache(
         (None, copy) => copy,
     };
     let (covered_sender, covered) = covered::covered();
-    let log_store = LogStore::new(db.clone(), dir, wal, meta, purged, observer.clone(), vote, covered);
+    let log_store = LogStore::new(db.clone(), dir, wal, meta, purged, observer.clone(), vote, covered, space);
     let state_machine = StateMachineStore::open(
         db,
         snapshots,
@@ -328,10 +355,10 @@ fn convert_format_1(db: &sled::Db, meta: &sled::Tree, wal_dir: &Path) -> Result<
     for value in tree.iter().values() {
         batch.push(codec::decode::<openraft::Entry<TypeConfig>>(&value?)?);
         if batch.len() == 1024 {
-            wal.append(std::mem::take(&mut batch))?;
+            wal.append(&std::mem::take(&mut batch))?;
         }
     }
-    wal.append(batch)?;
+    wal.append(&batch)?;
     drop(wal);
     meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
     db.flush()?;

@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::covered::Covered;
 use crate::durable::Durable;
 use crate::runtime::blocking;
+use crate::space::{is_no_space, Space};
 use crate::wal::Wal;
 use crate::{flush, keys, log, ApplyObserver, NodeId, StoreError, TypeConfig};
 
@@ -41,6 +42,8 @@ pub struct LogStore {
     /// How far the stored snapshot covers the log, and whether a leader's snapshot is on its way: a purge
     /// then goes no further than the stored snapshot (see the `covered` module).
     covered: Covered,
+    /// Room on the disk: appends wait while it is low (see the `space` module).
+    space: Space,
 }
 
 impl LogStore {
@@ -54,6 +57,7 @@ impl LogStore {
         observer: Arc<dyn ApplyObserver>,
         vote: Option<Vote<NodeId>>,
         covered: Covered,
+        space: Space,
     ) -> Self {
         Self {
             db,
@@ -67,6 +71,7 @@ impl LogStore {
             own: None,
             vote: Arc::new(Mutex::new(vote)),
             covered,
+            space,
         }
     }
 
@@ -82,6 +87,11 @@ impl LogStore {
     /// How far this node's log is durable.
     pub fn durable(&self) -> Durable {
         self.durable.clone()
+    }
+
+    /// The room on the disk under the store's directory.
+    pub fn space(&self) -> Space {
+        self.space.clone()
     }
 
     /// The last committed log index this node knows of, kept current as openraft reports commits; for
@@ -125,9 +135,22 @@ impl LogStore {
         log::log_state(purged, last)
     }
 
+    /// Appends `entries` once the disk is not low, and again each time a write finds no space: nothing is
+    /// acknowledged that the log could not store, and openraft, which stops for good on a storage error,
+    /// waits instead (see the `space` module).
     async fn append_flushed(&self, entries: Vec<Entry<TypeConfig>>) -> Result<(), StoreError> {
+        loop {
+            self.space.wait_for_room().await?;
+            match self.append_now(&entries) {
+                Err(StoreError::Io(e)) if is_no_space(&e) => self.space.no_space(),
+                done => return done,
+            }
+        }
+    }
+
+    fn append_now(&self, entries: &[Entry<TypeConfig>]) -> Result<(), StoreError> {
         let vote = *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if log::own_leader_append(self.own, vote.as_ref(), &entries) {
+        if log::own_leader_append(self.own, vote.as_ref(), entries) {
             // Written now, synced by the log's own thread: see `acknowledge_own_appends`.
             return self.wal.append_unsynced(entries, &self.observer);
         }

@@ -152,13 +152,11 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Gives `file` its blocks from `from` up to [`SEGMENT_BYTES`], so that later syncs need not record a new
-/// size. A filesystem without `fallocate` just lets the file grow.
-fn allocate(file: &File, from: u64) {
-    use std::os::fd::AsRawFd;
-    if from < SEGMENT_BYTES {
-        // SAFETY: a plain system call on a file descriptor this function borrows for its duration.
-        let _ =
-            unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, (SEGMENT_BYTES - from) as libc::off_t) };
+/// size. A filesystem without `fallocate` just lets the file grow; an error only if there is no room.
+fn allocate(file: &File, from: u64) -> io::Result<()> {
+    match crate::space::fallocate(file, from, SEGMENT_BYTES.saturating_sub(from)) {
+        Err(e) if crate::space::is_no_space(&e) => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -338,7 +336,8 @@ impl Wal {
             Some(active) => {
                 let end = active.end();
                 active.file.set_len(end).map_err(StoreError::Io)?;
-                allocate(&active.file, end);
+                // Space it had before the cut; if the disk has no room for it now, appends find out.
+                let _ = allocate(&active.file, end);
                 active.file.sync_all().map_err(StoreError::Io)?;
             }
             None => wal.start_segment(segments, 0)?,
@@ -356,13 +355,18 @@ impl Wal {
         self.inner().last
     }
 
-    /// Creates segment `seq`, allocated and durable, as the last one.
+    /// Creates segment `seq`, allocated and durable, as the last one. Where the disk has no room for it,
+    /// removes what it made and answers the error, so that a later try can make it again.
     fn start_segment(&self, segments: &mut Vec<Segment>, seq: u64) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, seq);
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(StoreError::Io)?;
-        allocate(&file, 0);
-        file.sync_all().map_err(StoreError::Io)?;
-        sync_dir(&self.dir).map_err(StoreError::Io)?;
+        if let Err(e) = allocate(&file, 0).and_then(|()| file.sync_all()).and_then(|()| sync_dir(&self.dir)) {
+            drop(file);
+            // Not in the log yet, and empty: a crash before this removal leaves an empty last segment,
+            // which the next open takes as one.
+            let _ = std::fs::remove_file(&path);
+            return Err(StoreError::Io(e));
+        }
         segments.push(Segment { seq, path, file: Arc::new(file), first: None, records: vec![0] });
         Ok(())
     }
@@ -374,7 +378,7 @@ impl Wal {
 
     /// Appends `entries` (consecutive indexes) and makes them durable (with everything written before them)
     /// before it returns. Blocks on disk IO.
-    pub(crate) fn append(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>) -> Result<(), StoreError> {
+    pub(crate) fn append(&self, entries: &[Entry<TypeConfig>]) -> Result<(), StoreError> {
         self.write(entries, false)?;
         let syncing = self.syncing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         self.sync_written(&syncing)
@@ -385,7 +389,7 @@ impl Wal {
     /// Blocks on the write only.
     pub(crate) fn append_unsynced(
         self: &Arc<Self>,
-        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+        entries: &[Entry<TypeConfig>],
         observer: &Arc<dyn ApplyObserver>,
     ) -> Result<(), StoreError> {
         // Published as pending before the append returns: an apply of these entries waits for their sync.
@@ -461,7 +465,7 @@ impl Wal {
 
     /// Writes `entries` (consecutive indexes) after the log's last entry, where reads see them, and marks
     /// their segment as needing a sync; `pending`: published as acknowledged before their sync.
-    fn write(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>, pending: bool) -> Result<(), StoreError> {
+    fn write(&self, entries: &[Entry<TypeConfig>], pending: bool) -> Result<(), StoreError> {
         let mut buf = Vec::new();
         let mut ends = Vec::new();
         let (mut first, mut last) = (None::<u64>, None::<LogId<NodeId>>);
@@ -471,7 +475,7 @@ impl Wal {
                     return Err(corrupt(format!("append of index {} after {}", entry.log_id.index, last.index)));
                 }
             }
-            encode(&entry, &mut buf)?;
+            encode(entry, &mut buf)?;
             ends.push(buf.len() as u64);
             first.get_or_insert(entry.log_id.index);
             last = Some(entry.log_id);
@@ -554,7 +558,8 @@ impl Wal {
                 let keep = since.saturating_sub(first) as usize;
                 let end = active.records[keep];
                 active.file.set_len(end).map_err(StoreError::Io)?;
-                allocate(&active.file, end);
+                // Space it had before the cut; if the disk has no room for it now, appends find out.
+                let _ = allocate(&active.file, end);
                 active.file.sync_all().map_err(StoreError::Io)?;
                 active.records.truncate(keep + 1);
                 if keep == 0 {
@@ -612,6 +617,10 @@ mod tests {
         }
     }
 
+    fn entries(term: u64, indexes: std::ops::RangeInclusive<u64>) -> Vec<Entry<TypeConfig>> {
+        indexes.map(|i| entry(term, i)).collect()
+    }
+
     fn indexes(wal: &Wal, start: u64, end: Option<u64>) -> Vec<u64> {
         wal.read(start, end).unwrap().iter().map(|e| e.log_id.index).collect()
     }
@@ -620,9 +629,9 @@ mod tests {
     /// 10..=12, which start a second segment.
     fn across_a_purge(dir: &Path) -> Wal {
         let wal = Wal::open(dir, None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        wal.append(&entries(1, 1..=3)).unwrap();
         wal.purge(9).unwrap();
-        wal.append((10..=12).map(|i| entry(1, i))).unwrap();
+        wal.append(&entries(1, 10..=12)).unwrap();
         wal
     }
 
@@ -631,17 +640,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wal = Arc::new(Wal::open(dir.path(), None).unwrap());
         let durable = wal.durable();
-        wal.append((1..=2).map(|i| entry(1, i))).unwrap();
+        wal.append(&entries(1, 1..=2)).unwrap();
         assert_eq!(durable.last().map(|id| id.index), Some(2), "a synced append is durable when it returns");
         let observer: Arc<dyn ApplyObserver> = Arc::new(crate::NoObserver);
-        wal.append_unsynced((3..=5).map(|i| entry(1, i)), &observer).unwrap();
+        wal.append_unsynced(&entries(1, 3..=5), &observer).unwrap();
         assert_eq!(indexes(&wal, 1, None), vec![1, 2, 3, 4, 5]);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         runtime.block_on(async {
             tokio::time::timeout(std::time::Duration::from_secs(10), durable.reached(5)).await.unwrap().unwrap();
         });
         // Truncating unsynced entries: the log is durable through what is left.
-        wal.append_unsynced((6..=7).map(|i| entry(1, i)), &observer).unwrap();
+        wal.append_unsynced(&entries(1, 6..=7), &observer).unwrap();
         wal.truncate(6).unwrap();
         assert_eq!(durable.last().map(|id| id.index), Some(5));
         drop(wal);
@@ -661,8 +670,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
         assert_eq!(wal.last(), None);
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
-        wal.append([entry(2, 4)]).unwrap();
+        wal.append(&entries(1, 1..=3)).unwrap();
+        wal.append(&[entry(2, 4)]).unwrap();
         assert_eq!(indexes(&wal, 0, None), [1, 2, 3, 4]);
         assert_eq!(indexes(&wal, 2, Some(4)), [2, 3]);
         assert_eq!(wal.read(2, Some(3)).unwrap(), [entry(1, 2)]);
@@ -670,7 +679,7 @@ mod tests {
         let wal = Wal::open(dir.path(), None).unwrap();
         assert_eq!(indexes(&wal, 0, None), [1, 2, 3, 4]);
         assert_eq!(wal.last(), Some(entry(2, 4).log_id));
-        wal.append([entry(2, 5)]).unwrap();
+        wal.append(&[entry(2, 5)]).unwrap();
         assert_eq!(indexes(&wal, 4, None), [4, 5]);
     }
 
@@ -680,7 +689,7 @@ mod tests {
     fn a_torn_tail_is_cut_at_the_last_whole_record() {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        wal.append(&entries(1, 1..=3)).unwrap();
         let ends = wal.inner().segments[0].records.clone();
         drop(wal);
         let path = only_segment(dir.path());
@@ -693,7 +702,7 @@ mod tests {
             let wal = Wal::open(dir.path(), None).unwrap();
             let whole = ends.iter().filter(|&&end| end > 0 && end <= cut).count() as u64;
             assert_eq!(indexes(&wal, 0, None), (1..=whole).collect::<Vec<_>>(), "cut at {cut}");
-            wal.append([entry(2, whole + 1)]).unwrap();
+            wal.append(&[entry(2, whole + 1)]).unwrap();
             drop(wal);
             let wal = Wal::open(dir.path(), None).unwrap();
             assert_eq!(indexes(&wal, 0, None), (1..=whole + 1).collect::<Vec<_>>(), "cut at {cut}, appended");
@@ -704,13 +713,13 @@ mod tests {
     fn an_append_over_or_past_the_last_entry_is_refused_and_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
-        assert!(matches!(wal.append([entry(2, 3)]), Err(StoreError::LogCorrupt(_))));
-        assert!(matches!(wal.append([entry(2, 5), entry(2, 7)]), Err(StoreError::LogCorrupt(_))));
+        wal.append(&entries(1, 1..=3)).unwrap();
+        assert!(matches!(wal.append(&[entry(2, 3)]), Err(StoreError::LogCorrupt(_))));
+        assert!(matches!(wal.append(&[entry(2, 5), entry(2, 7)]), Err(StoreError::LogCorrupt(_))));
         // A gap after the last entry, with no purge to cover it.
-        assert!(matches!(wal.append([entry(2, 5)]), Err(StoreError::LogCorrupt(_))));
+        assert!(matches!(wal.append(&[entry(2, 5)]), Err(StoreError::LogCorrupt(_))));
         assert_eq!(wal.read(0, None).unwrap(), (1..=3).map(|i| entry(1, i)).collect::<Vec<_>>());
-        wal.append([entry(2, 4)]).unwrap();
+        wal.append(&[entry(2, 4)]).unwrap();
         assert_eq!(wal.last(), Some(entry(2, 4).log_id));
     }
 
@@ -718,7 +727,7 @@ mod tests {
     /// path, its bytes as left, and where the second record starts.
     fn second_record_flipped(dir: &Path) -> (PathBuf, Vec<u8>, u64) {
         let wal = Wal::open(dir, None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        wal.append(&entries(1, 1..=3)).unwrap();
         let second = wal.inner().segments[0].records[1];
         drop(wal);
         let path = only_segment(dir);
@@ -759,7 +768,7 @@ mod tests {
     fn an_intact_record_that_does_not_decode_is_refused_not_cut() {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::open(dir.path(), None).unwrap();
-        wal.append((1..=3).map(|i| entry(1, i))).unwrap();
+        wal.append(&entries(1, 1..=3)).unwrap();
         let end = wal.inner().segments[0].end();
         drop(wal);
         let path = only_segment(dir.path());
@@ -816,7 +825,7 @@ mod tests {
         assert_eq!(wal.segment_count(), 1);
         assert_eq!(indexes(&wal, 0, None), [1, 2]);
         assert_eq!(wal.last(), Some(entry(1, 2).log_id));
-        wal.append([entry(3, 3)]).unwrap();
+        wal.append(&[entry(3, 3)]).unwrap();
         drop(wal);
         let wal = Wal::open(dir.path(), None).unwrap();
         assert_eq!(wal.read(0, None).unwrap(), [entry(1, 1), entry(1, 2), entry(3, 3)]);
@@ -863,7 +872,7 @@ mod tests {
                 match rng.gen_range(0..10) {
                     0..=5 => {
                         let batch: Vec<_> = (next..next + rng.gen_range(1..5)).map(|i| entry(term, i)).collect();
-                        wal.append(batch.clone()).unwrap();
+                        wal.append(&batch).unwrap();
                         model.extend(batch);
                     }
                     6 | 7 if !model.is_empty() => {
@@ -924,7 +933,7 @@ mod tests {
             assert_eq!(survived, &torn[..survived.len()], "seed {seed}: only whole records of the torn append");
             // It takes appends again, after what it kept.
             let after = read.last().map_or(next, |e| e.log_id.index + 1);
-            wal.append([entry(term + 1, after)]).unwrap();
+            wal.append(&[entry(term + 1, after)]).unwrap();
             drop(wal);
             let wal = Wal::open(dir.path(), purged).unwrap();
             let mut expected = read.clone();
@@ -946,7 +955,7 @@ mod tests {
         };
         let per_segment = SEGMENT_BYTES / (1 << 20);
         for i in 1..=per_segment + 2 {
-            wal.append([big(i)]).unwrap();
+            wal.append(&[big(i)]).unwrap();
         }
         assert_eq!(wal.segment_count(), 2);
         drop(wal);

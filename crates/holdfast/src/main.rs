@@ -469,6 +469,12 @@ struct ServerArgs {
     /// besides.
     #[arg(long, env = "HOLDFAST_STORAGE_CACHE", default_value = "1GiB", value_parser = parse_bytes)]
     storage_cache: u64,
+    /// Disk space kept in reserve (a file, `reserve`, in the data directory) while there is room. When the
+    /// disk fills up, the node gives it back for what it must still write, stores no new log entries (as
+    /// leader, it lets another lead) and reports `disk full` on /readyz, until twice this is free again.
+    /// 0: no reserve.
+    #[arg(long, env = "HOLDFAST_DISK_RESERVE", default_value = "64MiB", value_parser = parse_bytes)]
+    disk_reserve: u64,
     /// Take a snapshot after this many log entries.
     #[arg(long, env = "HOLDFAST_SNAPSHOT_EVERY", default_value_t = 20_000)]
     snapshot_every: u64,
@@ -714,6 +720,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         queue_hold: args.queue_hold,
         join,
         cache_bytes: args.storage_cache,
+        disk_reserve: args.disk_reserve,
         clock: holdfast_server::WallClock::system(),
         rng_seed: None,
         bugs: holdfast_server::Bugs::default(),

@@ -87,9 +87,26 @@ impl Api {
         }
     }
 
-    /// Whether this node may take traffic: a leader is known (on a follower, one heard from lately), and
-    /// this node applied its log.
+    /// The room on the store's disk (`None`: a store in memory).
+    pub fn space(&self) -> Option<&holdfast_store::Space> {
+        self.space.as_ref()
+    }
+
+    /// Whether this node may take traffic: its disk has room, a leader is known (on a follower, one heard
+    /// from lately), and this node applied its log.
     pub fn readiness(&self) -> Result<(), String> {
+        if let Some(space) = &self.space {
+            let room = *space.room().borrow();
+            if room.low {
+                return Err(format!(
+                    "disk full: {} bytes free under {} (the reserve is {} bytes): this node stores no new entries \
+                     until there is room",
+                    room.free,
+                    space.dir().display(),
+                    space.reserve()
+                ));
+            }
+        }
         let leader = self.elections.leader();
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
@@ -114,6 +131,11 @@ impl Api {
         m.has_leader.set(self.elections.leader().is_some().into());
         let ms = |lag: std::time::Duration| i64::try_from(lag.as_millis()).unwrap_or(i64::MAX);
         m.runtime_lag_ms.set(ms(self.load.runtime_lag()));
+        if let Some(space) = &self.space {
+            let room = *space.room().borrow();
+            m.disk_free.set(i64::try_from(room.free).unwrap_or(i64::MAX));
+            m.disk_full.set(room.low.into());
+        }
         m.heartbeat_lag_ms.set(ms(self.load.heartbeat_lag()));
         let applied = {
             let raft = self.raft.metrics();

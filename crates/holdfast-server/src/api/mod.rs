@@ -58,6 +58,8 @@ pub struct Api {
     metrics: Arc<Metrics>,
     /// The last committed log index this node knows of.
     committed_index: Arc<AtomicU64>,
+    /// The room on the store's disk (`None`: in memory).
+    space: Option<holdfast_store::Space>,
     limits: FrontLimits,
     /// API keys, tenants and their budgets.
     auth: Auth,
@@ -78,6 +80,7 @@ pub struct Parts {
     pub route: Arc<Router>,
     pub metrics: Arc<Metrics>,
     pub committed_index: Arc<AtomicU64>,
+    pub space: Option<holdfast_store::Space>,
     pub limits: FrontLimits,
     pub auth: Auth,
     pub admin_key: Option<Secret>,
@@ -96,6 +99,7 @@ impl Api {
             route,
             metrics,
             committed_index,
+            space,
             limits,
             auth,
             admin_key,
@@ -111,6 +115,7 @@ impl Api {
             route,
             metrics,
             committed_index,
+            space,
             limits,
             auth,
             admin_key,
