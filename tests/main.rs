@@ -17,6 +17,7 @@ mod cli_run;
 mod containers;
 mod disk_damage;
 mod disk_full;
+mod disk_stall;
 mod http_cluster;
 mod lock_delay;
 mod membership;

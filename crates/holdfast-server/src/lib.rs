@@ -98,8 +98,11 @@ pub struct Config {
     pub auth: AuthConfig,
     /// The storage's page cache, in bytes.
     pub cache_bytes: u64,
-    /// Disk space kept in reserve for when the disk fills up (holdfast-store's `Space`), in bytes.
+    /// Disk space kept in reserve for when the disk fills up (holdfast-store's `Disk`), in bytes.
     pub disk_reserve: u64,
+    /// How long the log's syncs may keep a write waiting before the disk counts as stalled (`None`: not
+    /// watched).
+    pub disk_stall: Option<Duration>,
     /// Where the leader's time stamps come from: the system clock, but in simulations.
     pub clock: WallClock,
     /// Seeds tokens and session ids; `None` (always, outside simulations): the operating system's entropy.
@@ -137,7 +140,11 @@ pub async fn run(
     let client_addr = client.local_addr()?;
     tracing::info!(id = config.id, %client_addr, peer_addr = %peer.local_addr()?, data_dir = %config.data_dir.display(), "starting holdfast node");
     let data_dir = config.data_dir.clone();
-    let options = holdfast_store::Options { cache_bytes: config.cache_bytes, disk_reserve: config.disk_reserve };
+    let options = holdfast_store::Options {
+        cache_bytes: config.cache_bytes,
+        disk_reserve: config.disk_reserve,
+        disk_stall: config.disk_stall,
+    };
     let id = config.id;
     let storage = move |observer| disk_storage(&data_dir, observer, id, options);
     match tls {
@@ -174,8 +181,8 @@ pub struct Storage<LS, SM> {
     pub committed_index: Arc<std::sync::atomic::AtomicU64>,
     /// How far the log is durable: the leader tells its followers no commit index past it.
     pub durable: holdfast_store::Durable,
-    /// The room on the disk, for a store on one (`None`: in memory).
-    pub space: Option<holdfast_store::Space>,
+    /// The store's disk, for a store on one (`None`: in memory).
+    pub disk: Option<holdfast_store::Disk>,
 }
 
 /// Node `id`'s storage on disk under `data_dir`, as [`run`] opens it: the leader's own entries go to its
@@ -194,7 +201,7 @@ pub fn disk_storage(
         state: machine.state(),
         committed_index: log.committed_index(),
         durable: log.durable(),
-        space: Some(log.space()),
+        disk: Some(log.disk()),
         log,
         machine,
     })
@@ -243,8 +250,7 @@ where
     metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
     let metrics = Arc::new(metrics);
     let events = Arc::new(Events::new(metrics.clone(), config.bugs, config.max_clock_skew));
-    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, space } =
-        storage(events.clone())?;
+    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, disk } = storage(events.clone())?;
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
     let network =
         Network { peers: peers.clone(), durable: Some(durable.clone()), urgent: Some(events.urgent_commits()) };
@@ -259,7 +265,7 @@ where
         metrics,
         committed_index,
         durable,
-        space,
+        disk,
         limits: config.limits.clone(),
         auth: config.auth.clone(),
         admin_key: config.admin_key.clone(),
@@ -405,9 +411,9 @@ impl Running {
         for task in tasks {
             let _ = task.await;
         }
-        // An append waiting for room on a full disk would hold openraft's core, and its shutdown, for good.
-        if let Some(space) = node.api.space() {
-            space.close();
+        // An append waiting for the disk would hold openraft's core, and its shutdown, for good.
+        if let Some(disk) = node.api.disk() {
+            disk.close();
         }
         let stopped = node.raft.shutdown().await.map_err(|e| anyhow::anyhow!("stopping raft: {e}"));
         let _ = peer_stop.send(true);

@@ -164,9 +164,10 @@ pub struct Metrics {
     pub fsync: Histogram,
     pub snapshot_bytes: Gauge,
     pub snapshot_index: Gauge,
-    /// The room on the store's disk (set at scrape time).
+    /// The store's disk: its room and its syncs (set at scrape time).
     pub disk_free: Gauge,
     pub disk_full: Gauge,
+    pub disk_stalled: Gauge,
 
     // The lock state, read when scraped.
     pub locks_held: Gauge,
@@ -226,6 +227,7 @@ impl Metrics {
             snapshot_index: Gauge::default(),
             disk_free: Gauge::default(),
             disk_full: Gauge::default(),
+            disk_stalled: Gauge::default(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
             sessions: Gauge::default(),
@@ -333,6 +335,12 @@ impl Metrics {
             "1 while the data directory's disk is full: the reserve is given back and the raft log takes no more \
              entries, so this node acknowledges no write and, as leader, lets another lead",
             self.disk_full.clone(),
+        );
+        storage.register(
+            "disk_stalled",
+            "1 while the raft log's sync has kept a write waiting --disk-stall or longer: the log takes no more \
+             entries until its syncs finish, so this node acknowledges no write and, as leader, lets another lead",
+            self.disk_stalled.clone(),
         );
     }
 
@@ -460,6 +468,7 @@ mod tests {
             "holdfast_storage_snapshot_bytes 0",
             "holdfast_storage_snapshot_index 0",
             "holdfast_storage_disk_full 0",
+            "holdfast_storage_disk_stalled 0",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");

@@ -63,8 +63,8 @@ pub struct Parts {
     pub committed_index: Arc<AtomicU64>,
     /// How far the log is durable: its last entry is what a pre-vote offers.
     pub durable: Durable,
-    /// The room on the store's disk (`None`: in memory).
-    pub space: Option<holdfast_store::Space>,
+    /// The store's disk (`None`: in memory).
+    pub disk: Option<holdfast_store::Disk>,
     pub limits: FrontLimits,
     pub auth: AuthConfig,
     pub admin_key: Option<Secret>,
@@ -85,7 +85,7 @@ impl Node {
             metrics,
             committed_index,
             durable,
-            space,
+            disk,
             limits,
             auth,
             admin_key,
@@ -132,7 +132,7 @@ impl Node {
             route: route.clone(),
             metrics,
             committed_index: committed_index.clone(),
-            space,
+            disk,
             limits,
             auth,
             admin_key,
@@ -164,9 +164,9 @@ impl Node {
         let (load, stop_probe) = (self.api.load().clone(), stop.clone());
         let probe = tokio::spawn(async move { load.run_probe(stop_probe).await });
         let mut tasks = vec![keeper, confirmer, pings, watch, probe];
-        if let Some(space) = self.api.space().cloned() {
+        if let Some(disk) = self.api.disk().cloned() {
             let (leader, stop_disk) = (self.leader.clone(), stop.clone());
-            tasks.push(tokio::spawn(async move { leader.run_disk_watch(space, stop_disk).await }));
+            tasks.push(tokio::spawn(async move { leader.run_disk_watch(disk, stop_disk).await }));
         }
         (proposer, tasks)
     }

@@ -473,6 +473,7 @@ impl NodeSpec {
             auth: Default::default(),
             cache_bytes: 0,
             disk_reserve: 0,
+            disk_stall: None,
             clock: {
                 let skew_ms = self.skew_ms.clone();
                 WallClock::from_fn(move || {
@@ -518,7 +519,7 @@ async fn serve_node(config: Config, disk: MemDisk, registry: Registry) -> turmoi
             state: machine.state(),
             committed_index: log.committed_index(),
             durable,
-            space: None,
+            disk: None,
             log,
             machine,
         })

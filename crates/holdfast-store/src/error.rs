@@ -59,10 +59,10 @@ pub enum StoreError {
     /// match): the node must not vote without knowing what it voted before.
     #[error("vote file: {0}")]
     Vote(String),
-    /// The disk under the store's directory has no room for the log, and the node stopped while an append
-    /// waited for it (see the `space` module).
-    #[error("no space: {0}")]
-    NoSpace(String),
+    /// The node stopped while an append waited for the disk to have room or its syncs to finish (see the
+    /// `disk` module).
+    #[error("disk: {0}")]
+    DiskWait(String),
     /// A flush did not run to its end (the runtime is shutting down, or the flush panicked).
     #[error("flush task: {0}")]
     FlushTask(#[from] tokio::task::JoinError),

@@ -23,8 +23,8 @@
 //!   state (and telling the observer), tracking the last applied log id and membership, snapshot
 //!   bytes to state and back, and the order of a snapshot build and install. A store adds only where
 //!   its records are kept and when they are flushed.
-//! - `space`: [`Space`], the room on the store's disk: a reserve, and appends that wait while the disk is
-//!   full rather than fail.
+//! - `disk`: [`Disk`], the store's disk: a reserve, and appends that wait while the disk is full or its
+//!   syncs stall, rather than fail or hold the cluster up.
 //! - `runtime`: [`Runtime`], openraft's tokio runtime with a random source a simulation can seed.
 //! - [`codec`]: bincode decoding with bounds on how deep a value nests and how much memory its elements
 //!   take, for the log's records and (in holdfast-server) the peer protocol's frames, which carry the
@@ -41,7 +41,7 @@
 //!   it. Any other file there is left from a crash and removed when the directory is opened.
 //! - `vote`: the vote, with its length and CRC-32 (see the `vote` module); `vote.new` while one is saved.
 //! - `reserve`: disk space held while there is room, and given back when the disk fills up (see the
-//!   `space` module).
+//!   `disk` module).
 //! - one `sled::Db` with two trees, every value bincode 1:
 //!   - `meta`: `format` (this layout's version, checked on open), `vote` (a copy, for builds before the
 //!     file, taken where there is no `vote` file or where it is the later vote), `committed` and
@@ -114,6 +114,7 @@
 
 pub mod codec;
 mod covered;
+mod disk;
 mod durable;
 mod error;
 mod log;
@@ -122,7 +123,6 @@ mod machine;
 pub mod memory;
 mod runtime;
 mod snapshot;
-mod space;
 mod state_machine;
 mod vote;
 mod wal;
@@ -134,13 +134,13 @@ use holdfast_core::{Applied, LockState, Outcome};
 use openraft::{LogId, Vote};
 use serde::{Deserialize, Serialize};
 
+pub use disk::{Disk, DiskState};
 pub use durable::Durable;
 pub use error::StoreError;
 pub use log_store::LogStore;
 pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
 pub use runtime::{seed_thread_rng, Runtime};
 pub use snapshot::SnapshotData;
-pub use space::{Room, Space};
 pub use state_machine::{SnapshotBuilder, StateMachineStore};
 
 /// A node's id in the cluster.
@@ -257,21 +257,33 @@ pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, S
 pub const CACHE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
 
 /// The disk space kept in reserve when nobody says otherwise: room for sled's records, the vote and a
-/// snapshot of some hundred thousand locks once the disk is full (see the `space` module).
+/// snapshot of some hundred thousand locks once the disk is full (see the `disk` module).
 pub const DISK_RESERVE_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// How long the log's syncs may keep a write waiting before the disk counts as stalled, when nobody says
+/// otherwise: four times the default election timeout, past any sync a working disk takes under load
+/// (etcd warns of a slow fdatasync from 1 s on), and short enough that a leader stuck on its disk hands
+/// over within about a second and a half.
+pub const DISK_STALL_DEFAULT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How [`open_with`] opens a store.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
     /// The most sled's page cache holds, in bytes.
     pub cache_bytes: u64,
-    /// Bytes of disk kept in reserve while there is room, and given back when it runs out ([`Space`]).
+    /// Bytes of disk kept in reserve while there is room, and given back when it runs out ([`Disk`]).
     pub disk_reserve: u64,
+    /// A wait for the log's syncs this long or longer is a stall ([`Disk`]); `None`: not watched.
+    pub disk_stall: Option<std::time::Duration>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { cache_bytes: CACHE_BYTES_DEFAULT, disk_reserve: DISK_RESERVE_DEFAULT }
+        Options {
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            disk_reserve: DISK_RESERVE_DEFAULT,
+            disk_stall: Some(DISK_STALL_DEFAULT),
+        }
     }
 }
 
@@ -283,7 +295,7 @@ pub fn open_with(
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
     std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
     // Before sled: a disk already full gives the reserve back for sled's own writes.
-    let space = Space::watch(dir, options.disk_reserve)?;
+    let disk = Disk::watch(dir, options.disk_reserve, options.disk_stall)?;
     let db = sled::Config::new().path(dir).cache_capacity(options.cache_bytes).open()?;
     let meta = db.open_tree(keys::META_TREE)?;
     let purged: Option<LogId<NodeId>> = match meta.get(keys::LAST_PURGED)? {
@@ -330,7 +342,7 @@ pub fn open_with(
         (None, copy) => copy,
     };
     let (covered_sender, covered) = covered::covered();
-    let log_store = LogStore::new(db.clone(), dir, wal, meta, purged, observer.clone(), vote, covered, space);
+    let log_store = LogStore::new(db.clone(), dir, wal, meta, purged, observer.clone(), vote, covered, disk);
     let state_machine = StateMachineStore::open(
         db,
         snapshots,

@@ -12,9 +12,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::covered::Covered;
+use crate::disk::{is_no_space, Disk};
 use crate::durable::Durable;
 use crate::runtime::blocking;
-use crate::space::{is_no_space, Space};
 use crate::wal::Wal;
 use crate::{flush, keys, log, ApplyObserver, NodeId, StoreError, TypeConfig};
 
@@ -42,8 +42,8 @@ pub struct LogStore {
     /// How far the stored snapshot covers the log, and whether a leader's snapshot is on its way: a purge
     /// then goes no further than the stored snapshot (see the `covered` module).
     covered: Covered,
-    /// Room on the disk: appends wait while it is low (see the `space` module).
-    space: Space,
+    /// The disk: appends wait while it is full or its syncs stall (see the `disk` module).
+    disk: Disk,
 }
 
 impl LogStore {
@@ -57,13 +57,16 @@ impl LogStore {
         observer: Arc<dyn ApplyObserver>,
         vote: Option<Vote<NodeId>>,
         covered: Covered,
-        space: Space,
+        disk: Disk,
     ) -> Self {
+        let wal = Arc::new(wal);
+        let syncs = Arc::downgrade(&wal);
+        disk.watch_syncs(Box::new(move || syncs.upgrade().and_then(|wal| wal.waiting_since())));
         Self {
             db,
             dir: dir.to_owned(),
             durable: wal.durable(),
-            wal: Arc::new(wal),
+            wal,
             meta,
             purged: Arc::new(Mutex::new(purged)),
             observer,
@@ -71,7 +74,7 @@ impl LogStore {
             own: None,
             vote: Arc::new(Mutex::new(vote)),
             covered,
-            space,
+            disk,
         }
     }
 
@@ -89,9 +92,9 @@ impl LogStore {
         self.durable.clone()
     }
 
-    /// The room on the disk under the store's directory.
-    pub fn space(&self) -> Space {
-        self.space.clone()
+    /// The disk under the store's directory: its room and its syncs.
+    pub fn disk(&self) -> Disk {
+        self.disk.clone()
     }
 
     /// The last committed log index this node knows of, kept current as openraft reports commits; for
@@ -135,14 +138,14 @@ impl LogStore {
         log::log_state(purged, last)
     }
 
-    /// Appends `entries` once the disk is not low, and again each time a write finds no space: nothing is
-    /// acknowledged that the log could not store, and openraft, which stops for good on a storage error,
-    /// waits instead (see the `space` module).
+    /// Appends `entries` once the disk is writable (neither full nor stalled), and again each time a write
+    /// finds no room: nothing is acknowledged that the log could not store, and openraft, which stops for
+    /// good on a storage error, waits instead (see the `disk` module).
     async fn append_flushed(&self, entries: Vec<Entry<TypeConfig>>) -> Result<(), StoreError> {
         loop {
-            self.space.wait_for_room().await?;
+            self.disk.wait_writable().await?;
             match self.append_now(&entries) {
-                Err(StoreError::Io(e)) if is_no_space(&e) => self.space.no_space(),
+                Err(StoreError::Io(e)) if is_no_space(&e) => self.disk.no_space(),
                 done => return done,
             }
         }

@@ -45,6 +45,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
 
 use openraft::{Entry, LogId};
 
@@ -112,6 +113,9 @@ struct Inner {
     dirty: Vec<Arc<File>>,
     /// Why a sync failed, once one did: nothing is written after that.
     failed: Option<Arc<str>>,
+    /// Since when the oldest write still waiting for its sync (acknowledged before it), or the sync under
+    /// way, has waited: what tells a stalled disk (see the `disk` module).
+    waiting_since: Option<Instant>,
 }
 
 /// Whether a run of entries starting at `first` may come after the entry at index `before`: right after it,
@@ -154,8 +158,8 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 /// Gives `file` its blocks from `from` up to [`SEGMENT_BYTES`], so that later syncs need not record a new
 /// size. A filesystem without `fallocate` just lets the file grow; an error only if there is no room.
 fn allocate(file: &File, from: u64) -> io::Result<()> {
-    match crate::space::fallocate(file, from, SEGMENT_BYTES.saturating_sub(from)) {
-        Err(e) if crate::space::is_no_space(&e) => Err(e),
+    match crate::disk::fallocate(file, from, SEGMENT_BYTES.saturating_sub(from)) {
+        Err(e) if crate::disk::is_no_space(&e) => Err(e),
         _ => Ok(()),
     }
 }
@@ -321,7 +325,14 @@ impl Wal {
         for segment in &segments {
             segment.file.sync_data().map_err(StoreError::Io)?;
         }
-        let inner = Inner { segments, last, purged: purged.map(|p| p.index), dirty: Vec::new(), failed: None };
+        let inner = Inner {
+            segments,
+            last,
+            purged: purged.map(|p| p.index),
+            dirty: Vec::new(),
+            failed: None,
+            waiting_since: None,
+        };
         let wal = Wal {
             dir: dir.to_owned(),
             inner: Mutex::new(inner),
@@ -427,14 +438,22 @@ impl Wal {
         wake
     }
 
+    /// Since when the log's oldest write waiting for its sync, or its sync under way, has waited; `None`
+    /// while nothing waits.
+    pub(crate) fn waiting_since(&self) -> Option<Instant> {
+        self.inner().waiting_since
+    }
+
     /// Syncs every segment written since its last sync, then publishes the log as durable through its
     /// last entry as of the start. The caller holds `syncing`.
     fn sync_written(&self, _syncing: &MutexGuard<'_, ()>) -> Result<(), StoreError> {
+        let started = Instant::now();
         let (dirty, last) = {
             let mut inner = self.inner();
             if let Some(why) = &inner.failed {
                 return Err(StoreError::SyncFailed(why.to_string()));
             }
+            inner.waiting_since.get_or_insert(started);
             (std::mem::take(&mut inner.dirty), inner.last)
         };
         for file in &dirty {
@@ -447,7 +466,10 @@ impl Wal {
                 return Err(StoreError::Io(e));
             }
         }
-        self.publish_synced(&self.inner(), last);
+        let mut inner = self.inner();
+        // What was written since the sync began waits since then, at the most.
+        inner.waiting_since = (inner.last != last).then_some(started);
+        self.publish_synced(&inner, last);
         Ok(())
     }
 
@@ -514,6 +536,7 @@ impl Wal {
             inner.dirty.push(file);
         }
         if pending {
+            inner.waiting_since.get_or_insert_with(Instant::now);
             self.synced.send_if_modified(|synced| !std::mem::replace(&mut synced.pending, true));
         }
         Ok(())

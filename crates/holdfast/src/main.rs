@@ -475,6 +475,11 @@ struct ServerArgs {
     /// 0: no reserve.
     #[arg(long, env = "HOLDFAST_DISK_RESERVE", default_value = "64MiB", value_parser = parse_bytes)]
     disk_reserve: u64,
+    /// How long the raft log's sync may keep a write waiting before the disk counts as stalled: the node
+    /// then stores no new log entries (as leader, it lets another lead) and reports `disk stalled` on
+    /// /readyz, until its syncs finish. 0: not watched.
+    #[arg(long, env = "HOLDFAST_DISK_STALL", default_value = "1s", value_parser = humantime::parse_duration)]
+    disk_stall: Duration,
     /// Take a snapshot after this many log entries.
     #[arg(long, env = "HOLDFAST_SNAPSHOT_EVERY", default_value_t = 20_000)]
     snapshot_every: u64,
@@ -721,6 +726,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
         join,
         cache_bytes: args.storage_cache,
         disk_reserve: args.disk_reserve,
+        disk_stall: Some(args.disk_stall).filter(|stall| !stall.is_zero()),
         clock: holdfast_server::WallClock::system(),
         rng_seed: None,
         bugs: holdfast_server::Bugs::default(),

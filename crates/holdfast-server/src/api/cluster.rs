@@ -87,23 +87,31 @@ impl Api {
         }
     }
 
-    /// The room on the store's disk (`None`: a store in memory).
-    pub fn space(&self) -> Option<&holdfast_store::Space> {
-        self.space.as_ref()
+    /// The store's disk (`None`: a store in memory).
+    pub fn disk(&self) -> Option<&holdfast_store::Disk> {
+        self.disk.as_ref()
     }
 
-    /// Whether this node may take traffic: its disk has room, a leader is known (on a follower, one heard
-    /// from lately), and this node applied its log.
+    /// Whether this node may take traffic: its disk has room and its syncs finish, a leader is known (on a
+    /// follower, one heard from lately), and this node applied its log.
     pub fn readiness(&self) -> Result<(), String> {
-        if let Some(space) = &self.space {
-            let room = *space.room().borrow();
-            if room.low {
+        if let Some(disk) = &self.disk {
+            let state = *disk.state().borrow();
+            if state.full {
                 return Err(format!(
                     "disk full: {} bytes free under {} (the reserve is {} bytes): this node stores no new entries \
                      until there is room",
-                    room.free,
-                    space.dir().display(),
-                    space.reserve()
+                    state.free,
+                    disk.dir().display(),
+                    disk.reserve()
+                ));
+            }
+            if let Some(waited) = state.stalled {
+                return Err(format!(
+                    "disk stalled: the raft log's sync under {} has kept a write waiting {} ms: this node stores \
+                     no new entries until its syncs finish",
+                    disk.dir().display(),
+                    waited.as_millis()
                 ));
             }
         }
@@ -131,10 +139,11 @@ impl Api {
         m.has_leader.set(self.elections.leader().is_some().into());
         let ms = |lag: std::time::Duration| i64::try_from(lag.as_millis()).unwrap_or(i64::MAX);
         m.runtime_lag_ms.set(ms(self.load.runtime_lag()));
-        if let Some(space) = &self.space {
-            let room = *space.room().borrow();
-            m.disk_free.set(i64::try_from(room.free).unwrap_or(i64::MAX));
-            m.disk_full.set(room.low.into());
+        if let Some(disk) = &self.disk {
+            let state = *disk.state().borrow();
+            m.disk_free.set(i64::try_from(state.free).unwrap_or(i64::MAX));
+            m.disk_full.set(state.full.into());
+            m.disk_stalled.set(state.stalled.is_some().into());
         }
         m.heartbeat_lag_ms.set(ms(self.load.heartbeat_lag()));
         let applied = {

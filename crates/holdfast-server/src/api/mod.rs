@@ -58,8 +58,8 @@ pub struct Api {
     metrics: Arc<Metrics>,
     /// The last committed log index this node knows of.
     committed_index: Arc<AtomicU64>,
-    /// The room on the store's disk (`None`: in memory).
-    space: Option<holdfast_store::Space>,
+    /// The store's disk (`None`: in memory).
+    disk: Option<holdfast_store::Disk>,
     limits: FrontLimits,
     /// API keys, tenants and their budgets.
     auth: Auth,
@@ -80,7 +80,7 @@ pub struct Parts {
     pub route: Arc<Router>,
     pub metrics: Arc<Metrics>,
     pub committed_index: Arc<AtomicU64>,
-    pub space: Option<holdfast_store::Space>,
+    pub disk: Option<holdfast_store::Disk>,
     pub limits: FrontLimits,
     pub auth: Auth,
     pub admin_key: Option<Secret>,
@@ -99,7 +99,7 @@ impl Api {
             route,
             metrics,
             committed_index,
-            space,
+            disk,
             limits,
             auth,
             admin_key,
@@ -115,7 +115,7 @@ impl Api {
             route,
             metrics,
             committed_index,
-            space,
+            disk,
             limits,
             auth,
             admin_key,

@@ -8,7 +8,7 @@
 //! - [`confirm`]: quorum rounds shared by heartbeats and reads, and the leader floor.
 //! - `sessions`: heartbeats extend leases; a new leader's promotion.
 //! - `expiry`: the keeper's loop, which proposes one `Expire` for what ran out.
-//! - `disk`: a leader whose disk fills up lets another lead.
+//! - `disk`: a leader whose disk fills up or stalls lets another lead.
 //! - `membership`, `snapshot`: admin calls.
 //!
 //! Imports `apply`, `election`, `peer` and the leaves; nothing above.

@@ -30,6 +30,7 @@ pub fn one_node(peer_addr: String, data_dir: PathBuf) -> Config {
         auth: Default::default(),
         cache_bytes: holdfast_store::CACHE_BYTES_DEFAULT,
         disk_reserve: holdfast_store::DISK_RESERVE_DEFAULT,
+        disk_stall: Some(holdfast_store::DISK_STALL_DEFAULT),
         clock: holdfast_server::WallClock::system(),
         rng_seed: None,
         bugs: holdfast_server::Bugs::default(),
