@@ -117,6 +117,7 @@ mod covered;
 mod disk;
 mod durable;
 mod error;
+mod fs;
 mod log;
 mod log_store;
 mod machine;
@@ -336,7 +337,7 @@ pub fn open_with(
         Some(bytes) => Some(bincode::deserialize(&bytes)?),
         None => None,
     };
-    let vote = match (vote::read(dir)?, copy) {
+    let vote = match (vote::read(&fs::RealFs, dir)?, copy) {
         (Some(file), Some(copy)) if copy > file => Some(copy),
         (Some(file), _) => Some(file),
         (None, copy) => copy,

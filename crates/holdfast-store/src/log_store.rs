@@ -184,7 +184,7 @@ impl LogStore {
         // The file first, durably: it is what the next open reads. Then sled's copy, for a build from
         // before the file.
         let (dir, saved) = (self.dir.clone(), *vote);
-        tokio::task::spawn_blocking(move || crate::vote::write(&dir, &saved)).await??;
+        tokio::task::spawn_blocking(move || crate::vote::write(&crate::fs::RealFs, &dir, &saved)).await??;
         self.write_meta(keys::VOTE, vote)?;
         flush(&self.db, self.observer.as_ref()).await?;
         *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(*vote);
