@@ -42,24 +42,10 @@ for tool in curl jq; do
     command -v "$tool" >/dev/null || die "$tool is needed"
 done
 
-missing=()
-command -v etcd >/dev/null || missing+=(etcd-server)
-command -v protoc >/dev/null || missing+=(protobuf-compiler)
-# etcd's protos import protobuf's own (descriptor.proto, struct.proto), which libprotobuf-dev installs.
-[[ -f /usr/include/google/protobuf/descriptor.proto ]] || missing+=(libprotobuf-dev)
-if ((${#missing[@]} > 0)); then
-    echo "installing ${missing[*]}"
-    sudo=()
-    ((EUID == 0)) || sudo=(sudo)
-    "${sudo[@]}" apt-get update -q
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
-echo "building the etcd driver (cluster/etcd-driver)"
-PROTOC_INCLUDE=/usr/include CARGO_TARGET_DIR=$TARGET_DIR/etcd-driver \
-    cargo build -q --release --manifest-path "$ROOT/cluster/etcd-driver/Cargo.toml"
-DRIVER=$TARGET_DIR/etcd-driver/release/holdfast-etcd-driver
-VERSION=$(etcd --version | awk '/etcd Version/ { print $3 }')
-echo "etcd $VERSION"
+# shellcheck source=cluster/etcd-setup.sh
+source "$ROOT/cluster/etcd-setup.sh"
+etcd_setup
+VERSION=$ETCD_VERSION
 
 client_port() { echo $((BASE_PORT + 10 * ($1 - 1))); }
 peer_port() { echo $((BASE_PORT + 10 * ($1 - 1) + 1)); }
