@@ -4,7 +4,7 @@
 //! The test file system ([`CrashFs`], for the crate's tests) keeps what a disk keeps across a power cut:
 //! at a crash, each file holds what was synced, plus a random subset of the blocks written since (a disk
 //! may have written some of them), cut or not to its unsynced length; a creation, removal or rename is kept only
-//! if its directory was synced since. So a store that acknowledges before it syncs, or that trusts a rename
+//! if its directory was synced since, and a directory only if its parent was, with all it holds. So a store that acknowledges before it syncs, or that trusts a rename
 //! whose directory it did not sync, loses what it acknowledged there, and the crash tests in `wal.rs` and
 //! `vote.rs` see it.
 
@@ -26,7 +26,9 @@ pub(crate) enum Open {
 
 /// A file system, as the log and the vote use one.
 pub(crate) trait Fs: Send + Sync + 'static {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    fn is_dir(&self, path: &Path) -> bool;
+    /// Creates `dir`, whose parent exists (not durably: see [`create_dirs`]).
+    fn create_dir(&self, dir: &Path) -> io::Result<()>;
     /// The names of the entries of `dir`.
     fn list(&self, dir: &Path) -> io::Result<Vec<OsString>>;
     fn open(&self, path: &Path, how: Open) -> io::Result<Box<dyn FsFile>>;
@@ -34,6 +36,24 @@ pub(crate) trait Fs: Send + Sync + 'static {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the creations, removals and renames of `dir`'s entries durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// Creates `dir` and whatever of its ancestors is missing, durably: each new directory's parent is synced,
+/// so that a crash cannot take away a directory, and what was synced in it, after this returned.
+pub(crate) fn create_dirs(fs: &dyn Fs, dir: &Path) -> io::Result<()> {
+    let mut missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !fs.is_dir(d)).collect();
+    missing.reverse();
+    for new in missing {
+        match fs.create_dir(new) {
+            Ok(()) => {}
+            // Made meanwhile by another opener: synced below all the same.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let parent = new.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        fs.sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 /// An open file.
@@ -54,8 +74,12 @@ pub(crate) trait FsFile: Send + Sync {
 pub(crate) struct RealFs;
 
 impl Fs for RealFs {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(dir)
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    fn create_dir(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir(dir)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
@@ -125,7 +149,7 @@ pub(crate) use crash::CrashFs;
 
 #[cfg(test)]
 mod crash {
-    use std::collections::{BTreeMap, HashMap};
+    use std::collections::{BTreeMap, BTreeSet, HashMap};
     use std::ffi::OsString;
     use std::io;
     use std::path::{Path, PathBuf};
@@ -154,9 +178,12 @@ mod crash {
         /// Operations left before the process "dies": every one after fails. `None`: no death planned.
         ops_left: Option<u64>,
         next_inode: u64,
-        /// The directory entries as the running process sees them, and as they are durable.
+        /// The files' directory entries as the running process sees them, and as they are durable.
         names: BTreeMap<PathBuf, u64>,
         durable_names: BTreeMap<PathBuf, u64>,
+        /// The directories, likewise (`/` is always there).
+        dirs: BTreeSet<PathBuf>,
+        durable_dirs: BTreeSet<PathBuf>,
         files: HashMap<u64, Contents>,
     }
 
@@ -176,7 +203,23 @@ mod crash {
         io::Error::other("the process died (a planned crash point)")
     }
 
+    fn root(path: &Path) -> bool {
+        path.parent().is_none()
+    }
+
     impl State {
+        fn is_dir(&self, path: &Path) -> bool {
+            root(path) || self.dirs.contains(path)
+        }
+
+        /// An error unless `path`'s directory exists.
+        fn in_a_dir(&self, path: &Path) -> io::Result<()> {
+            match path.parent() {
+                Some(parent) if self.is_dir(parent) => Ok(()),
+                _ => Err(io::ErrorKind::NotFound.into()),
+            }
+        }
+
         /// Counts one operation; an error once the process has "died".
         fn step(&mut self) -> io::Result<()> {
             match &mut self.ops_left {
@@ -201,6 +244,8 @@ mod crash {
                     next_inode: 0,
                     names: BTreeMap::new(),
                     durable_names: BTreeMap::new(),
+                    dirs: BTreeSet::new(),
+                    durable_dirs: BTreeSet::new(),
                     files: HashMap::new(),
                 })),
             }
@@ -221,7 +266,18 @@ mod crash {
             let mut s = self.state();
             s.generation += 1;
             s.ops_left = None;
-            s.names = s.durable_names.clone();
+            // What survives: durable entries whose directories all survived.
+            let mut dirs = BTreeSet::new();
+            for dir in s.durable_dirs.clone() {
+                if dir.parent().is_some_and(|parent| root(parent) || dirs.contains(parent)) {
+                    dirs.insert(dir);
+                }
+            }
+            let kept = |path: &PathBuf| path.parent().is_some_and(|parent| root(parent) || dirs.contains(parent));
+            s.names = s.durable_names.iter().filter(|(path, _)| kept(path)).map(|(p, i)| (p.clone(), *i)).collect();
+            s.durable_names = s.names.clone();
+            s.dirs = dirs.clone();
+            s.durable_dirs = dirs;
             let live: Vec<u64> = s.names.values().copied().collect();
             let mut files = HashMap::new();
             for inode in live {
@@ -252,13 +308,27 @@ mod crash {
     }
 
     impl Fs for CrashFs {
-        fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
-            self.state().step()
+        fn is_dir(&self, path: &Path) -> bool {
+            self.state().is_dir(path)
+        }
+
+        fn create_dir(&self, dir: &Path) -> io::Result<()> {
+            let mut s = self.state();
+            s.step()?;
+            s.in_a_dir(dir)?;
+            if s.is_dir(dir) || s.names.contains_key(dir) {
+                return Err(io::ErrorKind::AlreadyExists.into());
+            }
+            s.dirs.insert(dir.to_owned());
+            Ok(())
         }
 
         fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
             let mut s = self.state();
             s.step()?;
+            if !s.is_dir(dir) {
+                return Err(io::ErrorKind::NotFound.into());
+            }
             Ok(s.names
                 .keys()
                 .filter(|path| path.parent() == Some(dir))
@@ -279,6 +349,7 @@ mod crash {
                 }
                 (Some(inode), Open::Existing) => inode,
                 (None, Open::CreateNew | Open::Truncate) => {
+                    s.in_a_dir(path)?;
                     let inode = s.next_inode;
                     s.next_inode += 1;
                     s.files.insert(inode, Contents::default());
@@ -298,6 +369,7 @@ mod crash {
         fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
             let mut s = self.state();
             s.step()?;
+            s.in_a_dir(to)?;
             let inode = s.names.remove(from).ok_or(io::Error::from(io::ErrorKind::NotFound))?;
             s.names.insert(to.to_owned(), inode);
             Ok(())
@@ -306,6 +378,9 @@ mod crash {
         fn sync_dir(&self, dir: &Path) -> io::Result<()> {
             let mut s = self.state();
             s.step()?;
+            if !s.is_dir(dir) {
+                return Err(io::ErrorKind::NotFound.into());
+            }
             if s.lying {
                 return Ok(());
             }
@@ -314,6 +389,9 @@ mod crash {
             let now: Vec<(PathBuf, u64)> =
                 s.names.iter().filter(|(p, _)| in_dir(p)).map(|(p, i)| (p.clone(), *i)).collect();
             s.durable_names.extend(now);
+            s.durable_dirs.retain(|path| !in_dir(path));
+            let now: Vec<PathBuf> = s.dirs.iter().filter(|p| in_dir(p)).cloned().collect();
+            s.durable_dirs.extend(now);
             Ok(())
         }
     }

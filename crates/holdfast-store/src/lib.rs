@@ -294,7 +294,7 @@ pub fn open_with(
     observer: Arc<dyn ApplyObserver>,
     options: Options,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
-    std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
+    fs::create_dirs(&fs::RealFs, dir).map_err(StoreError::CreateDir)?;
     // Before sled: a disk already full gives the reserve back for sled's own writes.
     let disk = Disk::watch(dir, options.disk_reserve, options.disk_stall)?;
     let db = sled::Config::new().path(dir).cache_capacity(options.cache_bytes).open()?;

@@ -95,7 +95,7 @@ impl StateMachineStore {
         durable: Durable,
         covered: CoveredSender,
     ) -> Result<Self, StoreError> {
-        create_dir(dir)?;
+        crate::fs::create_dirs(&crate::fs::RealFs, dir).map_err(StoreError::SnapshotFile)?;
         let stored = read_stored(&snapshots)?;
         remove_other_files(dir, stored.file_name())?;
         let restored = restore(&snapshots, dir, stored)?;
@@ -103,15 +103,6 @@ impl StateMachineStore {
             DiskSnapshots { db, snapshots, dir: dir.to_owned(), observer: observer.clone(), io: Default::default() };
         Ok(Self { machine: Arc::new(Machine::open(snapshots, restored, observer, durable, covered)?) })
     }
-}
-
-/// Creates `dir` if it is not there, durably: its parent is synced.
-fn create_dir(dir: &Path) -> Result<(), StoreError> {
-    if !dir.is_dir() {
-        std::fs::create_dir(dir).map_err(StoreError::SnapshotFile)?;
-        sync_dir(dir.parent().unwrap_or(Path::new("."))).map_err(StoreError::SnapshotFile)?;
-    }
-    Ok(())
 }
 
 /// Syncs a directory, so that the files created, renamed or removed in it stay so after a crash.

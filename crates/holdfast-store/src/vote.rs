@@ -113,6 +113,7 @@ mod tests {
     fn crash_during_a_write(seed: u64, ops: u64, lying: bool) -> (bool, Option<Vote<NodeId>>) {
         let fs = CrashFs::new(seed, lying);
         let dir = Path::new("/store");
+        crate::fs::create_dirs(&fs, dir).unwrap();
         write(&fs, dir, &Vote::new(1, 1)).unwrap();
         fs.die_after(ops);
         let wrote = write(&fs, dir, &Vote::new_committed(2, 2)).is_ok();

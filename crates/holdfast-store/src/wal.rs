@@ -267,7 +267,8 @@ impl Wal {
         purged: Option<LogId<NodeId>>,
         committed: u64,
     ) -> Result<Self, StoreError> {
-        fs.create_dir_all(dir).map_err(StoreError::CreateDir)?;
+        // Durably: a log whose directory a crash took away would take every entry with it.
+        crate::fs::create_dirs(fs.as_ref(), dir).map_err(StoreError::CreateDir)?;
         let mut seqs = Vec::new();
         for name in fs.list(dir).map_err(StoreError::Io)? {
             let name = name.to_string_lossy();
