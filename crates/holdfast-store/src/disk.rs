@@ -75,6 +75,8 @@ struct Shared {
     /// The log's syncs, once the log is open.
     syncs: std::sync::OnceLock<WaitingSince>,
     state: watch::Sender<DiskState>,
+    /// Whether the last look found the disk writable: what an append checks first, without the watch.
+    writable: AtomicBool,
     /// Set when the node stops: appends that wait for the disk give up.
     closed: AtomicBool,
     /// One look at a time: a look may remove or allocate the ballast.
@@ -127,6 +129,7 @@ impl Disk {
             stall,
             syncs: std::sync::OnceLock::new(),
             state: watch::Sender::new(DiskState::default()),
+            writable: AtomicBool::new(true),
             closed: AtomicBool::new(false),
             looking: Mutex::new(()),
         });
@@ -184,6 +187,7 @@ impl Disk {
             _ => {}
         }
         let now = DiskState { free, full, stalled };
+        s.writable.store(now.writable(), Ordering::Release);
         s.state.send_if_modified(|state| {
             // A stall's growing wait alone is not a change: watchers wake when it begins or ends.
             let changed = (state.free, state.full, state.stalled.is_some()) != (free, full, stalled.is_some());
@@ -269,6 +273,9 @@ impl Disk {
     /// Waits until the log may take appends, neither full nor stalled (at once when it may); an error if
     /// the node stops meanwhile.
     pub(crate) async fn wait_writable(&self) -> Result<(), StoreError> {
+        if self.shared.writable.load(Ordering::Acquire) && !self.shared.closed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let mut state = self.state();
         loop {
             if self.shared.closed.load(Ordering::Relaxed) {
