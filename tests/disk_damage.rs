@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{Cluster, Grant, EXIT_BOUND};
+use crate::common::{wait_for, Cluster, Grant, EXIT_BOUND};
 
 /// A cluster whose leader granted 40 locks named `PREFIX-N`, and one of its followers, stopped once it
 /// had applied them all and snapshot its state. The read through the follower applies there everything
@@ -34,18 +34,35 @@ fn flip(file: &Path, at: impl FnOnce(usize) -> usize) -> Vec<u8> {
     bytes
 }
 
-/// Starts the damaged `follower` again, checks that it exits with an error, and answers the line of its
-/// log that holds `said`, which must also name `file`.
-fn refusal(cluster: &mut Cluster, follower: usize, said: &str, file: &Path) -> String {
+/// Starts the damaged `follower` again and checks that it stays out of the cluster saying why: `/readyz`
+/// answers 503 with `said` and the name of `file`, as does the line of its log that says it, `/livez` 200
+/// (a restart would find the same damage), `holdfast_storage_refused` 1, and a request 503 problem+json;
+/// then stops it, which exits with an error. Answers the log's line.
+async fn refusal(cluster: &mut Cluster, follower: usize, said: &str, file: &Path) -> String {
     cluster.respawn(follower);
-    let status = cluster.wait_exited(follower, EXIT_BOUND);
-    assert!(!status.success(), "the damaged follower exited with {status}");
+    let name = file.file_name().expect("a file name").to_string_lossy().into_owned();
+    let ready = wait_for(EXIT_BOUND, "the damaged follower to say why on /readyz", async || {
+        match cluster.try_get(follower, "/readyz").await {
+            Ok(reply) if reply.status == 503 && reply.body.as_str().is_some_and(|body| body.contains(said)) => {
+                Ok(reply)
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let body = ready.body.as_str().unwrap_or_default().to_owned();
+    assert!(body.contains("storage refused") && body.contains(&name), "/readyz names the damaged file: {body}");
+    assert_eq!(cluster.get(follower, "/livez").await.status, 200, "alive: a restart would find the same damage");
+    assert_eq!(cluster.metric(follower, "holdfast_storage_refused").await, Some(1.0));
+    let write = cluster.acquire(follower, "through-the-damaged-node", "holder", "60s").await;
+    write.assert_problem(503, "unavailable", "a write through a node whose storage refused to open");
+    let status = cluster.stop(follower);
+    assert!(!status.success(), "the damaged follower exits with an error when stopped: {status}");
     let log = cluster.log(follower);
     let refused = log.lines().find(|line| line.contains(said)).map(str::to_owned).unwrap_or_else(|| {
         let tail = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
         panic!("the follower's log does not say {said:?}: {tail}")
     });
-    let name = file.file_name().expect("a file name").to_string_lossy().into_owned();
     assert!(refused.contains(&name), "the error names the damaged file: {refused}");
     refused
 }
@@ -76,18 +93,18 @@ fn newest_segment(data_dir: &Path) -> (PathBuf, usize) {
 
 /// Eight bits flipped in the middle of a stopped follower's newest log segment, among entries the
 /// cluster committed and the follower had synced: restarted, the follower refuses to open its log, with an
-/// error naming the segment's file and the byte of the bad record, and exits; it cuts nothing (the file is
-/// as the test left it). Until it refused them, such bits were taken for a crash's torn tail: the log was
+/// error naming the segment's file and the byte of the bad record, and stays out of the cluster saying so
+/// on `/readyz`; it cuts nothing (the file is as the test left it). Until it refused them, such bits were taken for a crash's torn tail: the log was
 /// cut there, the committed entries after it dropped, and openraft failed to start with no cause given.
 /// The two other nodes keep serving, every lock granted before is still held under its fence, and a new
 /// grant's fence is above them all.
 #[tokio::test]
-async fn a_follower_with_flipped_bits_among_committed_entries_stops_naming_the_file_and_byte() {
+async fn a_follower_with_flipped_bits_among_committed_entries_stays_out_naming_the_file_and_byte() {
     let (mut cluster, leader, follower, grants) = stopped_follower_after_grants("damage").await;
     let (segment, written) = newest_segment(cluster.data_dir(follower));
     let bytes = flip(&segment, |_| written / 2);
 
-    let refused = refusal(&mut cluster, follower, "has a bad record at byte", &segment);
+    let refused = refusal(&mut cluster, follower, "has a bad record at byte", &segment).await;
     assert!(refused.contains("were committed"), "the error says why it is not a torn tail: {refused}");
     assert_eq!(std::fs::read(&segment).expect("read the segment again"), bytes, "the follower cut nothing");
 
@@ -99,9 +116,9 @@ async fn a_follower_with_flipped_bits_among_committed_entries_stops_naming_the_f
 }
 
 /// The snapshot file of a stopped follower with bits flipped in its middle: restarted, the follower refuses
-/// to restore it, with an error naming the file, and exits; the others keep serving every lock.
+/// to restore it, with an error naming the file, and stays out saying so; the others keep serving every lock.
 #[tokio::test]
-async fn a_follower_with_a_damaged_snapshot_file_stops_naming_the_file() {
+async fn a_follower_with_a_damaged_snapshot_file_stays_out_naming_the_file() {
     let (mut cluster, leader, follower, grants) = stopped_follower_after_grants("snap").await;
     let snapshots = cluster.data_dir(follower).join("snapshots");
     let files: Vec<PathBuf> =
@@ -109,7 +126,7 @@ async fn a_follower_with_a_damaged_snapshot_file_stops_naming_the_file() {
     let [file] = &files[..] else { panic!("one snapshot file, found {files:?}") };
     flip(file, |len| len / 2);
 
-    refusal(&mut cluster, follower, "the stored snapshot is corrupt", file);
+    refusal(&mut cluster, follower, "the stored snapshot is corrupt", file).await;
     let other = cluster.other_than(&[leader, follower]);
     still_held(&cluster, other, &grants).await;
 }
@@ -117,12 +134,12 @@ async fn a_follower_with_a_damaged_snapshot_file_stops_naming_the_file() {
 /// The vote's file of a stopped follower with a bit flipped: restarted, the follower refuses to start
 /// rather than vote without knowing what it voted, with an error naming the file; the others serve.
 #[tokio::test]
-async fn a_follower_with_a_damaged_vote_file_stops_naming_the_file() {
+async fn a_follower_with_a_damaged_vote_file_stays_out_naming_the_file() {
     let (mut cluster, leader, follower, grants) = stopped_follower_after_grants("vote").await;
     let file = cluster.data_dir(follower).join("vote");
     flip(&file, |len| len - 1);
 
-    refusal(&mut cluster, follower, "vote file:", &file);
+    refusal(&mut cluster, follower, "vote file:", &file).await;
     let other = cluster.other_than(&[leader, follower]);
     still_held(&cluster, other, &grants).await;
 }

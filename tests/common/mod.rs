@@ -327,20 +327,6 @@ impl Cluster {
         std::fs::read_to_string(&self.node(id).log_path).unwrap_or_default()
     }
 
-    /// Waits (bounded) for node `id`, started and expected to stop by itself, to exit.
-    pub fn wait_exited(&mut self, id: usize, bound: Duration) -> ExitStatus {
-        let node = self.node_mut(id);
-        let mut child = node.child.take().unwrap_or_else(|| panic!("node {id} is not running"));
-        match wait_exit(&mut child, bound) {
-            Some(status) => status,
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("node {id} still ran {bound:?} after it started (killed it)");
-            }
-        }
-    }
-
     /// The ids of all nodes, 1..=n.
     pub fn ids(&self) -> std::ops::RangeInclusive<usize> {
         1..=self.nodes.len()

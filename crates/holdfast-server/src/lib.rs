@@ -250,7 +250,19 @@ where
     metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
     let metrics = Arc::new(metrics);
     let events = Arc::new(Events::new(metrics.clone(), config.bugs, config.max_clock_skew));
-    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, disk } = storage(events.clone())?;
+    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, disk } = match storage(
+        events.clone(),
+    ) {
+        Ok(storage) => storage,
+        Err(e) => {
+            // Refused for good (damage, an unknown format): a restart would find the same, so the node
+            // stays up, out of the cluster, and says why where probes and operators look.
+            let why = format!("{e:#}");
+            tracing::error!(error = %why, "the storage refused to open: this node stays out of the cluster and says why on /readyz");
+            front::health::serve_refused(client, health, why.clone(), metrics, shutdown).await?;
+            anyhow::bail!("the storage refused to open: {why}");
+        }
+    };
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
     let network =
         Network { peers: peers.clone(), durable: Some(durable.clone()), urgent: Some(events.urgent_commits()) };

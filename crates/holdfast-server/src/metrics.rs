@@ -168,6 +168,7 @@ pub struct Metrics {
     pub disk_free: Gauge,
     pub disk_full: Gauge,
     pub disk_stalled: Gauge,
+    pub storage_refused: Gauge,
 
     // The lock state, read when scraped.
     pub locks_held: Gauge,
@@ -228,6 +229,7 @@ impl Metrics {
             disk_free: Gauge::default(),
             disk_full: Gauge::default(),
             disk_stalled: Gauge::default(),
+            storage_refused: Gauge::default(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
             sessions: Gauge::default(),
@@ -341,6 +343,12 @@ impl Metrics {
             "1 while the raft log's sync has kept a write waiting --disk-stall or longer: the log takes no more \
              entries until its syncs finish, so this node acknowledges no write and, as leader, lets another lead",
             self.disk_stalled.clone(),
+        );
+        storage.register(
+            "refused",
+            "1 while this node's storage refuses to open (damage found, an unknown format): the node serves \
+             nothing but its health and metrics, and says why on /readyz",
+            self.storage_refused.clone(),
         );
     }
 
@@ -469,6 +477,7 @@ mod tests {
             "holdfast_storage_snapshot_index 0",
             "holdfast_storage_disk_full 0",
             "holdfast_storage_disk_stalled 0",
+            "holdfast_storage_refused 0",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");

@@ -138,6 +138,63 @@ pub async fn watch_raft(api: Arc<NodeApi>, health: HealthReporter, mut shutdown:
     }
 }
 
+/// Serves a node whose storage refused to open (`why`: damage found, an unknown format, a directory it may not
+/// write) until `shutdown`: `/livez` answers 200, since a restart finds the same storage and a restart loop
+/// would only hide the reason; `/readyz` 503 `not ready: storage refused: …`; `/metrics` with
+/// `holdfast_storage_refused 1`; every other request 503 problem+json saying why. The node takes no part in
+/// the cluster: its peer port is not served, so its peers find it down. On the client port, and on the
+/// health port if there is one.
+pub async fn serve_refused<C>(
+    client: C,
+    health: Option<tokio::net::TcpListener>,
+    why: String,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    C: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
+    metrics.storage_refused.set(1);
+    let why = Arc::new(why);
+    let page = {
+        let metrics = metrics.clone();
+        move || {
+            let page = metrics.encode();
+            async move { ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], page) }
+        }
+    };
+    let router = Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(why): State<Arc<String>>| async move {
+                (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: storage refused: {why}\n"))
+            }),
+        )
+        .route("/metrics", get(page))
+        .fallback(|State(why): State<Arc<String>>| async move {
+            let detail = format!("this node's storage refused to open, so it serves nothing: {why}");
+            crate::api::error::ApiError::Unavailable { detail }.into_response()
+        })
+        .with_state(why);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.changed().await;
+    };
+    let client = axum::serve(client, router.clone()).with_graceful_shutdown(until(stopped.clone()));
+    let mut servers = vec![tokio::spawn(async move { client.await })];
+    if let Some(listener) = health {
+        let health = axum::serve(listener, router).with_graceful_shutdown(until(stopped));
+        servers.push(tokio::spawn(async move { health.await }));
+    }
+    shutdown.await;
+    let _ = stop.send(true);
+    for server in servers {
+        server.await.map_err(std::io::Error::other)??;
+    }
+    Ok(())
+}
+
 /// Sends `state` (`READY=1`, `STOPPING=1`) to systemd's notification socket, if the service manager gave
 /// one (`Type=notify`); does nothing otherwise.
 pub fn notify_systemd(state: &str) {
