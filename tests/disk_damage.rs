@@ -67,15 +67,6 @@ async fn refusal(cluster: &mut Cluster, follower: usize, said: &str, file: &Path
     refused
 }
 
-/// Every grant in `grants` is still held under its fence, as node `other` answers.
-async fn still_held(cluster: &Cluster, other: usize, grants: &[Grant]) {
-    for grant in grants {
-        let held = cluster.get(other, &format!("/v1/locks/{}", grant.name)).await;
-        let fence = held.ok("a read of a lock granted before the damage")["holder"]["fence"].as_u64();
-        assert_eq!(fence, Some(grant.fence), "{} is still held under its fence", grant.name);
-    }
-}
-
 /// The newest log segment of the node whose data directory is `data_dir`, and how many bytes of it were
 /// written (the rest of its allocated space is zeros).
 fn newest_segment(data_dir: &Path) -> (PathBuf, usize) {
@@ -109,7 +100,7 @@ async fn a_follower_with_flipped_bits_among_committed_entries_stays_out_naming_t
     assert_eq!(std::fs::read(&segment).expect("read the segment again"), bytes, "the follower cut nothing");
 
     let other = cluster.other_than(&[leader, follower]);
-    still_held(&cluster, other, &grants).await;
+    cluster.holds(other, &grants).await;
     let newest = grants.iter().map(|grant| grant.fence).max().expect("grants");
     let after = Grant::from_reply(&cluster.acquire(other, "damage-after", "later", "60s").await, "an acquire after");
     assert!(after.fence > newest, "fence {} after {newest}", after.fence);
@@ -128,7 +119,7 @@ async fn a_follower_with_a_damaged_snapshot_file_stays_out_naming_the_file() {
 
     refusal(&mut cluster, follower, "the stored snapshot is corrupt", file).await;
     let other = cluster.other_than(&[leader, follower]);
-    still_held(&cluster, other, &grants).await;
+    cluster.holds(other, &grants).await;
 }
 
 /// The vote's file of a stopped follower with a bit flipped: restarted, the follower refuses to start
@@ -141,5 +132,5 @@ async fn a_follower_with_a_damaged_vote_file_stays_out_naming_the_file() {
 
     refusal(&mut cluster, follower, "vote file:", &file).await;
     let other = cluster.other_than(&[leader, follower]);
-    still_held(&cluster, other, &grants).await;
+    cluster.holds(other, &grants).await;
 }

@@ -16,8 +16,8 @@ use crate::common::{wait_for, Cluster, Grant};
 const RESERVE: &str = "16MiB";
 const TMPFS_SIZE: &str = "96m";
 
-/// How long a node may take to find its disk full or free again (it looks every 250 ms), and the
-/// cluster to elect another leader and apply what it missed.
+/// How long a node may take to find its disk full or free again (it looks every 250 ms) and to apply what
+/// it missed; another leader is waited for within the harness's election bound.
 const BOUND: Duration = Duration::from_secs(30);
 
 /// A tmpfs mounted over a directory, with what the directory held copied in; unmounted when dropped (lazily,
@@ -64,12 +64,6 @@ fn fill(dir: &Path) -> PathBuf {
     }
 }
 
-/// What node `id` answers on `/readyz`.
-async fn readyz(cluster: &Cluster, id: usize) -> (u16, String) {
-    let reply = cluster.get(id, "/readyz").await;
-    (reply.status, reply.body.as_str().unwrap_or_default().to_owned())
-}
-
 /// A 3-node cluster started with the test's reserve, each node's data directory moved onto a tmpfs of its
 /// own (stopped, moved, started again), and the mounts, to be dropped before the cluster.
 async fn cluster_on_tmpfs() -> (Cluster, Vec<Tmpfs>) {
@@ -86,7 +80,7 @@ async fn cluster_on_tmpfs() -> (Cluster, Vec<Tmpfs>) {
 /// Waits until node `id` says on `/readyz` that its disk is full, naming its data directory, and shows it
 /// in its metric.
 async fn says_full(cluster: &Cluster, id: usize) {
-    let said = wait_for(BOUND, "the full node to say so on /readyz", async || match readyz(cluster, id).await {
+    let said = wait_for(BOUND, "the full node to say so on /readyz", async || match cluster.readyz(id).await {
         (503, body) if body.contains("disk full") => Ok(body),
         other => Err(format!("{other:?}")),
     })
@@ -100,7 +94,7 @@ async fn says_full(cluster: &Cluster, id: usize) {
 /// `id` included, reads each of `grants` held under its fence.
 async fn room_again(cluster: &Cluster, id: usize, filler: &Path, grants: &[Grant]) {
     std::fs::remove_file(filler).expect("remove the filler");
-    wait_for(BOUND, "the node to be ready again", async || match readyz(cluster, id).await {
+    wait_for(BOUND, "the node to be ready again", async || match cluster.readyz(id).await {
         (200, _) => Ok(()),
         other => Err(format!("{other:?}")),
     })
@@ -109,11 +103,7 @@ async fn room_again(cluster: &Cluster, id: usize, filler: &Path, grants: &[Grant
     let reserve = cluster.data_dir(id).join("reserve");
     assert_eq!(std::fs::metadata(&reserve).expect("the reserve file").len(), 16 << 20, "the reserve is back");
     for id in cluster.ids() {
-        for grant in grants {
-            let held = cluster.get(id, &format!("/v1/locks/{}", grant.name)).await;
-            let fence = held.ok("a read of a granted lock")["holder"]["fence"].as_u64();
-            assert_eq!(fence, Some(grant.fence), "node {id}: {} is held under its fence", grant.name);
-        }
+        cluster.holds(id, grants).await;
     }
 }
 
@@ -143,16 +133,7 @@ async fn a_leader_whose_disk_fills_up_lets_another_lead_and_catches_up_once_ther
 
     let filler = fill(cluster.data_dir(full));
     says_full(&cluster, full).await;
-    let others: Vec<usize> = cluster.ids().filter(|&id| id != full).collect();
-    let leader = wait_for(BOUND, "the other two to elect one of them", async || {
-        for &id in &others {
-            if cluster.cluster_info(id).await["state"] == "Leader" {
-                return Ok(id);
-            }
-        }
-        Err("no leader among the others yet".to_owned())
-    })
-    .await;
+    let leader = cluster.leader_other_than(full).await;
     grants.extend(grant(&cluster, leader, "during", 10).await);
     let before = grants[9].fence;
     assert!(grants[10..].iter().all(|grant| grant.fence > before), "fences only grow: {grants:?}");

@@ -518,6 +518,36 @@ impl Cluster {
         .await
     }
 
+    /// The leader among the nodes other than `not`, once one of them says it leads (bounded by
+    /// [`ELECTION_BOUND`]): for a test whose node `not` still thinks it leads.
+    pub async fn leader_other_than(&self, not: usize) -> usize {
+        let others: Vec<usize> = self.running().into_iter().filter(|&id| id != not).collect();
+        wait_for(ELECTION_BOUND, &format!("a node other than {not} to lead"), async || {
+            for &id in &others {
+                if self.cluster_info(id).await["state"] == "Leader" {
+                    return Ok(id);
+                }
+            }
+            Err(format!("none of {others:?} leads yet"))
+        })
+        .await
+    }
+
+    /// What node `id` answers on `/readyz`: its status and its text.
+    pub async fn readyz(&self, id: usize) -> (u16, String) {
+        let reply = self.get(id, "/readyz").await;
+        (reply.status, reply.body.as_str().unwrap_or_default().to_owned())
+    }
+
+    /// Checks that node `id` reads every one of `grants` held under its fence.
+    pub async fn holds(&self, id: usize, grants: &[Grant]) {
+        for grant in grants {
+            let held = self.get(id, &format!("/v1/locks/{}", grant.name)).await;
+            let fence = held.ok(&format!("a read of {} through node {id}", grant.name))["holder"]["fence"].as_u64();
+            assert_eq!(fence, Some(grant.fence), "node {id}: {} is held under its fence", grant.name);
+        }
+    }
+
     /// A running node other than `not`, e.g. a follower when `not` is the leader.
     pub fn other_than(&self, not: &[usize]) -> usize {
         self.running()
