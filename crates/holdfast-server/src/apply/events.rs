@@ -891,7 +891,8 @@ mod tests {
         assert!(matches!(waiting.try_recv(), Err(oneshot::error::TryRecvError::Empty)), "still waiting");
         {
             let inner = events.lock();
-            let names: Vec<&str> = inner.holds.keys().map(|(name, _)| name.as_str()).collect();
+            let mut names: Vec<&str> = inner.holds.keys().map(|(name, _)| name.as_str()).collect();
+            names.sort_unstable();
             assert_eq!(names, ["a", "b"], "the old hold's deadline is gone");
             let fence = state.holder("s").expect("held by the session").fence;
             assert_eq!(inner.session_holds.get(&("s".to_owned(), fence)), Some(&session));

@@ -46,9 +46,13 @@ impl Leader {
         // follower are stale, so promote first or a live session would be refused as gone.
         self.promote();
         let mut extended: Vec<HeartbeatReply> = Vec::with_capacity(ids.len());
+        // How far the state was applied when it was first read: if no entry is applied by the end, no
+        // session can have closed meanwhile.
+        let mut applied = None;
         // A few hundred under each read of the state: applies wait no longer than that for a large batch.
         for ids in ids.chunks(EXTENDED_UNDER_ONE_READ) {
             let state = crate::state::read(&self.state);
+            applied.get_or_insert(state.applied_index());
             extended.extend(ids.iter().map(|&id| {
                 let (_, lease_ms, holds, waits) = state.session_summary(id)?;
                 // Extended from now, after the client sent the heartbeat: the client, counting its lease
@@ -65,8 +69,11 @@ impl Leader {
             }
             self.load.confirmed(waiting_since.min(received));
         }
-        // Belt and braces: a session may have been closed while the round ran.
+        // Belt and braces: a session may have been closed while the round ran, if anything was applied.
         let state = crate::state::read(&self.state);
+        if applied == Some(state.applied_index()) {
+            return Ok(extended);
+        }
         Ok(ids
             .iter()
             .zip(extended)
