@@ -474,7 +474,11 @@ impl Wal {
                 // An fsync that failed may have dropped the pages it could not write (and a retry
                 // reports success): whatever was written is of unknown durability for good.
                 let why: Arc<str> = format!("fdatasync: {e}").into();
-                self.inner().failed = Some(why.clone());
+                let mut inner = self.inner();
+                inner.failed = Some(why.clone());
+                // Nothing waits for a sync any more: what comes next fails, it is not a stall.
+                inner.waiting_since = None;
+                drop(inner);
                 self.synced.send_modify(|synced| synced.failed = Some(why));
                 return Err(StoreError::Io(e));
             }
