@@ -145,7 +145,8 @@ impl LogStore {
         loop {
             self.disk.wait_writable().await?;
             match self.append_now(&entries) {
-                Err(StoreError::Io(e)) if is_no_space(&e) => self.disk.no_space(),
+                // A write that found no room changed nothing; a sync that did has failed for good.
+                Err(StoreError::Io(e)) if is_no_space(&e) && !self.wal.failed() => self.disk.no_space(),
                 done => return done,
             }
         }

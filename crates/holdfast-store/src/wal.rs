@@ -451,6 +451,11 @@ impl Wal {
         wake
     }
 
+    /// Whether a sync failed: nothing is written or synced any more.
+    pub(crate) fn failed(&self) -> bool {
+        self.inner().failed.is_some()
+    }
+
     /// Since when the log's oldest write waiting for its sync, or its sync under way, has waited; `None`
     /// while nothing waits.
     pub(crate) fn waiting_since(&self) -> Option<Instant> {
