@@ -141,7 +141,7 @@ pub async fn watch_raft(api: Arc<NodeApi>, health: HealthReporter, mut shutdown:
 /// Serves a node whose storage refused to open (`why`: damage found, an unknown format, a directory it may not
 /// write) until `shutdown`: `/livez` answers 200, since a restart finds the same storage and a restart loop
 /// would only hide the reason; `/readyz` 503 `not ready: storage refused: …`; `/metrics` with
-/// `holdfast_storage_refused 1`; every other request 503 problem+json saying why. The node takes no part in
+/// `holdfast_storage_refused 1`; every other request 503 problem+json pointing there. The node takes no part in
 /// the cluster: its peer port is not served, so its peers find it down. On the client port, and on the
 /// health port if there is one.
 pub async fn serve_refused<C>(
@@ -172,9 +172,11 @@ where
             }),
         )
         .route("/metrics", get(page))
-        .fallback(|State(why): State<Arc<String>>| async move {
-            let detail = format!("this node's storage refused to open, so it serves nothing: {why}");
-            crate::api::error::ApiError::Unavailable { detail }.into_response()
+        // The reason names files of the node's data directory: /readyz and the log tell it, a client's
+        // request is told only where to look.
+        .fallback(|| async {
+            let detail = "this node's storage refused to open, so it serves nothing: its /readyz and its log say why";
+            crate::api::error::ApiError::Unavailable { detail: detail.to_owned() }.into_response()
         })
         .with_state(why);
     let (stop, stopped) = tokio::sync::watch::channel(false);
