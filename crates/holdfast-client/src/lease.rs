@@ -30,6 +30,15 @@ pub(crate) struct LeaseClock {
     last_round_trip: Duration,
 }
 
+/// What a heartbeat tells its node of how late a session's heartbeats are (`Heartbeat.late_ms`): the longer
+/// of how long the last acknowledged one took and how long the oldest unacknowledged one has waited, in
+/// milliseconds; at least 1, as the protocol's 0 says "not measured". The client library sends it, and so
+/// must any load generator that stands in for it.
+pub fn heartbeat_late_ms(last_round_trip: Duration, oldest_unacked_wait: Duration) -> u32 {
+    let late = last_round_trip.max(oldest_unacked_wait).max(Duration::from_millis(1));
+    late.as_millis().min(u32::MAX.into()) as u32
+}
+
 impl LeaseClock {
     /// A lease that was confirmed by a request sent at `sent_at` (the `Open` that created the session: the
     /// server starts the lease when it applies the open, which is after the client sent it).
@@ -98,12 +107,10 @@ impl LeaseClock {
         self.outstanding.front().map(|(_, at)| *at)
     }
 
-    /// How late this session's heartbeats are, as of `now`: the longer of how long the last acknowledged one
-    /// took and how long the oldest unacknowledged one has waited; at least 1 ms, as the protocol's 0 says
-    /// "not measured". Told to the node with each heartbeat (`Heartbeat.late_ms`).
-    pub(crate) fn late(&self, now: Instant) -> Duration {
+    /// How late this session's heartbeats are, as of `now`, in `Heartbeat.late_ms` ([`heartbeat_late_ms`]).
+    pub(crate) fn late_ms(&self, now: Instant) -> u32 {
         let waiting = self.oldest_unacked().map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
-        self.last_round_trip.max(waiting).max(Duration::from_millis(1))
+        heartbeat_late_ms(self.last_round_trip, waiting)
     }
 
     /// Forgets unacknowledged heartbeats, whose acks cannot come any more (their stream is gone).
@@ -171,14 +178,14 @@ mod tests {
     fn lateness_is_the_longer_of_the_last_round_trip_and_the_oldest_unacknowledged_wait() {
         let t0 = Instant::now();
         let mut clock = LeaseClock::new(ms(2000), t0);
-        assert_eq!(clock.late(t0), ms(1), "nothing measured yet: the least a measure says");
+        assert_eq!(clock.late_ms(t0), 1, "nothing measured yet: the least a measure says");
         let first = clock.on_send(t0);
         clock.on_ack(first, t0 + ms(30));
-        assert_eq!(clock.late(t0 + ms(500)), ms(30), "the last round trip");
+        assert_eq!(clock.late_ms(t0 + ms(500)), 30, "the last round trip");
         clock.on_send(t0 + ms(500));
-        assert_eq!(clock.late(t0 + ms(1300)), ms(800), "an unacknowledged heartbeat waiting longer");
+        assert_eq!(clock.late_ms(t0 + ms(1300)), 800, "an unacknowledged heartbeat waiting longer");
         clock.forget_outstanding();
-        assert_eq!(clock.late(t0 + ms(1300)), ms(1), "a new stream starts afresh");
+        assert_eq!(clock.late_ms(t0 + ms(1300)), 1, "a new stream starts afresh");
     }
 
     #[test]

@@ -72,6 +72,7 @@ mod watch;
 pub use client::{Client, ClientBuilder, ELECTION_LEASE};
 pub use election::{Leader, Leadership};
 pub use error::{Error, PROBLEM_METADATA};
+pub use lease::heartbeat_late_ms;
 pub use pool::DEFAULT_PORT;
 pub use session::{HeldLock, Session};
 pub use tokio_util::sync::CancellationToken;

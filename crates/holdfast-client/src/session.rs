@@ -719,7 +719,7 @@ impl Task {
     fn on_tick(&mut self) {
         let Some(conn) = &self.conn else { return };
         let now = Instant::now();
-        let late_ms = self.clock.late(now).as_millis().min(u32::MAX.into()) as u32;
+        let late_ms = self.clock.late_ms(now);
         let seq = self.clock.on_send(now);
         conn.send(RequestKind::Heartbeat(Heartbeat { seq, late_ms }));
         if let Some(replay) = &mut self.replay {

@@ -136,16 +136,14 @@ fn beat_all(sessions: &mut [Light], seq: u64, tally: &Tally) {
             lose(session, tally);
             continue;
         }
-        // As the client library tells it (`Heartbeat.late_ms`): the longer of the last round trip and the
-        // oldest unacknowledged heartbeat's wait, at least 1 ms.
+        // As the client library tells it.
         let waiting = session.sent.front().map_or(Duration::ZERO, |&(_, oldest)| now - oldest);
-        let late = session.last_round_trip.max(waiting).max(Duration::from_millis(1));
+        let late_ms = holdfast_client::heartbeat_late_ms(session.last_round_trip, waiting);
         tally.late(waiting);
         session.sent.push_back((seq, now));
         if session.sent.len() > 8 {
             session.sent.pop_front();
         }
-        let late_ms = late.as_millis().min(u32::MAX.into()) as u32;
         if session.tx.try_send(request(RequestKind::Heartbeat(Heartbeat { seq, late_ms }))).is_err() {
             tally.unsent.fetch_add(1, Ordering::Relaxed);
         }
