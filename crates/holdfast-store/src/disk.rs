@@ -2,8 +2,7 @@
 //! for the writes a node cannot put off, and whether the log's syncs still finish.
 //!
 //! A disk that fills up, or whose syncs stop finishing, must not make the node acknowledge what it did not
-//! store, nor stop it for good (a Raft write error is fatal to openraft, and sled, once a write of its own
-//! fails, refuses everything until it is opened again), nor hold the whole cluster up. A thread looks at
+//! store, nor stop it for good (a Raft write error is fatal to openraft), nor hold the whole cluster up. A thread looks at
 //! the disk every [`CHECK_EVERY`]; while the disk is **full** or **stalled** ([`DiskState`]), the log
 //! takes no more appends: each waits ([`Disk::wait_writable`]), and openraft's core waits with it. So a
 //! follower acknowledges nothing, and a leader sends no heartbeats, and its followers elect another
@@ -12,7 +11,7 @@
 //! **Full.** The store keeps `reserve` bytes allocated in a file of its own (`reserve`, a ballast) while
 //! there is room, and reads the file system's free space (`statvfs`). Once fewer than a quarter of the
 //! reserve are free, or a write of the log found no room, the ballast is removed, which gives its bytes
-//! back to what must still be written (sled's records, the vote, a snapshot, which shortens the log).
+//! back to what must still be written (the store's records, the vote, a snapshot, which shortens the log).
 //! Once twice the reserve is free, the ballast is allocated again first, then the appends go on. A
 //! reserve of 0 keeps no ballast: the log waits only when a write finds no room, and goes on once a
 //! segment's worth is free.

@@ -7,7 +7,7 @@ pub enum StoreError {
     /// The storage directory could not be created.
     #[error("cannot create the storage directory: {0}")]
     CreateDir(#[source] std::io::Error),
-    /// sled failed to read, write or flush.
+    /// sled failed to read, write or flush (an older format's directory, converted when opened).
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
     /// A record does not encode or decode with bincode.
@@ -55,6 +55,11 @@ pub enum StoreError {
     /// The node's state machine is gone (the node is stopping) while a purge waited for its snapshot.
     #[error("the state machine is gone")]
     MachineGone,
+    /// The store's records (the last purged log id, the current snapshot, the committed log id) could not
+    /// be read or written, are damaged (a length or checksum that does not match), or are missing from a
+    /// directory that holds a log.
+    #[error("records: {0}")]
+    Records(String),
     /// The vote's file could not be read or written, or is damaged (its length or checksum does not
     /// match): the node must not vote without knowing what it voted before.
     #[error("vote file: {0}")]

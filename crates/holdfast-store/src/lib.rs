@@ -1,5 +1,5 @@
-//! holdfast's openraft storage: the Raft log, snapshots and the vote in files of their own, the rest on
-//! sled, for nodes; everything in memory for simulations; and the async runtime holdfast runs openraft on.
+//! holdfast's openraft storage: the Raft log, snapshots, the vote and the store's records in files of their
+//! own, for nodes; everything in memory for simulations; and the async runtime holdfast runs openraft on.
 //!
 //! CONTRACT (used by holdfast-server and holdfast-sim; keep these names and signatures):
 //! - [`TypeConfig`], [`NodeId`], [`Response`], [`ApplyObserver`], [`open`], [`LogStore`],
@@ -14,7 +14,11 @@
 //! - `durable`: how far a node's log is durable ([`Durable`]), for a leader that acknowledges its own
 //!   appends before their sync.
 //! - `log_store`, `wal` and `state_machine`: the node's store ([`open`]): the log in `wal`'s segment
-//!   files, snapshots in files of their own, the rest in sled.
+//!   files, snapshots in files of their own, the vote (`vote`), the purge point, the current snapshot's
+//!   record and the commit (`records`), each in a file sealed with its length and CRC (`sealed`), every
+//!   file operation through the `fs` seam, so that a test file system that loses what was not synced can
+//!   stand in for the real one.
+//! - `convert`: reading a directory of an older format, whose records were in sled.
 //! - `snapshot`: [`SnapshotData`], a snapshot's bytes as openraft moves them, in a file or in memory,
 //!   and their encoding and decoding as a stream.
 //! - `memory`: the memory store ([`open_memory`]), the same behaviour and contract on a [`MemDisk`].
@@ -30,7 +34,7 @@
 //!   take, for the log's records and (in holdfast-server) the peer protocol's frames, which carry the
 //!   same entries.
 //!
-//! # Layout (format 4)
+//! # Layout (format 5)
 //!
 //! Under the directory given to [`open`]:
 //!
@@ -39,25 +43,23 @@
 //! - `snapshots/`: the current snapshot's bytes (those of [`holdfast_core::LockState::snapshot`]), as one
 //!   file, `<n>.snapshot`; while a snapshot is built or received from the leader, its file `<n>.new` beside
 //!   it. Any other file there is left from a crash and removed when the directory is opened.
-//! - `vote`: the vote, with its length and CRC-32 (see the `vote` module); `vote.new` while one is saved.
+//! - `records`: the format (5), the log id of the last entry removed by a purge, and the current snapshot
+//!   (its `SnapshotMeta`, its file's name, and the length and CRC-32 of its bytes, checked when it is read
+//!   at open); `records.new` while they are replaced (see the `records` module).
+//! - `committed`: the last committed log id, written in place.
+//! - `vote`: the vote (see the `vote` module); `vote.new` while one is saved.
 //! - `reserve`: disk space held while there is room, and given back when the disk fills up (see the
 //!   `disk` module).
-//! - one `sled::Db` with two trees, every value bincode 1:
-//!   - `meta`: `format` (this layout's version, checked on open), `vote` (a copy, for builds before the
-//!     file, taken where there is no `vote` file or where it is the later vote), `committed` and
-//!     `last_purged` (the log id of the last entry removed by a purge);
-//!   - `snapshot`: the current snapshot, as `meta` (its `SnapshotMeta`) and `file` (its file's name, and
-//!     the length and CRC-32 of its bytes, checked when it is read at open), written together in one
-//!     batch.
+//! - sled's files (`db`, `conf`, `blobs/`): the records of formats 1 to 4, read once when such a directory
+//!   is converted, and never opened again; in a new directory, a sled database that records format 5 and
+//!   nothing else, so that a build of an older format refuses the directory rather than take it for an
+//!   empty one.
 //!
-//! Format 1 kept the log in a third sled tree, `log` (key: the index, big-endian). [`open`] moves such a
-//! log into `raft-log/` and records format 4; a crash part-way starts the move again on the next open.
-//! Format 2 is format 3's layout; format 3 says that the log may hold entries a build of format 2 cannot
-//! decode (`Command::Group`), which such a build would take for a torn tail and cut off. Format 3 kept a
-//! snapshot's bytes in the `snapshot` tree, as `data`, where format 4 still reads them until the next
-//! snapshot replaces them; a format 3 build would find no `data` beside a format 4 snapshot's `meta`.
-//! [`open`] records format 4 over 2 and 3, durably, before anything is appended or stored, so that an
-//! older build refuses the directory.
+//! Formats 1 to 4 kept the records in sled (format 1 the log too, in a `log` tree; format 3 a snapshot's
+//! bytes too). [`open`] converts such a directory to format 5 (see the `convert` module), durably, before
+//! anything is appended or stored; a crash part-way converts again on the next open. Every file of the
+//! store's own is sealed with a length and a CRC: damage refuses the open and names the file, where sled
+//! recovered what it could without a word.
 //!
 //! The lock state itself lives in memory ([`SharedState`]). It is not written on apply: it is
 //! rebuilt on [`open`] from the snapshot, and openraft re-applies the log after the snapshot up to
@@ -74,25 +76,24 @@
 //!   sync (apply, the commit index a leader sends, the saved `committed`) and why that is safe;
 //! - a truncation: later segment files deleted and the directory synced, the segment holding the first
 //!   removed entry cut and synced, before `truncate` returns;
-//! - a purge: `last_purged` flushed to sled first, then the segment files it covers deleted, before `purge`
-//!   returns; entries at or below `last_purged` are never read back, so a crash in between never leaves a
+//! - a purge: the purge point in `records` first (replaced durably), then the segment files it covers
+//!   deleted, before `purge` returns; entries at or below `last_purged` are never read back, so a crash in between never leaves a
 //!   log that seems to start at 0. While a snapshot from the leader is on its way, a purge past the stored
 //!   snapshot first waits until it is stored (the `covered` module: openraft 0.9 purges before it is);
-//! - a vote, flushed to sled (write and fsync), before `save_vote` returns;
+//! - a vote, in its file (written, synced, renamed into place, the directory synced), before `save_vote`
+//!   returns;
 //! - a snapshot, before `build_snapshot` or `install_snapshot` returns: its file written and synced
-//!   (`<n>.new`), renamed to `<n>.snapshot` and the directory synced, then its name and metadata flushed
-//!   to sled; only then is the file of the snapshot before it removed. A crash anywhere in between leaves
+//!   (`<n>.new`), renamed to `<n>.snapshot` and the directory synced, then its name and metadata in
+//!   `records`, replaced durably; only then is the file of the snapshot before it removed. A crash anywhere in between leaves
 //!   the earlier snapshot whole and named, and an unnamed file that the next open removes. No purge goes
 //!   past the stored snapshot (openraft's own after a build come after the snapshot is stored; after a
 //!   leader's snapshot the purge waits for it), so the snapshot and the log after it always rebuild the
 //!   state.
 //!
-//! `committed` is written to sled but not flushed on its own (it rides on the next sled flush, and sled's
-//! background flush runs every 500 ms): it only lets a restarted node re-apply at once; losing the
-//! latest one delays that until the leader's next message and is otherwise harmless.
-//!
-//! sled flushes run sled's blocking flush on tokio's blocking pool rather than sled's `flush_async`,
-//! which hangs with eight or more flushes in flight in one process (see `flush`).
+//! `committed` is written in place but never synced on its own (the kernel writes it back within its
+//! dirty-page expiry, 30 s by default): it only lets a restarted node re-apply at once; losing the latest
+//! one, or finding it damaged by a crash in the middle of its write, delays that until the leader's next
+//! message and is otherwise harmless. It is never ahead of what the log holds durably (see `durable`).
 //!
 //! # The memory store
 //!
@@ -113,6 +114,7 @@
 //! elections; other threads draw from `rand::thread_rng()`.
 
 pub mod codec;
+mod convert;
 mod covered;
 mod disk;
 mod durable;
@@ -122,7 +124,9 @@ mod log;
 mod log_store;
 mod machine;
 pub mod memory;
+mod records;
 mod runtime;
+mod sealed;
 mod snapshot;
 mod state_machine;
 mod vote;
@@ -132,7 +136,7 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use holdfast_core::{Applied, LockState, Outcome};
-use openraft::{LogId, Vote};
+
 use serde::{Deserialize, Serialize};
 
 pub use disk::{Disk, DiskState};
@@ -140,6 +144,7 @@ pub use durable::Durable;
 pub use error::StoreError;
 pub use log_store::LogStore;
 pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
+use records::RecordsFile;
 pub use runtime::{seed_thread_rng, Runtime};
 pub use snapshot::SnapshotData;
 pub use state_machine::{SnapshotBuilder, StateMachineStore};
@@ -182,8 +187,8 @@ pub trait ApplyObserver: Send + Sync + 'static {
     /// after the replacement and before anything more is applied, with a copy of the new state and
     /// without the state's lock: readers may already see the new state.
     fn restored(&self, state: &LockState);
-    /// A sync that a log append, truncation or purge, a vote or a snapshot waited for took `took` (the log
-    /// file's write and fdatasync, or sled's flush).
+    /// A sync that a log append, truncation or purge, a vote or a snapshot waited for took `took` (the
+    /// writes and syncs of the files it changed).
     /// Called without the state's lock held.
     fn flushed(&self, _took: std::time::Duration) {}
     /// The node's current snapshot is now the one of the log up to `index`, `bytes` long: built here,
@@ -201,9 +206,9 @@ impl ApplyObserver for NoObserver {
     fn restored(&self, _state: &LockState) {}
 }
 
-/// The version of the layout described in the crate docs. A directory of format 1 (the log in sled's `log`
-/// tree) is converted when opened, one of format 2 or 3 marked 4; any other is refused.
-const FORMAT: u32 = 4;
+/// The version of the layout described in the crate docs. A directory of formats 1 to 4 (records in sled)
+/// is converted when opened (see the `convert` module); any other is refused.
+const FORMAT: u32 = 5;
 
 /// The decoders of what the store reads back from its files, as the store calls them, for its fuzz tests
 /// (`tests/fuzz_records.rs`): not part of the store's API.
@@ -226,24 +231,6 @@ pub mod decoders {
     }
 }
 
-/// Tree names and the keys of the fixed records in them.
-mod keys {
-    /// Format 1 kept the Raft log here; format 2 keeps it in files (see `wal`).
-    pub const LOG_TREE_FORMAT_1: &str = "log";
-    pub const META_TREE: &str = "meta";
-    pub const SNAPSHOT_TREE: &str = "snapshot";
-
-    pub const FORMAT: &str = "format";
-    pub const VOTE: &str = "vote";
-    pub const COMMITTED: &str = "committed";
-    pub const LAST_PURGED: &str = "last_purged";
-
-    pub const SNAPSHOT_META: &str = "meta";
-    /// Format 3 kept a snapshot's bytes here; format 4 keeps them in a file, named under `SNAPSHOT_FILE`.
-    pub const SNAPSHOT_DATA_FORMAT_3: &str = "data";
-    pub const SNAPSHOT_FILE: &str = "file";
-}
-
 /// Opens (or creates) the node's storage under `dir`, with the default [`Options`].
 ///
 /// If a snapshot is stored, the lock state, last applied log id and membership are restored from it
@@ -252,12 +239,12 @@ pub fn open(dir: &Path, observer: Arc<dyn ApplyObserver>) -> Result<(LogStore, S
     open_with(dir, observer, Options::default())
 }
 
-/// sled's page cache when nobody says otherwise: sled's own default, 1 GiB. The cache grows only as the
-/// data does (100,000 held locks left nodes at about 200 MiB resident with 1 GiB or 64 MiB alike); a
-/// smaller bound is for nodes with little memory.
+/// sled's page cache, while a directory of formats 1 to 4 is read to be converted (see the `convert` module),
+/// when nobody says otherwise: sled's own default, 1 GiB. The cache grows only as the data does; a smaller
+/// bound is for nodes with little memory.
 pub const CACHE_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
 
-/// The disk space kept in reserve when nobody says otherwise: room for sled's records, the vote and a
+/// The disk space kept in reserve when nobody says otherwise: room for the store's records, the vote and a
 /// snapshot of some hundred thousand locks once the disk is full (see the `disk` module).
 pub const DISK_RESERVE_DEFAULT: u64 = 64 * 1024 * 1024;
 
@@ -270,7 +257,7 @@ pub const DISK_STALL_DEFAULT: std::time::Duration = std::time::Duration::from_se
 /// How [`open_with`] opens a store.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    /// The most sled's page cache holds, in bytes.
+    /// The most sled's page cache holds, in bytes, while a directory of formats 1 to 4 is converted.
     pub cache_bytes: u64,
     /// Bytes of disk kept in reserve while there is room, and given back when it runs out ([`Disk`]).
     pub disk_reserve: u64,
@@ -295,103 +282,60 @@ pub fn open_with(
     options: Options,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
     fs::create_dirs(&fs::RealFs, dir).map_err(StoreError::CreateDir)?;
-    // Before sled: a disk already full gives the reserve back for sled's own writes.
+    // Before sled (which a first open still writes): a disk already full gives the reserve back.
     let disk = Disk::watch(dir, options.disk_reserve, options.disk_stall)?;
-    let db = sled::Config::new().path(dir).cache_capacity(options.cache_bytes).open()?;
-    let meta = db.open_tree(keys::META_TREE)?;
-    let purged: Option<LogId<NodeId>> = match meta.get(keys::LAST_PURGED)? {
-        Some(bytes) => Some(bincode::deserialize(&bytes)?),
-        None => None,
-    };
-    let wal_dir = dir.join(wal::DIR);
-    match meta.get(keys::FORMAT)? {
-        Some(bytes) => match bincode::deserialize::<u32>(&bytes)? {
-            FORMAT => {}
-            1 => convert_format_1(&db, &meta, &wal_dir)?,
-            found @ (2 | 3) => {
-                meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
-                db.flush()?;
-                tracing::info!(
-                    "marked the storage directory as format {FORMAT} (format {found} builds cannot read it)"
-                );
-            }
-            found => return Err(StoreError::Format { found, expected: FORMAT }),
-        },
-        // A new directory. Not flushed here: if it is lost, the next open writes it again.
+    open_on(Arc::new(fs::RealFs), dir, observer, disk, |dir| convert::from_sled(dir, options.cache_bytes))
+}
+
+/// [`open_with`] on the file system `fs`, with `disk` watching it; `older` reads a directory that has no
+/// `records` (see the `convert` module: a new directory, or one of an older format).
+pub(crate) fn open_on(
+    fs: Arc<dyn fs::Fs>,
+    dir: &Path,
+    observer: Arc<dyn ApplyObserver>,
+    disk: Disk,
+    older: impl FnOnce(&Path) -> Result<convert::Converted, StoreError>,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
+    fs::create_dirs(fs.as_ref(), dir).map_err(StoreError::CreateDir)?;
+    let (records, committed) = match RecordsFile::read(fs.as_ref(), dir)? {
+        Some(records) if records.format == FORMAT => (records, RecordsFile::read_committed(fs.as_ref(), dir)?),
+        Some(records) => return Err(StoreError::Format { found: records.format, expected: FORMAT }),
         None => {
-            meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
+            // No records, no sled, and yet a log or a vote: the file that says where the log starts and which
+            // snapshot is current is gone, and guessing could serve a state that lost acknowledged writes.
+            let sled = fs.open(&dir.join(convert::SLED_FILE), fs::Open::Existing).is_ok();
+            let written = [wal::DIR, vote::FILE].into_iter().find(|name| {
+                let path = dir.join(name);
+                fs.is_dir(&path) || fs.open(&path, fs::Open::Existing).is_ok()
+            });
+            if let (false, Some(written)) = (sled, written) {
+                return Err(StoreError::Records(format!(
+                    "{} is missing, but {written} is there: the directory lost the file that says where its log \
+                     starts and which snapshot is current",
+                    dir.join(records::FILE).display()
+                )));
+            }
+            let converted = older(dir)?;
+            RecordsFile::write(fs.as_ref(), dir, &converted.records)?;
+            (converted.records, converted.committed)
         }
-    }
+    };
+    let records = RecordsFile::new(fs.clone(), dir, records, committed)?;
     // The last commit recorded here: entries through it were synced before it was (see `save_committed`).
-    let committed: Option<Option<LogId<NodeId>>> = match meta.get(keys::COMMITTED)? {
-        Some(bytes) => Some(bincode::deserialize(&bytes)?),
-        None => None,
-    };
-    let committed = committed.flatten().map_or(0, |committed| committed.index);
-    let wal = wal::Wal::open_committed(&wal_dir, purged, committed)?;
-    let snapshots = db.open_tree(keys::SNAPSHOT_TREE)?;
-    // The vote's own file, and sled's copy where there is none (a directory of a build from before the
-    // file) or where it is the later one (a build from before the file ran on this directory since, and
-    // voted only in sled): a vote only ever grows, so the later of the two never goes back. See `vote`.
-    let copy: Option<Vote<NodeId>> = match meta.get(keys::VOTE)? {
-        Some(bytes) => Some(bincode::deserialize(&bytes)?),
-        None => None,
-    };
-    let vote = match (vote::read(&fs::RealFs, dir)?, copy) {
-        (Some(file), Some(copy)) if copy > file => Some(copy),
-        (Some(file), _) => Some(file),
-        (None, copy) => copy,
-    };
+    let committed_index = committed.map_or(0, |committed| committed.index);
+    let purged = records.get().purged;
+    let wal = wal::Wal::open_on(fs.clone(), wal::SEGMENT_BYTES, &dir.join(wal::DIR), purged, committed_index)?;
+    let vote = vote::read(fs.as_ref(), dir)?;
     let (covered_sender, covered) = covered::covered();
-    let log_store = LogStore::new(db.clone(), dir, wal, meta, purged, observer.clone(), vote, covered, disk);
+    let log_store =
+        LogStore::new(fs.clone(), dir, wal, records.clone(), committed, observer.clone(), vote, covered, disk);
     let state_machine = StateMachineStore::open(
-        db,
-        snapshots,
+        fs,
+        records,
         &dir.join(state_machine::DIR),
         observer,
         log_store.durable(),
         covered_sender,
     )?;
     Ok((log_store, state_machine))
-}
-
-/// Moves a format-1 directory's log, kept in sled's `log` tree, into the log files, then records format 4 and
-/// drops the tree, each step durable before the next. A crash part-way leaves format 1 recorded and the tree
-/// whole, and the next open starts the move again from the beginning.
-fn convert_format_1(db: &sled::Db, meta: &sled::Tree, wal_dir: &Path) -> Result<(), StoreError> {
-    if wal_dir.exists() {
-        std::fs::remove_dir_all(wal_dir).map_err(StoreError::Io)?;
-    }
-    let wal = wal::Wal::open(wal_dir, None)?;
-    let tree = db.open_tree(keys::LOG_TREE_FORMAT_1)?;
-    let mut batch = Vec::new();
-    for value in tree.iter().values() {
-        batch.push(codec::decode::<openraft::Entry<TypeConfig>>(&value?)?);
-        if batch.len() == 1024 {
-            wal.append(&std::mem::take(&mut batch))?;
-        }
-    }
-    wal.append(&batch)?;
-    drop(wal);
-    meta.insert(keys::FORMAT, bincode::serialize(&FORMAT)?)?;
-    db.flush()?;
-    db.drop_tree(keys::LOG_TREE_FORMAT_1)?;
-    db.flush()?;
-    tracing::info!("converted the storage directory from format 1 (log in sled) to format {FORMAT} (log files)");
-    Ok(())
-}
-
-/// Makes everything written to `db` so far durable: sled's blocking flush (write and fsync), run on
-/// tokio's blocking pool so the calling task only awaits.
-///
-/// Not sled's `flush_async`: in sled 0.34 (0.34.7 included, the last release) it never completes
-/// once about eight flushes are in flight in one process, because its IO thread pool ends up waiting
-/// on itself (spacejam/sled#1241, #1308, fixed only on sled's unreleased main branch). A process
-/// that runs several nodes, as the simulations and in-process cluster tests do, gets there easily.
-async fn flush(db: &sled::Db, observer: &dyn ApplyObserver) -> Result<(), StoreError> {
-    let db = db.clone();
-    let started = std::time::Instant::now();
-    tokio::task::spawn_blocking(move || db.flush()).await??;
-    observer.flushed(started.elapsed());
-    Ok(())
 }

@@ -1,33 +1,34 @@
-//! [`LogStore`]: the Raft log (in the [`Wal`]'s segment files), and the vote, the committed log id and the
-//! last purged log id (in sled's `meta` tree).
+//! [`LogStore`]: the Raft log (in the [`Wal`]'s segment files), the vote (in its file), and the committed
+//! log id and the last purged log id (in the store's records, see the `records` module).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
 use crate::covered::Covered;
 use crate::disk::{is_no_space, Disk};
 use crate::durable::Durable;
+use crate::fs::Fs;
+use crate::records::RecordsFile;
 use crate::runtime::blocking;
 use crate::wal::Wal;
-use crate::{flush, keys, log, ApplyObserver, NodeId, StoreError, TypeConfig};
+use crate::{log, ApplyObserver, NodeId, StoreError, TypeConfig};
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
-/// The Raft log, the vote and the committed log id of one node; clones share the same files and trees.
+/// The Raft log, the vote and the committed log id of one node; clones share the same files.
 #[derive(Clone)]
 pub struct LogStore {
-    db: sled::Db,
+    fs: Arc<dyn Fs>,
     /// The store's directory, where the vote's file is.
     dir: PathBuf,
     wal: Arc<Wal>,
-    meta: sled::Tree,
-    /// The last purged log id, as recorded in `meta` (read on every log read, so kept here too).
+    records: RecordsFile,
+    /// The last purged log id, as recorded in the records (read on every log read, so kept here too).
     purged: Arc<Mutex<Option<LogId<NodeId>>>>,
+    /// The last committed log id found at open, or saved since.
+    committed: Arc<Mutex<Option<LogId<NodeId>>>>,
     /// Told how long each flush took.
     observer: Arc<dyn ApplyObserver>,
     /// The last committed index openraft saved, for status reports (0: none yet).
@@ -49,11 +50,11 @@ pub struct LogStore {
 impl LogStore {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        db: sled::Db,
+        fs: Arc<dyn Fs>,
         dir: &Path,
         wal: Wal,
-        meta: sled::Tree,
-        purged: Option<LogId<NodeId>>,
+        records: RecordsFile,
+        committed: Option<LogId<NodeId>>,
         observer: Arc<dyn ApplyObserver>,
         vote: Option<Vote<NodeId>>,
         covered: Covered,
@@ -63,12 +64,13 @@ impl LogStore {
         let syncs = Arc::downgrade(&wal);
         disk.watch_syncs(Box::new(move || syncs.upgrade().and_then(|wal| wal.waiting_since())));
         Self {
-            db,
+            fs,
             dir: dir.to_owned(),
             durable: wal.durable(),
             wal,
-            meta,
-            purged: Arc::new(Mutex::new(purged)),
+            purged: Arc::new(Mutex::new(records.get().purged)),
+            records,
+            committed: Arc::new(Mutex::new(committed)),
             observer,
             committed_index: Default::default(),
             own: None,
@@ -101,18 +103,6 @@ impl LogStore {
     /// status pages and readiness (0 before the first).
     pub fn committed_index(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.committed_index.clone()
-    }
-
-    fn read_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
-        match self.meta.get(key)? {
-            Some(bytes) => Ok(Some(bincode::deserialize(&bytes)?)),
-            None => Ok(None),
-        }
-    }
-
-    fn write_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
-        self.meta.insert(key, bincode::serialize(value)?)?;
-        Ok(())
     }
 
     /// Whether the last vote saved is this node's own, as a leader's (or a candidate's) is.
@@ -173,21 +163,20 @@ impl LogStore {
     async fn purge_flushed(&self, upto: LogId<NodeId>) -> Result<(), StoreError> {
         // Not past the stored snapshot: after a leader's snapshot, openraft purges before it is stored.
         self.covered.reached(upto.index).await?;
-        // `last_purged` first, durably: if the node stops before the segments go, the log still says where
+        // The records first, durably: if the node stops before the segments go, the log still says where
         // it starts, and the next purge deletes what is left below it.
-        self.write_meta(keys::LAST_PURGED, &upto)?;
-        flush(&self.db, self.observer.as_ref()).await?;
+        let started = std::time::Instant::now();
+        blocking(|| self.records.update(|records| records.purged = Some(upto)))?;
+        self.observer.flushed(started.elapsed());
         *self.purged.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(upto);
         blocking(|| self.wal.purge(upto.index))
     }
 
     async fn save_vote_flushed(&self, vote: &Vote<NodeId>) -> Result<(), StoreError> {
-        // The file first, durably: it is what the next open reads. Then sled's copy, for a build from
-        // before the file.
-        let (dir, saved) = (self.dir.clone(), *vote);
-        tokio::task::spawn_blocking(move || crate::vote::write(&crate::fs::RealFs, &dir, &saved)).await??;
-        self.write_meta(keys::VOTE, vote)?;
-        flush(&self.db, self.observer.as_ref()).await?;
+        let (fs, dir, saved) = (self.fs.clone(), self.dir.clone(), *vote);
+        let started = std::time::Instant::now();
+        tokio::task::spawn_blocking(move || crate::vote::write(fs.as_ref(), &dir, &saved)).await??;
+        self.observer.flushed(started.elapsed());
         *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(*vote);
         Ok(())
     }
@@ -218,7 +207,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        // The vote the open read (from its file, or sled's copy) or the last one saved since.
+        // The vote the open read or the last one saved since.
         let vote = *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Ok(vote.map(|vote| log::restarted_vote(self.own, vote)))
     }
@@ -240,13 +229,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // Past the log's durable end: a restart may not find the entries (see the `durable` module).
             return Ok(());
         }
-        Ok(self.write_meta(keys::COMMITTED, &committed).map_err(|e| StorageIOError::write(&e))?)
+        *self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = committed;
+        Ok(self.records.save_committed(committed).map_err(|e| StorageIOError::write(&e))?)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
-        let committed: Option<Option<LogId<NodeId>>> =
-            self.read_meta(keys::COMMITTED).map_err(|e| StorageIOError::read(&e))?;
-        Ok(committed.flatten())
+        Ok(*self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<NodeId>>

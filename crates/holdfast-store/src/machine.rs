@@ -30,8 +30,10 @@ pub(crate) type Restored = (Meta, LockState, u64);
 
 /// Where a backend keeps the current snapshot (its metadata and the bytes of [`LockState::snapshot`]).
 pub(crate) trait SnapshotStore: Send + Sync + 'static {
-    /// A number this node's storage never returned before, not even before a restart: it makes
-    /// snapshot ids unique.
+    /// A number this store has not returned since it was opened, past those its snapshot files were
+    /// named after: with the log position, it makes a snapshot id. A number handed out before a restart
+    /// for a snapshot that was not kept may come again; the id then names the same state only if the
+    /// position is the same, and the same position holds the same state on every node.
     fn next_seq(&self) -> Result<u64, StoreError>;
 
     /// A new, empty place for a snapshot's bytes: one being built, or received from the leader. Not the

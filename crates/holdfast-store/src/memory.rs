@@ -39,8 +39,8 @@ struct Disk {
     durable: Records,
     /// The writes since the last flush, oldest first: `current` is `durable` with these applied.
     unflushed: Vec<Write>,
-    /// The last snapshot sequence number handed out. Never forgotten, not even by a crash, so that
-    /// snapshot ids are unique across restarts, as with sled's persistent id generator.
+    /// The last snapshot sequence number handed out. Never forgotten, not even by a crash (the disk
+    /// store numbers on from its snapshot files; see [`crate::machine`]'s `next_seq`).
     snapshot_seq: u64,
     /// Moved on by every open and every crash: a store opened before the latest belongs to a node
     /// that is gone, and is refused.
@@ -157,7 +157,7 @@ impl MemDisk {
     }
 
     /// A crash: forgets everything not yet durable (in a correct disk, only the `committed` record
-    /// written since the last flush, exactly as sled's unflushed `committed`). The stores opened before
+    /// written since the last flush, as the disk store's `committed` file, which is never synced on its own). The stores opened before
     /// it are refused from now on, as a crashed node's are gone; open the disk again to restart.
     pub fn crash(&self) {
         let mut disk = self.lock();

@@ -6,15 +6,17 @@
 //! million); the memory store keeps it in memory. Either way it is [`LockState::snapshot`]'s encoding,
 //! byte for byte, and that is what travels between nodes.
 
-use std::io::{self, Cursor, Read, Seek, SeekFrom, Write};
+use std::io::{self, Cursor, Read, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use holdfast_core::LockState;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
+use crate::fs::{Fs, FsFile};
 use crate::runtime::blocking;
 use crate::StoreError;
 
@@ -34,8 +36,11 @@ enum Inner {
 }
 
 struct FileData {
-    file: tokio::fs::File,
+    fs: Arc<dyn Fs>,
+    file: Box<dyn FsFile>,
     path: PathBuf,
+    /// Where openraft's next read or write of a chunk goes (it seeks before each).
+    pos: u64,
     /// Whether the file is removed when this is dropped: true until a store keeps it as its current
     /// snapshot, so that a build that was not kept, or a transfer the leader gave up, leaves nothing behind.
     temporary: bool,
@@ -44,7 +49,7 @@ struct FileData {
 impl Drop for FileData {
     fn drop(&mut self) {
         if self.temporary {
-            if let Err(e) = std::fs::remove_file(&self.path) {
+            if let Err(e) = self.fs.remove(&self.path) {
                 tracing::warn!(path = %self.path.display(), "cannot remove an unused snapshot file: {e}");
             }
         }
@@ -65,9 +70,10 @@ impl SnapshotData {
         Self { inner: Inner::Memory(Cursor::new(bytes)) }
     }
 
-    /// The file `file` at `path`; removed when dropped if `temporary` (see [`SnapshotData::kept_at`]).
-    pub(crate) fn in_file(file: std::fs::File, path: PathBuf, temporary: bool) -> Self {
-        Self { inner: Inner::File(FileData { file: tokio::fs::File::from_std(file), path, temporary }) }
+    /// The file `file` at `path` of `fs`; removed when dropped if `temporary` (see
+    /// [`SnapshotData::kept_at`]).
+    pub(crate) fn in_file(fs: Arc<dyn Fs>, file: Box<dyn FsFile>, path: PathBuf, temporary: bool) -> Self {
+        Self { inner: Inner::File(FileData { fs, file, path, pos: 0, temporary }) }
     }
 
     /// Where the bytes are, if in a file.
@@ -104,13 +110,10 @@ impl SnapshotData {
                 *cursor = Cursor::new(bytes);
                 Ok(summary)
             }
-            Inner::File(data) => {
-                let mut file = data.std_file().await?;
-                blocking(move || {
-                    rewind(&mut file, Rewind::Emptied).map_err(StoreError::SnapshotFile)?;
-                    encode(&state, file)
-                })
-            }
+            Inner::File(data) => blocking(|| {
+                data.file.set_len(0).map_err(StoreError::SnapshotFile)?;
+                encode(&state, At::new(data.file.as_ref()))
+            }),
         }
     }
 
@@ -122,14 +125,10 @@ impl SnapshotData {
                 let bytes = cursor.get_ref().as_slice();
                 decode(bytes, bytes.len() as u64)
             }),
-            Inner::File(data) => {
-                let mut file = data.std_file().await?;
-                blocking(move || {
-                    rewind(&mut file, Rewind::Kept).map_err(StoreError::SnapshotFile)?;
-                    let len_bytes = file.metadata().map_err(StoreError::SnapshotFile)?.len();
-                    decode(file, len_bytes)
-                })
-            }
+            Inner::File(data) => blocking(|| {
+                let len_bytes = data.file.len().map_err(StoreError::SnapshotFile)?;
+                decode(At::new(data.file.as_ref()), len_bytes)
+            }),
         }
     }
 
@@ -138,21 +137,15 @@ impl SnapshotData {
         let Inner::File(target) = &to.inner else {
             return Err(StoreError::SnapshotFile(io::Error::other("a snapshot is copied only into a file")));
         };
-        let mut target = target.std_file().await?;
-        let copy = |from: &mut dyn Read, target: &mut std::fs::File| -> io::Result<()> {
-            rewind(target, Rewind::Emptied)?;
-            io::copy(from, &mut io::BufWriter::with_capacity(BUFFER_BYTES, target))?;
-            Ok(())
+        let copy = |from: &mut dyn Read| -> io::Result<()> {
+            target.file.set_len(0)?;
+            let mut to = io::BufWriter::with_capacity(BUFFER_BYTES, At::new(target.file.as_ref()));
+            io::copy(from, &mut to)?;
+            to.flush()
         };
         match &mut self.inner {
-            Inner::Memory(cursor) => blocking(|| copy(&mut cursor.get_ref().as_slice(), &mut target)),
-            Inner::File(data) => {
-                let mut file = data.std_file().await?;
-                blocking(move || {
-                    rewind(&mut file, Rewind::Kept)?;
-                    copy(&mut io::BufReader::with_capacity(BUFFER_BYTES, file), &mut target)
-                })
-            }
+            Inner::Memory(cursor) => blocking(|| copy(&mut cursor.get_ref().as_slice())),
+            Inner::File(data) => blocking(|| copy(&mut At::new(data.file.as_ref()))),
         }
         .map_err(StoreError::SnapshotFile)
     }
@@ -161,7 +154,7 @@ impl SnapshotData {
     pub(crate) async fn sync(&mut self) -> Result<(), StoreError> {
         match &mut self.inner {
             Inner::Memory(_) => Ok(()),
-            Inner::File(data) => data.file.sync_all().await.map_err(StoreError::SnapshotFile),
+            Inner::File(data) => blocking(|| data.file.sync_all()).map_err(StoreError::SnapshotFile),
         }
     }
 
@@ -169,48 +162,72 @@ impl SnapshotData {
     pub(crate) async fn into_bytes(mut self) -> Result<Vec<u8>, StoreError> {
         match &mut self.inner {
             Inner::Memory(cursor) => Ok(std::mem::take(cursor.get_mut())),
-            Inner::File(data) => {
-                let mut file = data.std_file().await?;
-                blocking(move || {
-                    let mut bytes = Vec::new();
-                    rewind(&mut file, Rewind::Kept).and_then(|()| file.read_to_end(&mut bytes)).map(|_| bytes)
-                })
-                .map_err(StoreError::SnapshotFile)
-            }
+            Inner::File(data) => blocking(|| {
+                let mut bytes = Vec::new();
+                At::new(data.file.as_ref()).read_to_end(&mut bytes).map(|_| bytes)
+            })
+            .map_err(StoreError::SnapshotFile),
         }
     }
 }
 
-/// What [`rewind`] does with a file's bytes.
-#[derive(Clone, Copy)]
-enum Rewind {
-    /// Keeps them, to read them.
-    Kept,
-    /// Drops them, to write new ones.
-    Emptied,
+/// A blocking reader and writer of a snapshot's file, from its start.
+pub(crate) struct At<'a> {
+    file: &'a dyn FsFile,
+    pos: u64,
+    /// The file's length, for reads: looked up at the first.
+    len: Option<u64>,
 }
 
-/// Puts a (blocking) handle on a snapshot's file at its start, emptied first if asked.
-fn rewind(file: &mut std::fs::File, how: Rewind) -> io::Result<()> {
-    if let Rewind::Emptied = how {
-        file.set_len(0)?;
+impl<'a> At<'a> {
+    pub(crate) fn new(file: &'a dyn FsFile) -> Self {
+        At { file, pos: 0, len: None }
     }
-    file.seek(SeekFrom::Start(0)).map(|_| ())
 }
 
-impl FileData {
-    /// A second handle on the file, for blocking reads and writes; it shares the file's position, which
-    /// openraft sets itself (it seeks before every read or write of a chunk).
-    async fn std_file(&self) -> Result<std::fs::File, StoreError> {
-        Ok(self.file.try_clone().await.map_err(StoreError::SnapshotFile)?.into_std().await)
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let len = match self.len {
+            Some(len) => len,
+            None => *self.len.insert(self.file.len()?),
+        };
+        read_at(self.file, &mut self.pos, len, buf)
     }
 }
+
+impl Write for At<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write_all_at(buf, self.pos)?;
+        self.pos += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads into `buf` what `file` (`len` long) holds from `pos` on, moving `pos` past it; 0 at the end.
+fn read_at(file: &dyn FsFile, pos: &mut u64, len: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let n = (len.saturating_sub(*pos)).min(buf.len() as u64) as usize;
+    file.read_exact_at(&mut buf[..n], *pos)?;
+    *pos += n as u64;
+    Ok(n)
+}
+
+// openraft reads and writes a snapshot's chunks through these, on the async workers: each read or write
+// runs through `blocking`, as tokio's own files run theirs on its blocking pool.
 
 impl AsyncRead for SnapshotData {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().inner {
             Inner::Memory(cursor) => Pin::new(cursor).poll_read(cx, buf),
-            Inner::File(data) => Pin::new(&mut data.file).poll_read(cx, buf),
+            Inner::File(data) => Poll::Ready(blocking(|| {
+                let len = data.file.len()?;
+                let read = read_at(data.file.as_ref(), &mut data.pos, len, buf.initialize_unfilled())?;
+                buf.advance(read);
+                Ok(())
+            })),
         }
     }
 }
@@ -219,21 +236,25 @@ impl AsyncWrite for SnapshotData {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match &mut self.get_mut().inner {
             Inner::Memory(cursor) => Pin::new(cursor).poll_write(cx, buf),
-            Inner::File(data) => Pin::new(&mut data.file).poll_write(cx, buf),
+            Inner::File(data) => Poll::Ready(blocking(|| {
+                data.file.write_all_at(buf, data.pos)?;
+                data.pos += buf.len() as u64;
+                Ok(buf.len())
+            })),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().inner {
             Inner::Memory(cursor) => Pin::new(cursor).poll_flush(cx),
-            Inner::File(data) => Pin::new(&mut data.file).poll_flush(cx),
+            Inner::File(_) => Poll::Ready(Ok(())),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().inner {
             Inner::Memory(cursor) => Pin::new(cursor).poll_shutdown(cx),
-            Inner::File(data) => Pin::new(&mut data.file).poll_shutdown(cx),
+            Inner::File(_) => Poll::Ready(Ok(())),
         }
     }
 }
@@ -242,14 +263,22 @@ impl AsyncSeek for SnapshotData {
     fn start_seek(self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
         match &mut self.get_mut().inner {
             Inner::Memory(cursor) => Pin::new(cursor).start_seek(position),
-            Inner::File(data) => Pin::new(&mut data.file).start_seek(position),
+            Inner::File(data) => {
+                let invalid = || io::Error::new(io::ErrorKind::InvalidInput, "a seek before the file's start");
+                data.pos = match position {
+                    SeekFrom::Start(at) => at,
+                    SeekFrom::Current(by) => data.pos.checked_add_signed(by).ok_or_else(invalid)?,
+                    SeekFrom::End(by) => data.file.len()?.checked_add_signed(by).ok_or_else(invalid)?,
+                };
+                Ok(())
+            }
         }
     }
 
     fn poll_complete(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
         match &mut self.get_mut().inner {
             Inner::Memory(cursor) => Pin::new(cursor).poll_complete(cx),
-            Inner::File(data) => Pin::new(&mut data.file).poll_complete(cx),
+            Inner::File(data) => Poll::Ready(Ok(data.pos)),
         }
     }
 }
@@ -339,6 +368,7 @@ mod tests {
     use holdfast_core::{Command, Entry};
 
     use super::*;
+    use crate::fs::{Open, RealFs};
 
     fn state() -> LockState {
         let mut state = LockState::new();
@@ -376,8 +406,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("1.new");
         std::fs::write(&path, vec![7; 100_000]).unwrap();
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        let mut data = SnapshotData::in_file(file, path.clone(), true);
+        let file = RealFs.open(&path, Open::Existing).unwrap();
+        let mut data = SnapshotData::in_file(Arc::new(RealFs), file, path.clone(), true);
         let summary = data.encode(state()).await.unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), state().snapshot(), "the earlier, longer contents are gone");
         let (decoded, read) = data.decode().await.unwrap();
@@ -387,7 +417,8 @@ mod tests {
 
         let kept_path = dir.path().join("1.snapshot");
         std::fs::write(&path, b"x").unwrap();
-        let mut kept = SnapshotData::in_file(std::fs::File::open(&path).unwrap(), path.clone(), true);
+        let file = RealFs.open(&path, Open::Existing).unwrap();
+        let mut kept = SnapshotData::in_file(Arc::new(RealFs), file, path.clone(), true);
         std::fs::rename(&path, &kept_path).unwrap();
         kept.kept_at(kept_path.clone());
         drop(kept);

@@ -1,74 +1,31 @@
-//! The vote in a file of the store's own, `vote`, beside sled's copy.
+//! The vote in a file of the store's own, `vote`, sealed with its length and CRC-32 (see the `sealed`
+//! module).
 //!
 //! A node that forgets its vote, or finds an older one, may vote twice in a term, and two leaders of one
-//! term may follow. sled keeps its own checksums but recovers what it can without a word: a byte flipped in
-//! the middle of its file let a node open as if nothing had happened, and what it had recovered to was
-//! checked by nothing. So the vote is also kept here, where damage is found and said: the file is the
-//! bincode of the vote after its length and its CRC-32, written whole to `vote.new`, synced, renamed over
-//! `vote` and the directory synced, so that a crash leaves the old vote or the new one, never a mix. A file
-//! whose length or CRC does not match refuses the open, naming the file. sled's copy is still written after
-//! the file's, for a build from before the file to read; the open takes it where there is no file (a
-//! directory from such a build) or where it is the later vote (such a build ran on the directory since and
-//! voted in sled alone): a vote only grows, so the later of the two never goes back.
+//! term may follow. So the vote is replaced whole and durably (a crash leaves the old vote or the new one,
+//! never a mix), and a file whose length or CRC does not match refuses the open, naming the file. Builds
+//! of formats 2 to 4 also kept a copy in sled; the open of such a directory takes that copy where there is
+//! no file or where it is the later vote (a vote only grows), once, when it converts the directory.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use openraft::Vote;
 
-use crate::fs::{Fs, Open};
+use crate::fs::Fs;
+use crate::sealed;
 use crate::{NodeId, StoreError};
 
 /// The file's name in the store's directory.
 pub(crate) const FILE: &str = "vote";
-/// Bytes before the vote: its length and its CRC-32.
-const HEADER: usize = 8;
 
 /// The vote the file under `dir` holds; `None` if there is no file.
 pub(crate) fn read(fs: &dyn Fs, dir: &Path) -> Result<Option<Vote<NodeId>>, StoreError> {
-    let path = dir.join(FILE);
-    let file = match fs.open(&path, Open::Existing) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(StoreError::Vote(format!("{}: {e}", path.display()))),
-    };
-    let bytes = file
-        .len()
-        .and_then(|len| {
-            let mut bytes = vec![0; len as usize];
-            file.read_exact_at(&mut bytes, 0).map(|()| bytes)
-        })
-        .map_err(|e| StoreError::Vote(format!("{}: {e}", path.display())))?;
-    decode(&bytes).map(Some).ok_or_else(|| {
-        StoreError::Vote(format!("{} is damaged: its length or checksum does not match its bytes", path.display()))
-    })
+    sealed::read(fs, dir, FILE).map_err(|e| StoreError::Vote(e.to_string()))
 }
 
 /// Writes `vote` to the file under `dir`, durably, replacing the one before. Blocks on disk IO.
 pub(crate) fn write(fs: &dyn Fs, dir: &Path, vote: &Vote<NodeId>) -> Result<(), StoreError> {
-    let new = dir.join(format!("{FILE}.new"));
-    let failed = |path: &PathBuf, e: std::io::Error| StoreError::Vote(format!("{}: {e}", path.display()));
-    let file = fs.open(&new, Open::Truncate).map_err(|e| failed(&new, e))?;
-    file.write_all_at(&encode(vote)?, 0).and_then(|()| file.sync_all()).map_err(|e| failed(&new, e))?;
-    let path = dir.join(FILE);
-    fs.rename(&new, &path).map_err(|e| failed(&path, e))?;
-    fs.sync_dir(dir).map_err(|e| failed(&dir.to_owned(), e))
-}
-
-fn encode(vote: &Vote<NodeId>) -> Result<Vec<u8>, StoreError> {
-    let body = bincode::serialize(vote)?;
-    let mut bytes = Vec::with_capacity(HEADER + body.len());
-    bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    bytes.extend_from_slice(&body);
-    Ok(bytes)
-}
-
-/// The vote in `bytes`, if they are one whole and intact.
-fn decode(bytes: &[u8]) -> Option<Vote<NodeId>> {
-    let (header, body) = bytes.split_at_checked(HEADER)?;
-    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-    (body.len() == len && crc32fast::hash(body) == crc).then(|| crate::codec::decode(body).ok()).flatten()
+    sealed::replace(fs, dir, FILE, vote).map_err(|e| StoreError::Vote(e.to_string()))
 }
 
 #[cfg(test)]
@@ -96,7 +53,7 @@ mod tests {
         for damaged in [
             {
                 let mut flipped = bytes.clone();
-                flipped[HEADER + 1] ^= 0x10;
+                flipped[9] ^= 0x10;
                 flipped
             },
             bytes[..bytes.len() - 1].to_vec(),

@@ -15,9 +15,10 @@ use openraft::{RaftLogReader, RaftSnapshotBuilder, StorageHelper, Vote};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Opens the store in `dir`. A reopen right after the previous handles were dropped may find sled's file
-/// lock still held for a moment: a write sled handed to its own IO thread pool keeps the database open until
-/// it finishes (seen once in CI as `could not acquire lock … WouldBlock`). So a lock conflict is retried,
+/// Opens the store in `dir`. An open that converts an older directory opens sled, and a reopen right after
+/// may find sled's file lock still held for a moment: a write sled handed to its own IO thread pool keeps
+/// the database open until it finishes (seen once in CI as `could not acquire lock … WouldBlock`). So a
+/// lock conflict is retried,
 /// within a bound; any other error is not.
 fn open_quiet(dir: &Path) -> Result<(LogStore, StateMachineStore)> {
     until_unlocked(|| open(dir, Arc::new(NoObserver)))
@@ -331,8 +332,8 @@ async fn flush_from_many_stores() -> Result {
 }
 
 /// A directory written by format 1 (the Raft log in sled's `log` tree, keyed by big-endian index) opens with
-/// its log, vote and purge point intact, the log now in the log files; sled's `log` tree is gone, and the
-/// directory opens as format 4 from then on.
+/// its log, vote and purge point intact, the log now in the log files; sled's `log` tree is gone, and sled
+/// records format 5, which older builds refuse.
 #[tokio::test]
 async fn a_format_1_directory_is_converted_when_opened() -> Result {
     let dir = tempfile::tempdir()?;
@@ -359,48 +360,122 @@ async fn a_format_1_directory_is_converted_when_opened() -> Result {
     }
     let db = sled_open(dir.path())?;
     assert!(!db.tree_names().iter().any(|name| name.as_ref() == b"log"), "{:?}", db.tree_names());
-    assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&4u32)?[..]));
+    assert_eq!(db.open_tree("meta")?.get("format")?.as_deref(), Some(&bincode::serialize(&5u32)?[..]));
     Ok(())
 }
 
-/// The format a directory records.
+/// The format a directory's sled records.
 fn format_of(dir: &Path) -> Result<Option<u32>> {
     let db = sled_open(dir)?;
     Ok(db.open_tree("meta")?.get("format")?.map(|b| bincode::deserialize(&b)).transpose()?)
 }
 
-/// Records `format` in a directory, as a build of that format would have.
-fn set_format(dir: &Path, format: u32) -> Result {
+/// Turns `dir`, written by this build, into the directory a build of `format` (2 to 4) would have left: the
+/// same log files, and the store's records in sled's `meta` tree (`records`, keys and values) instead of
+/// files of their own.
+fn as_older(dir: &Path, format: u32, records: &[(&str, Vec<u8>)]) -> Result {
+    std::fs::remove_file(dir.join("records"))?;
+    std::fs::remove_file(dir.join("committed"))?;
     let db = sled_open(dir)?;
-    db.open_tree("meta")?.insert("format", bincode::serialize(&format)?)?;
+    let meta = db.open_tree("meta")?;
+    meta.insert("format", bincode::serialize(&format)?)?;
+    for (key, value) in records {
+        meta.insert(key, &value[..])?;
+    }
     db.flush()?;
     Ok(())
 }
 
-/// A directory of format 2 or 3 (format 3's layout, from builds that knew no `Command::Group`, or that kept
-/// snapshots in sled) opens with its log and is marked format 4, so that such a build refuses it from then
-/// on; a format this build does not know is refused and left as it was.
+/// A directory of format 2, 3 or 4 (records in sled) opens with its log, purge point and commit, and is
+/// converted to format 5: its records in files of their own, and format 5 in sled, so that such a build
+/// refuses it from then on. A format this build does not know is refused and left as it was.
 #[tokio::test]
-async fn a_format_2_or_3_directory_is_marked_4_and_an_unknown_format_is_refused() -> Result {
+async fn a_format_2_3_or_4_directory_is_converted_to_5_and_an_unknown_format_is_refused() -> Result {
     let dir = tempfile::tempdir()?;
-    let entries = vec![acquire(1, 1, "alpha", "a", 1), blank(1, 2)];
+    let entries = vec![acquire(1, 1, "alpha", "a", 1), blank(1, 2), blank(1, 3)];
     {
         let (mut log, _sm) = open_quiet(dir.path())?;
         log.blocking_append(entries.clone()).await?;
+        log.purge(log_id(1, 1)).await?;
     }
-    for older in [2, 3] {
-        set_format(dir.path(), older)?;
+    assert_eq!(format_of(dir.path())?, Some(5), "a new directory's sled says format 5, for older builds");
+    for older in [2, 3, 4] {
+        let committed = Some(log_id(1, older as u64 - 1));
+        let records =
+            [("last_purged", bincode::serialize(&log_id(1, 1))?), ("committed", bincode::serialize(&committed)?)];
+        as_older(dir.path(), older, &records)?;
         {
             let (mut log, _sm) = open_quiet(dir.path())?;
-            assert_eq!(log.try_get_log_entries(..).await?, entries);
+            assert_eq!(log.try_get_log_entries(..).await?, entries[1..]);
+            assert_eq!(log.get_log_state().await?.last_purged_log_id, Some(log_id(1, 1)));
+            assert_eq!(log.read_committed().await?, committed);
         }
-        assert_eq!(format_of(dir.path())?, Some(4));
+        assert_eq!(format_of(dir.path())?, Some(5));
+        assert!(dir.path().join("records").exists());
     }
 
-    set_format(dir.path(), 5)?;
+    as_older(dir.path(), 6, &[])?;
     let refused = open_quiet(dir.path()).err().map(|e| e.to_string());
-    assert_eq!(refused.as_deref(), Some("storage format 5 is not supported (expected 4)"));
-    assert_eq!(format_of(dir.path())?, Some(5));
+    assert_eq!(refused.as_deref(), Some("storage format 6 is not supported (expected 5)"));
+    assert_eq!(format_of(dir.path())?, Some(6));
+    assert!(!dir.path().join("records").exists(), "left as it was");
+    Ok(())
+}
+
+/// The store's records file is checked as the vote's is: a flipped bit refuses the open, naming the file;
+/// and a directory that holds a log but has lost its records is refused rather than taken for a new one.
+#[tokio::test]
+async fn a_damaged_or_missing_records_file_refuses_the_open() -> Result {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.blocking_append(vec![blank(1, 1), blank(1, 2)]).await?;
+        log.purge(log_id(1, 1)).await?;
+    }
+    let file = dir.path().join("records");
+    let bytes = std::fs::read(&file)?;
+    let mut damaged = bytes.clone();
+    damaged[9] ^= 0x04;
+    std::fs::write(&file, &damaged)?;
+    let refused = open_quiet(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.starts_with("records: ") && refused.contains("damaged"), "{refused}");
+    assert!(refused.contains(&file.display().to_string()), "{refused}");
+
+    std::fs::remove_file(&file)?;
+    for sled_file in ["db", "conf"] {
+        std::fs::remove_file(dir.path().join(sled_file))?;
+    }
+    let refused = open_quiet(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.contains("records is missing, but raft-log is there"), "{refused}");
+
+    std::fs::write(&file, &bytes)?;
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    assert_eq!(log.try_get_log_entries(..).await?, vec![blank(1, 2)]);
+    Ok(())
+}
+
+/// A committed log id is written in place and never synced on its own: a crash can leave it damaged, which
+/// costs a re-apply at the leader's next message, and does not stop the node.
+#[tokio::test]
+async fn a_damaged_committed_file_is_taken_as_no_commit() -> Result {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.blocking_append(vec![blank(1, 1)]).await?;
+        log.save_committed(Some(log_id(1, 1))).await?;
+    }
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        assert_eq!(log.read_committed().await?, Some(log_id(1, 1)));
+    }
+    let file = dir.path().join("committed");
+    let mut bytes = std::fs::read(&file)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&file, &bytes)?;
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    assert_eq!(log.read_committed().await?, None);
+    assert_eq!(log.try_get_log_entries(..).await?, vec![blank(1, 1)], "the log is whole");
     Ok(())
 }
 
@@ -415,10 +490,9 @@ fn snapshot_files(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// A format 3 directory kept its snapshot's bytes in sled's `snapshot` tree, as `data`. It opens with its
-/// state restored from them and sends them to a follower that asks; the next snapshot goes to a file, and
-/// the tree's bytes are gone.
+/// state restored from them, now in a file of `snapshots/`, and sends them to a follower that asks.
 #[tokio::test]
-async fn a_format_3_snapshot_in_sled_is_read_and_the_next_one_goes_to_a_file() -> Result {
+async fn a_format_3_snapshot_in_sled_is_moved_to_a_file() -> Result {
     let dir = tempfile::tempdir()?;
     let entries = vec![membership(0, 0), acquire(1, 1, "alpha", "a", 1), acquire(1, 2, "beta", "b", 2)];
     let meta = {
@@ -434,14 +508,14 @@ async fn a_format_3_snapshot_in_sled_is_read_and_the_next_one_goes_to_a_file() -
         let bytes = std::fs::read(dir.path().join("snapshots").join(name))?;
         assert_eq!(bytes, model(&entries[..2]).snapshot());
         std::fs::remove_dir_all(dir.path().join("snapshots"))?;
+        as_older(dir.path(), 3, &[("committed", bincode::serialize(&Some(log_id(1, 2)))?)])?;
         let db = sled_open(dir.path())?;
         let tree = db.open_tree("snapshot")?;
-        tree.remove("file")?;
+        tree.insert("meta", bincode::serialize(&meta)?)?;
         tree.insert("data", bytes)?;
-        db.open_tree("meta")?.insert("format", bincode::serialize(&3u32)?)?;
         db.flush()?;
     }
-    {
+    for _ in 0..2 {
         let (mut log, mut sm) = open_quiet(dir.path())?;
         assert_eq!(state_bytes(&sm), model(&entries[..2]).snapshot());
         let mut current = sm.get_current_snapshot().await?.expect("the tree's snapshot is current");
@@ -449,17 +523,9 @@ async fn a_format_3_snapshot_in_sled_is_read_and_the_next_one_goes_to_a_file() -
         assert_eq!(snapshot_bytes(&mut current.snapshot).await?, model(&entries[..2]).snapshot());
         StorageHelper::new(&mut log, &mut sm).get_initial_state().await?;
         assert_eq!(state_bytes(&sm), model(&entries).snapshot(), "the log after the snapshot re-applied");
-        sm.get_snapshot_builder().await.build_snapshot().await?;
     }
-    let [name] = &snapshot_files(dir.path())?[..] else { panic!("one snapshot file") };
-    assert_eq!(std::fs::read(dir.path().join("snapshots").join(name))?, model(&entries).snapshot());
-    {
-        let db = sled_open(dir.path())?;
-        assert_eq!(db.open_tree("snapshot")?.get("data")?, None);
-    }
-    assert_eq!(format_of(dir.path())?, Some(4));
-    let (_log, sm) = open_quiet(dir.path())?;
-    assert_eq!(state_bytes(&sm), model(&entries).snapshot());
+    assert_eq!(snapshot_files(dir.path())?, ["0.snapshot"]);
+    assert_eq!(format_of(dir.path())?, Some(5));
     Ok(())
 }
 
@@ -550,9 +616,9 @@ async fn purge_deletes_log_files_it_covers() -> Result {
     Ok(())
 }
 
-/// The vote survives a restart in its own file, and sled keeps a copy for a build from before the file;
-/// a directory of such a build (a vote in sled, no file) opens with sled's vote; a vote file whose bytes
-/// changed refuses the open, naming the file.
+/// The vote survives a restart in its own file; a directory of an older format opens with sled's copy of
+/// the vote where it has no file or the copy is the later vote; a vote file whose bytes changed refuses the
+/// open, naming the file.
 #[tokio::test]
 async fn the_vote_is_kept_in_its_own_file_and_a_damaged_one_refuses_the_open() -> Result {
     let dir = tempfile::tempdir()?;
@@ -567,34 +633,28 @@ async fn the_vote_is_kept_in_its_own_file_and_a_damaged_one_refuses_the_open() -
         assert_eq!(log.read_vote().await?, Some(Vote::new_committed(5, 2)));
         log.save_vote(&Vote::new(6, 3)).await?;
     }
-    // As a build from before the file finds it: sled's copy is the newest vote too.
-    {
-        let db = sled_open(dir.path())?;
-        let copy = db.open_tree("meta")?.get("vote")?.expect("sled keeps a copy of the vote");
-        assert_eq!(bincode::deserialize::<Vote<NodeId>>(&copy)?, Vote::new(6, 3));
-    }
-    // A directory of such a build: the vote in sled only.
     let bytes = std::fs::read(&file)?;
+    // A directory of a build of format 2 or 3, with the vote in sled only: taken from there.
     std::fs::remove_file(&file)?;
+    as_older(dir.path(), 3, &[("vote", bincode::serialize(&Vote::<NodeId>::new(6, 3))?)])?;
     {
         let (mut log, _sm) = open_quiet(dir.path())?;
         assert_eq!(log.read_vote().await?, Some(Vote::new(6, 3)));
     }
-    // A build from before the file ran here since and voted in sled only: its later vote stands.
-    {
-        let (mut log, _sm) = open_quiet(dir.path())?;
-        log.save_vote(&Vote::new(6, 3)).await?;
-    }
-    {
-        let db = sled_open(dir.path())?;
-        db.open_tree("meta")?.insert("vote", bincode::serialize(&Vote::<NodeId>::new(7, 1))?)?;
-        db.flush()?;
-    }
+    assert_eq!(std::fs::read(&file)?, bytes, "written to the file");
+    // A build of format 4 ran here and voted in sled only, after its file's vote: its later vote stands.
+    as_older(dir.path(), 4, &[("vote", bincode::serialize(&Vote::<NodeId>::new(7, 1))?)])?;
     {
         let (mut log, _sm) = open_quiet(dir.path())?;
         assert_eq!(log.read_vote().await?, Some(Vote::new(7, 1)), "the later vote, from sled's copy");
     }
-    // A flipped bit in the file: refused, not read, and not replaced by sled's copy.
+    // And an earlier copy in sled does not take a vote back.
+    as_older(dir.path(), 4, &[("vote", bincode::serialize(&Vote::<NodeId>::new(2, 1))?)])?;
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        assert_eq!(log.read_vote().await?, Some(Vote::new(7, 1)));
+    }
+    // A flipped bit in the file: refused, not read.
     let mut damaged = bytes;
     let last = damaged.len() - 1;
     damaged[last] ^= 0x01;

@@ -465,8 +465,9 @@ struct ServerArgs {
     /// leader for its lease (the longest timeout) plus a timeout stands for election.
     #[arg(long, env = "HOLDFAST_ELECTION_TIMEOUT", default_value = "250ms", value_parser = humantime::parse_duration)]
     election_timeout: Duration,
-    /// The most the storage's page cache (sled) may hold, e.g. 64MiB; the lock state itself is in memory
-    /// besides.
+    /// The most sled's page cache may hold, e.g. 64MiB, while the node converts a data directory written by
+    /// a build of storage format 4 or older, once, at its first start; the storage keeps no cache of its
+    /// own otherwise (the lock state is in memory).
     #[arg(long, env = "HOLDFAST_STORAGE_CACHE", default_value = "1GiB", value_parser = parse_bytes)]
     storage_cache: u64,
     /// Disk space kept in reserve (a file, `reserve`, in the data directory) while there is room. When the
