@@ -121,6 +121,14 @@ impl Disk {
 
     /// The disk under `dir` as one look finds it, and no thread to look again.
     fn look_once(dir: &Path, reserve: u64, stall: Option<Duration>) -> Result<Disk, StoreError> {
+        let disk = Disk::unwatched(dir, reserve, stall);
+        disk.look(false).map_err(StoreError::Io)?;
+        Ok(disk)
+    }
+
+    /// The disk under `dir`, never looked at: writable until a write finds no room. For a store on a test
+    /// file system, which has no free space to read.
+    pub(crate) fn unwatched(dir: &Path, reserve: u64, stall: Option<Duration>) -> Disk {
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
             ballast: dir.join(BALLAST),
@@ -132,9 +140,7 @@ impl Disk {
             closed: AtomicBool::new(false),
             looking: Mutex::new(()),
         });
-        let disk = Disk { shared };
-        disk.look(false).map_err(StoreError::Io)?;
-        Ok(disk)
+        Disk { shared }
     }
 
     /// Has each look ask `syncs` how long the log's syncs have waited (once the log is open).

@@ -1,7 +1,7 @@
 //! [`Fs`]: the file operations of the Raft log's segments and of the vote's file, behind a narrow seam, so
 //! that a test file system can stand in for the real one ([`RealFs`]).
 //!
-//! The test file system ([`CrashFs`], for the crate's tests) keeps what a disk keeps across a power cut:
+//! The test file system ([`CrashFs`], for tests: the crate's own and those of [`crate::testing`]) keeps what a disk keeps across a power cut:
 //! at a crash, each file holds what was synced, plus a random subset of the blocks written since (a disk
 //! may have written some of them), cut or not to its unsynced length; a creation, removal or rename is kept only
 //! if its directory was synced since, and a directory only if its parent was, with all it holds. So a store that acknowledges before it syncs, or that trusts a rename
@@ -144,10 +144,8 @@ impl FsFile for std::fs::File {
     }
 }
 
-#[cfg(test)]
-pub(crate) use crash::CrashFs;
+pub use crash::CrashFs;
 
-#[cfg(test)]
 mod crash {
     use std::collections::{BTreeMap, BTreeSet, HashMap};
     use std::ffi::OsString;
@@ -166,7 +164,7 @@ mod crash {
 
     /// An in-memory file system that forgets, at [`CrashFs::crash`], what a power cut may take (see the
     /// module docs); `lying`: its syncs make nothing durable, as a store that skipped them would leave it.
-    pub(crate) struct CrashFs {
+    pub struct CrashFs {
         state: Arc<Mutex<State>>,
     }
 
@@ -234,7 +232,7 @@ mod crash {
     }
 
     impl CrashFs {
-        pub(crate) fn new(seed: u64, lying: bool) -> CrashFs {
+        pub fn new(seed: u64, lying: bool) -> CrashFs {
             CrashFs {
                 state: Arc::new(Mutex::new(State {
                     rng: StdRng::seed_from_u64(seed),
@@ -256,13 +254,13 @@ mod crash {
         }
 
         /// After `ops` more operations, every one fails, as if the process died there.
-        pub(crate) fn die_after(&self, ops: u64) {
+        pub fn die_after(&self, ops: u64) {
             self.state().ops_left = Some(ops);
         }
 
         /// A power cut: the entries and bytes that were not made durable are lost, but for a random subset
         /// of the pages written since each file's last sync; handles opened before fail from now on.
-        pub(crate) fn crash(&self) {
+        pub fn crash(&self) {
             let mut s = self.state();
             s.generation += 1;
             s.ops_left = None;

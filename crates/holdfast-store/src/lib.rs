@@ -231,6 +231,32 @@ pub mod decoders {
     }
 }
 
+/// The store on a test file system, for tests of crash safety (this crate's and the simulation's): not part
+/// of the store's API.
+#[doc(hidden)]
+pub mod testing {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    pub use crate::fs::CrashFs;
+    use crate::{ApplyObserver, Disk, LogStore, StateMachineStore, StoreError};
+
+    /// Opens (or creates) a store under `dir` of `fs`, as [`crate::open`] does on the real file system, but
+    /// with log segments of 16 KiB (so that a short run fills several); its disk is never looked at (no
+    /// reserve, no stall watch), and a directory without records is a new one.
+    pub fn open_on_crash_fs(
+        fs: Arc<CrashFs>,
+        dir: &Path,
+        observer: Arc<dyn ApplyObserver>,
+    ) -> Result<(LogStore, StateMachineStore), StoreError> {
+        let new = |_: &Path| {
+            let records = crate::records::Records { format: crate::FORMAT, ..Default::default() };
+            Ok(crate::convert::Converted { records, committed: None })
+        };
+        crate::open_on(fs, 16 * 1024, dir, observer, Disk::unwatched(dir, 0, None), new)
+    }
+}
+
 /// Opens (or creates) the node's storage under `dir`, with the default [`Options`].
 ///
 /// If a snapshot is stored, the lock state, last applied log id and membership are restored from it
@@ -284,13 +310,16 @@ pub fn open_with(
     fs::create_dirs(&fs::RealFs, dir).map_err(StoreError::CreateDir)?;
     // Before sled (which a first open still writes): a disk already full gives the reserve back.
     let disk = Disk::watch(dir, options.disk_reserve, options.disk_stall)?;
-    open_on(Arc::new(fs::RealFs), dir, observer, disk, |dir| convert::from_sled(dir, options.cache_bytes))
+    let older = |dir: &Path| convert::from_sled(dir, options.cache_bytes);
+    open_on(Arc::new(fs::RealFs), wal::SEGMENT_BYTES, dir, observer, disk, older)
 }
 
-/// [`open_with`] on the file system `fs`, with `disk` watching it; `older` reads a directory that has no
-/// `records` (see the `convert` module: a new directory, or one of an older format).
+/// [`open_with`] on the file system `fs`, with log segments of `segment_bytes` and `disk` watching it; `older`
+/// reads a directory that has no `records` (see the `convert` module: a new directory, or one of an older
+/// format).
 pub(crate) fn open_on(
     fs: Arc<dyn fs::Fs>,
+    segment_bytes: u64,
     dir: &Path,
     observer: Arc<dyn ApplyObserver>,
     disk: Disk,
@@ -324,7 +353,7 @@ pub(crate) fn open_on(
     // The last commit recorded here: entries through it were synced before it was (see `save_committed`).
     let committed_index = committed.map_or(0, |committed| committed.index);
     let purged = records.get().purged;
-    let wal = wal::Wal::open_on(fs.clone(), wal::SEGMENT_BYTES, &dir.join(wal::DIR), purged, committed_index)?;
+    let wal = wal::Wal::open_on(fs.clone(), segment_bytes, &dir.join(wal::DIR), purged, committed_index)?;
     let vote = vote::read(fs.as_ref(), dir)?;
     let (covered_sender, covered) = covered::covered();
     let log_store =
