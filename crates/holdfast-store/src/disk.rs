@@ -73,6 +73,8 @@ struct Shared {
     stall: Option<Duration>,
     /// The log's syncs, once the log is open.
     syncs: std::sync::OnceLock<WaitingSince>,
+    /// Run by the watching thread after each look (see [`Disk::after_each_look`]).
+    chore: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     state: watch::Sender<DiskState>,
     /// Whether the last look found the disk writable: what an append checks first, without the watch.
     writable: AtomicBool,
@@ -111,8 +113,11 @@ impl Disk {
             .spawn(move || loop {
                 std::thread::sleep(CHECK_EVERY);
                 let Some(shared) = weak.upgrade() else { return };
-                if let Err(e) = (Disk { shared }).look(false) {
+                if let Err(e) = (Disk { shared: shared.clone() }).look(false) {
                     tracing::warn!(%e, "cannot read the free space of the data directory");
+                }
+                if let Some(chore) = shared.chore.get() {
+                    chore();
                 }
             })
             .map_err(StoreError::Io)?;
@@ -135,12 +140,19 @@ impl Disk {
             reserve,
             stall,
             syncs: std::sync::OnceLock::new(),
+            chore: std::sync::OnceLock::new(),
             state: watch::Sender::new(DiskState::default()),
             writable: AtomicBool::new(true),
             closed: AtomicBool::new(false),
             looking: Mutex::new(()),
         });
         Disk { shared }
+    }
+
+    /// Has the watching thread run `chore` after each of its looks, every [`CHECK_EVERY`] (an unwatched
+    /// disk never does).
+    pub(crate) fn after_each_look(&self, chore: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.shared.chore.set(chore);
     }
 
     /// Has each look ask `syncs` how long the log's syncs have waited (once the log is open).

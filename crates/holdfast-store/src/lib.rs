@@ -90,10 +90,12 @@
 //!   leader's snapshot the purge waits for it), so the snapshot and the log after it always rebuild the
 //!   state.
 //!
-//! `committed` is written in place but never synced on its own (the kernel writes it back within its
-//! dirty-page expiry, 30 s by default): it only lets a restarted node re-apply at once; losing the latest
-//! one, or finding it damaged by a crash in the middle of its write, delays that until the leader's next
-//! message and is otherwise harmless. It is never ahead of what the log holds durably (see `durable`).
+//! `committed` is written in place and not synced with the write: the disk's watching thread syncs it
+//! when it changed, every 250 ms, as sled's background flush did every 500 ms when sled held it. It only
+//! lets a restarted node re-apply at once, and the log's open tell rot from a torn tail below it; losing
+//! the latest one, or finding it damaged by a crash in the middle of its write, delays the re-apply until
+//! the leader's next message and is otherwise harmless. It is never ahead of what the log holds durably
+//! (see `durable`).
 //!
 //! # The memory store
 //!

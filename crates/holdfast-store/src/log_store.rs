@@ -63,6 +63,8 @@ impl LogStore {
         let wal = Arc::new(wal);
         let syncs = Arc::downgrade(&wal);
         disk.watch_syncs(Box::new(move || syncs.upgrade().and_then(|wal| wal.waiting_since())));
+        let synced = records.clone();
+        disk.after_each_look(Box::new(move || synced.sync_committed()));
         Self {
             fs,
             dir: dir.to_owned(),

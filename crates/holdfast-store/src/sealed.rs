@@ -5,8 +5,9 @@
 //! record is replaced in one of two ways:
 //! - [`replace`]: written whole to `<name>.new`, synced, renamed over `<name>` and the directory synced,
 //!   so that a crash leaves the old value or the new one, never a mix, and the new one once it returned;
-//! - [`overwrite`]: written in place and not synced, for a value that may be lost (a crash then leaves the
-//!   old value, the new one, or bytes that do not match their seal, which [`read`] reports as damage).
+//! - [`Overwritten`]: written in place and synced apart from the write, for a value that may be lost (a
+//!   crash then leaves the old value, the new one, or bytes that do not match their seal, which [`read`]
+//!   reports as damage).
 //!
 //! sled, where these records were kept until format 5, has checksums of its own but recovers what it can
 //! without a word: a byte flipped in the middle of its file let a node open as if nothing had happened. A
@@ -71,7 +72,7 @@ pub(crate) fn replace<T: Serialize>(fs: &dyn Fs, dir: &Path, name: &str, value: 
     fs.sync_dir(dir).map_err(|e| Failed::Io(dir.to_owned(), e))
 }
 
-/// A file written in place by [`Overwritten::write`], and never synced on its own.
+/// A file written in place by [`Overwritten::write`], and synced apart from its writes.
 pub(crate) struct Overwritten {
     path: PathBuf,
     file: Box<dyn crate::fs::FsFile>,
@@ -93,6 +94,11 @@ impl Overwritten {
     /// it in this store's use (a fixed-size encoding), so no bytes of an older one are left after it.
     pub(crate) fn write<T: Serialize>(&self, value: &T) -> Result<(), Failed> {
         self.file.write_all_at(&encode(value), 0).map_err(|e| Failed::Io(self.path.clone(), e))
+    }
+
+    /// Makes what was written durable.
+    pub(crate) fn sync(&self) -> Result<(), Failed> {
+        self.file.sync_data().map_err(|e| Failed::Io(self.path.clone(), e))
     }
 }
 
