@@ -1,5 +1,5 @@
-//! One simulated run: a cluster of real nodes (the server crate on the in-memory store) on turmoil's
-//! network, clients on it, faults from a schedule, and at the end the healed cluster's final state and
+//! One simulated run: a cluster of real nodes (the server crate on the in-memory store, or on the disk
+//! store over a file system that loses what was not synced) on turmoil's network, clients on it, faults from a schedule, and at the end the healed cluster's final state and
 //! every checker's verdict.
 
 use std::collections::BTreeMap;
@@ -11,6 +11,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use holdfast_server::{Bugs, Config, Storage, Transport, WallClock};
 use holdfast_server::{FrontLimits, Node};
+use holdfast_store::testing::{open_on_crash_fs, CrashFs};
 use holdfast_store::{open_memory, MemDisk};
 use openraft::ServerState;
 use rand::rngs::StdRng;
@@ -132,6 +133,8 @@ pub struct Plan {
     pub max_clock_skew: Option<Duration>,
     /// Nodes whose disks acknowledge before they make writes durable (broken).
     pub broken_disks: bool,
+    /// The nodes' storage.
+    pub store: Store,
     /// Faults and when they happen, in order.
     pub faults: Vec<(At, Fault)>,
     /// The clients.
@@ -151,6 +154,20 @@ pub struct Plan {
     /// converged ([`workload::quiet_probe`]): the leader crashes while a session and a TTL hold, taken
     /// through a follower, must outlive it and run out respectively.
     pub quiet_failover: bool,
+}
+
+/// The storage a plan's nodes run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// The memory store (`MemDisk`): each call makes durable what the disk store would, and a crash
+    /// forgets the rest; `SlowSnapshotInstalls` slows its installs.
+    Memory,
+    /// The disk store itself (holdfast-store's log segments, snapshot files, vote and records) on the crash
+    /// file system (`CrashFs`), which at a crash keeps what was synced and a random part of the rest, and
+    /// only the directory changes that were synced. Unlike a node's, a leader's own entries are synced
+    /// before they are acknowledged (the store's sync thread would run outside turmoil's schedule), and
+    /// `SlowSnapshotInstalls` does nothing.
+    Files,
 }
 
 /// What a run found.
@@ -212,6 +229,19 @@ const CLIENTS_RANDOM: u32 = 7;
 const SNAPSHOT_EVERY_ENTRIES: u64 = 200;
 /// Mixed into a random plan's seed for the draw of its snapshot installs' time ([`Plan::random`]).
 const SLOW_INSTALLS_STREAM: u64 = 0x51_0e_1a_57;
+
+/// The stream a random plan's store is drawn from (see [`random_store`]).
+const STORE_STREAM: u64 = 0xd1_5c_f1_1e;
+
+/// A random plan's store: the disk store on the crash file system for a third of the seeds. Drawn from a
+/// stream of its own, so that this draw shifts none of the draws of a seed's schedule and clients.
+fn random_store(seed: u64) -> Store {
+    if StdRng::seed_from_u64(seed ^ STORE_STREAM).gen_ratio(1, 3) {
+        Store::Files
+    } else {
+        Store::Memory
+    }
+}
 /// Violations a summary lists; the rest are counted.
 const SUMMARY_VIOLATIONS_MAX: usize = 12;
 /// How long after the heal an election and reconnections may take before liveness is judged.
@@ -237,6 +267,7 @@ impl Plan {
             bugs: Bugs::default(),
             max_clock_skew: None,
             broken_disks: false,
+            store: random_store(seed),
             faults,
             roles,
             scripts: Vec::new(),
@@ -257,6 +288,7 @@ impl Plan {
             bugs: Bugs::default(),
             max_clock_skew: None,
             broken_disks: false,
+            store: Store::Memory,
             faults: Vec::new(),
             roles: Vec::new(),
             scripts: Vec::new(),
@@ -383,7 +415,13 @@ pub fn run(plan: &Plan) -> Report {
     let recorder = Recorder::default();
     world.clients = start_clients(&mut sim, plan, &recorder);
 
-    let mut trace = Vec::new();
+    let mut trace = vec![format!(
+        "{} nodes on {:?} storage{}, a snapshot every {} entries",
+        plan.nodes,
+        plan.store,
+        if plan.broken_disks { " (broken)" } else { "" },
+        plan.snapshot_every_entries
+    )];
     let mut violations = Vec::new();
     run_schedule(&mut sim, plan, &mut world, &mut trace, &mut violations);
     apply(&mut sim, plan, &mut world, &Fault::Heal);
@@ -500,8 +538,47 @@ fn start_node(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &World, id: NodeId
     });
 }
 
+/// A node's disk: what survives its crashes.
+#[derive(Clone)]
+enum Disk {
+    Memory(MemDisk),
+    /// The disk store's files, under [`FILES_DIR`].
+    Files(Arc<CrashFs>),
+}
+
+/// Where a node on [`Store::Files`] keeps its files.
+const FILES_DIR: &str = "/data";
+
+impl Disk {
+    /// Node `id`'s disk for `plan`: broken ones acknowledge what they did not make durable (a file system's
+    /// syncs that do nothing).
+    fn new(plan: &Plan, id: NodeId) -> Disk {
+        match (plan.store, plan.broken_disks) {
+            (Store::Memory, false) => Disk::Memory(MemDisk::new()),
+            (Store::Memory, true) => Disk::Memory(MemDisk::acking_before_flush()),
+            (Store::Files, lying) => {
+                Disk::Files(Arc::new(CrashFs::new(plan.seed.wrapping_mul(31).wrapping_add(id), lying)))
+            }
+        }
+    }
+
+    /// A power cut: what was not made durable is lost.
+    fn crash(&self) {
+        match self {
+            Disk::Memory(disk) => disk.crash(),
+            Disk::Files(fs) => fs.crash(),
+        }
+    }
+
+    fn slow_snapshot_installs(&self, time: Duration) {
+        if let Disk::Memory(disk) = self {
+            disk.slow_snapshot_installs(time);
+        }
+    }
+}
+
 /// One start of a node: the server crate on `disk`, on turmoil's network, registered once it runs.
-async fn serve_node(config: Config, disk: MemDisk, registry: Registry) -> turmoil::Result {
+async fn serve_node(config: Config, disk: Disk, registry: Registry) -> turmoil::Result {
     let id = config.id;
     let client = turmoil::net::TcpListener::bind("0.0.0.0:7070").await?;
     let peer = turmoil::net::TcpListener::bind("0.0.0.0:7071").await?;
@@ -511,19 +588,6 @@ async fn serve_node(config: Config, disk: MemDisk, registry: Registry) -> turmoi
             registry.set(id, node);
         }
     });
-    let storage = move |observer| {
-        let (log, machine) = open_memory(&disk, observer);
-        let log = log.acknowledge_own_appends(id);
-        let durable = log.durable();
-        Ok(Storage {
-            state: machine.state(),
-            committed_index: log.committed_index(),
-            durable,
-            disk: None,
-            log,
-            machine,
-        })
-    };
     let transport = Transport {
         client: crate::net::ClientListener(client),
         peer: crate::net::peer_incoming(peer),
@@ -532,7 +596,26 @@ async fn serve_node(config: Config, disk: MemDisk, registry: Registry) -> turmoi
         dialer: Some(crate::net::dialer()),
         started: Some(started),
     };
-    holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
+    match disk {
+        Disk::Memory(disk) => {
+            let storage = move |observer| {
+                let (log, machine) = open_memory(&disk, observer);
+                let log = log.acknowledge_own_appends(id);
+                let (state, committed_index, durable) = (machine.state(), log.committed_index(), log.durable());
+                Ok(Storage { state, committed_index, durable, disk: None, log, machine })
+            };
+            holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
+        }
+        Disk::Files(fs) => {
+            // Not `acknowledge_own_appends`: see `Store::Files`.
+            let storage = move |observer| {
+                let (log, machine) = open_on_crash_fs(fs, std::path::Path::new(FILES_DIR), observer)?;
+                let (state, committed_index, durable) = (machine.state(), log.committed_index(), log.durable());
+                Ok(Storage { state, committed_index, durable, disk: None, log, machine })
+            };
+            holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
+        }
+    }
     Ok(())
 }
 
@@ -638,7 +721,7 @@ fn leader(sim: &mut turmoil::Sim<'_>, plan: &Plan, registry: &Registry) -> Optio
 struct World {
     registry: Registry,
     /// Each node's disk: what survives its crashes.
-    disks: BTreeMap<NodeId, MemDisk>,
+    disks: BTreeMap<NodeId, Disk>,
     /// How far each node's wall clock is off the simulation's, in milliseconds.
     skews: BTreeMap<NodeId, Arc<AtomicI64>>,
     /// The most any node's wall clock has been ahead of the simulation's: how far ahead of every clock a
@@ -654,9 +737,7 @@ impl World {
     /// Every node's disk (broken ones if the plan says so) and clock skew; no clients yet.
     fn new(plan: &Plan) -> World {
         let total = plan.nodes + plan.spares;
-        let disks: BTreeMap<NodeId, MemDisk> = (1..=total)
-            .map(|id| (id, if plan.broken_disks { MemDisk::acking_before_flush() } else { MemDisk::new() }))
-            .collect();
+        let disks: BTreeMap<NodeId, Disk> = (1..=total).map(|id| (id, Disk::new(plan, id))).collect();
         // A node's wall clock runs off the simulation's by up to 40 ms either way, and jumps on a
         // `ClockJump`: the leader's stamps must not depend on clocks agreeing.
         let skews: BTreeMap<NodeId, Arc<AtomicI64>> = (1..=total)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use holdfast_server::Bugs;
 use holdfast_sim::isolated::test_in_own_process;
-use holdfast_sim::sim::{run, script, Fault, Plan, Report, Role};
+use holdfast_sim::sim::{run, script, Fault, Plan, Report, Role, Store};
 use holdfast_sim::workload::{
     elector_hold, http_acquire, http_get, http_release, leader_of, session_hold, until, FENCED_LOCK, FENCED_TTL_MS,
     MODEL_TTL_MS,
@@ -146,37 +146,50 @@ fn fence_checkers_catch_fences_that_repeat() {
 #[test]
 fn acknowledged_catches_disks_that_ack_before_flushing() {
     test_in_own_process("acknowledged_catches_disks_that_ack_before_flushing", || {
-        let mut plan = Plan::quiet(SEED, 3, secs(8.0));
-        plan.scripts.push(script(|ctx| async move {
-            until(secs(1.0)).await;
-            for attempt in 0..20 {
-                let node = &ctx.nodes[attempt % ctx.nodes.len()];
-                if let (holdfast_sim::history::Outcome::Granted { .. }, _) =
-                    http_acquire(&ctx, node, "kept-durable", MODEL_TTL_MS).await
-                {
-                    break;
-                }
-                tokio::time::sleep(secs(0.2)).await;
-            }
-            // Nothing else is written after the grant until every node crashed.
-            until(ctx.stop_at).await;
-            Ok(())
-        }));
-        plan.faults.push((secs(3.0), Fault::CrashAll));
-        plan.faults.push((secs(3.5), Fault::Heal));
-        plan.healed_at = secs(3.5);
-        let real = run(&plan);
-        println!("real:   {}", real.summary());
-        assert!(real.violations.is_empty(), "{}\n{}", real.summary(), trace(&real));
-        let broken = run(&Plan { broken_disks: true, ..plan });
-        println!("broken: {}", broken.summary());
-        assert!(
-            broken.violations.iter().any(|v| v.checker == "acknowledged"),
-            "the acknowledged checker did not catch a disk that acks before flushing:\n{}\n{}",
-            broken.summary(),
-            trace(&broken)
-        );
+        acknowledged_catches_a_broken(Store::Memory);
     });
+}
+
+/// The same on the disk store, over a file system whose syncs do nothing.
+#[test]
+fn acknowledged_catches_a_disk_store_whose_syncs_do_nothing() {
+    test_in_own_process("acknowledged_catches_a_disk_store_whose_syncs_do_nothing", || {
+        acknowledged_catches_a_broken(Store::Files);
+    });
+}
+
+/// A grant, then every node crashed at once: kept on `store` as it is, lost on a broken one.
+fn acknowledged_catches_a_broken(store: Store) {
+    let mut plan = Plan { store, ..Plan::quiet(SEED, 3, secs(8.0)) };
+    plan.scripts.push(script(|ctx| async move {
+        until(secs(1.0)).await;
+        for attempt in 0..20 {
+            let node = &ctx.nodes[attempt % ctx.nodes.len()];
+            if let (holdfast_sim::history::Outcome::Granted { .. }, _) =
+                http_acquire(&ctx, node, "kept-durable", MODEL_TTL_MS).await
+            {
+                break;
+            }
+            tokio::time::sleep(secs(0.2)).await;
+        }
+        // Nothing else is written after the grant until every node crashed.
+        until(ctx.stop_at).await;
+        Ok(())
+    }));
+    plan.faults.push((secs(3.0), Fault::CrashAll));
+    plan.faults.push((secs(3.5), Fault::Heal));
+    plan.healed_at = secs(3.5);
+    let real = run(&plan);
+    println!("real:   {}", real.summary());
+    assert!(real.violations.is_empty(), "{}\n{}", real.summary(), trace(&real));
+    let broken = run(&Plan { broken_disks: true, ..plan });
+    println!("broken: {}", broken.summary());
+    assert!(
+        broken.violations.iter().any(|v| v.checker == "acknowledged"),
+        "the acknowledged checker did not catch a disk that acks before flushing:\n{}\n{}",
+        broken.summary(),
+        trace(&broken)
+    );
 }
 
 /// A deposed leader that answers "busy" from its own state without confirming its leadership answers from

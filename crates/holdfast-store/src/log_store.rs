@@ -175,9 +175,8 @@ impl LogStore {
     }
 
     async fn save_vote_flushed(&self, vote: &Vote<NodeId>) -> Result<(), StoreError> {
-        let (fs, dir, saved) = (self.fs.clone(), self.dir.clone(), *vote);
         let started = std::time::Instant::now();
-        tokio::task::spawn_blocking(move || crate::vote::write(fs.as_ref(), &dir, &saved)).await??;
+        blocking(|| crate::vote::write(self.fs.as_ref(), &self.dir, vote))?;
         self.observer.flushed(started.elapsed());
         *self.vote.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(*vote);
         Ok(())
