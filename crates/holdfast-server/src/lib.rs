@@ -32,6 +32,7 @@ pub mod load;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod purge;
 pub mod random;
 pub mod route;
 pub mod state;
@@ -264,8 +265,13 @@ where
         }
     };
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
-    let network =
-        Network { peers: peers.clone(), durable: Some(durable.clone()), urgent: Some(events.urgent_commits()) };
+    let purges = purge::Purges::new(config.snapshot_every_entries.min(1_000));
+    let network = Network {
+        peers: peers.clone(),
+        durable: Some(durable.clone()),
+        urgent: Some(events.urgent_commits()),
+        purges: Some(purges.clone()),
+    };
     let raft =
         Raft::new(config.id, raft_config(&config)?, network, log_store, sm_store).await.context("starting raft")?;
     initialize(&config, &raft).await?;
@@ -284,6 +290,7 @@ where
         clock: config.clock.clone(),
         rng_seed: config.rng_seed,
         queue_hold: config.queue_hold,
+        purges,
         bugs: config.bugs,
     };
     let node = Arc::new(Node::new(config.id, parts));
@@ -309,9 +316,10 @@ fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
         election_timeout_max: config.election_timeout_ms + config.election_timeout_ms / 5,
         install_snapshot_timeout: 10_000,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
-        // Up to 1,000 entries stay behind a snapshot for followers that lag a little; fewer when snapshots
-        // are taken more often (the simulation's, so that lagging nodes install snapshots).
-        max_in_snapshot_log_to_keep: config.snapshot_every_entries.min(1_000),
+        // openraft purges nothing on its own: `purge::Purges` does, keeping up to 1,000 entries behind a
+        // snapshot for followers that lag a little (fewer when snapshots are taken more often, as the
+        // simulation's are, so that lagging nodes install snapshots), and what followers still need.
+        max_in_snapshot_log_to_keep: u64::MAX,
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         max_payload_entries: 512,
         // Elections are the election watch's, with a pre-vote (`election::Elections::run`).

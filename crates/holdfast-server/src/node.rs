@@ -2,6 +2,7 @@
 //! answers the peer port ([`peer::server::Handler`]) by handing each call to the part it is for.
 
 use crate::load::Load;
+use crate::purge::Purges;
 use std::io;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -49,6 +50,7 @@ pub struct Node {
     leader: Arc<Leader>,
     route: Arc<Router>,
     peers: Arc<Peers>,
+    purges: Arc<Purges>,
     bugs: Bugs,
 }
 
@@ -71,6 +73,8 @@ pub struct Parts {
     pub clock: WallClock,
     pub rng_seed: Option<u64>,
     pub queue_hold: Duration,
+    /// How far the node purges its log (shared with its Raft network, which tells it of snapshots sent).
+    pub purges: Arc<Purges>,
     pub bugs: Bugs,
 }
 
@@ -92,6 +96,7 @@ impl Node {
             clock,
             rng_seed,
             queue_hold,
+            purges,
             bugs,
         } = parts;
         let random = Arc::new(Random::new(rng_seed));
@@ -139,7 +144,7 @@ impl Node {
             load,
             bugs,
         }));
-        Node { id, raft, state, committed_index, api, events, elections, leader, route, peers, bugs }
+        Node { id, raft, state, committed_index, api, events, elections, leader, route, peers, purges, bugs }
     }
 
     /// The peer connections, which a TLS reload resets.
@@ -163,7 +168,9 @@ impl Node {
         let watch = tokio::spawn(async move { elections.run(stop_elections).await });
         let (load, stop_probe) = (self.api.load().clone(), stop.clone());
         let probe = tokio::spawn(async move { load.run_probe(stop_probe).await });
-        let mut tasks = vec![keeper, confirmer, pings, watch, probe];
+        let (purges, raft, stop_purges) = (self.purges.clone(), self.raft.clone(), stop.clone());
+        let purging = tokio::spawn(async move { purges.run(raft, stop_purges).await });
+        let mut tasks = vec![keeper, confirmer, pings, watch, probe, purging];
         if let Some(disk) = self.api.disk().cloned() {
             let (leader, stop_disk) = (self.leader.clone(), stop.clone());
             tasks.push(tokio::spawn(async move { leader.run_disk_watch(disk, stop_disk).await }));

@@ -147,8 +147,9 @@ pub struct Plan {
     pub healed_at: At,
     /// How long after `healed_at` (plus an election's time to settle) every call must be answered.
     pub liveness_bound: Duration,
-    /// Entries between a node's snapshots; it keeps as many behind its snapshot, so a follower further
-    /// behind than that is sent a snapshot.
+    /// Entries between a node's snapshots; it keeps as many behind its snapshot (at most 1,000), and a
+    /// leader what its followers still need, for 3 s at most if it does not move (the server's `purge` module), so a follower
+    /// further behind than that is sent a snapshot.
     pub snapshot_every_entries: u64,
     /// Whether the run ends with a failover in a cluster nobody else talks to, once the healed cluster has
     /// converged ([`workload::quiet_probe`]): the leader crashes while a session and a TTL hold, taken

@@ -875,3 +875,52 @@ fn a_restarted_node_does_not_help_a_cut_off_follower_depose_its_leader_in_any_se
         }
     });
 }
+
+/// openraft 0.9 purges a node's log right after each snapshot, whatever a follower being sent one still
+/// needs. A follower whose install took longer than the leader took to write `--snapshot-every` entries
+/// and snapshot again found, once installed, the entries after its snapshot gone, and was sent the next
+/// snapshot, and the next, for as long as the writes went on (random seeds 129, 202, 312 and 318: a read
+/// unanswered after the heal). The log is now purged no further than a follower still needs
+/// (`purge::Purges` in the server): here, once the follower has been down long enough for the leader to
+/// purge past it, the entries after the snapshot on its way.
+#[test]
+fn a_follower_catches_up_while_its_leader_snapshots_faster_than_it_installs() {
+    test_in_own_process("a_follower_catches_up_while_its_leader_snapshots_faster_than_it_installs", || {
+        holdfast_sim::record::log_if_asked();
+        // Down for longer than the leader holds its log for a follower that does not move (3 s).
+        const HEAL: f64 = 6.0;
+        const INSTALL: f64 = 1.0;
+        const WRITES_END: f64 = HEAL + 8.0;
+        let mut plan = Plan::quiet(11, 3, secs(WRITES_END + 2.0));
+        plan.snapshot_every_entries = 10;
+        let seen = client(&mut plan, |ctx, old, seen: Arc<Mutex<(usize, Option<At>)>>| async move {
+            let crashed = follower(old, 0)?;
+            until(secs(1.1)).await;
+            // The leader writes from before the follower's restart to long after it: every install sees far
+            // more than 10 entries written and snapshot.
+            let (granted, caught_up) = tokio::join!(grant_until(&ctx, old, secs(WRITES_END)), async {
+                until(secs(HEAL + 0.5)).await;
+                let target = status(old).await.and_then(|s| s["last_log_index"].as_u64())?;
+                applied_through(crashed, target, secs(WRITES_END)).await
+            });
+            *seen.lock().expect("poisoned") = (granted?, caught_up);
+            Ok(())
+        });
+        schedule(
+            &mut plan,
+            vec![
+                (0.6, Fault::SlowSnapshotInstalls(secs(INSTALL))),
+                (1.0, Fault::CrashFollower(0)),
+                (HEAL, Fault::Heal),
+            ],
+        );
+        run_clean(&plan);
+        let (granted, caught_up) = *seen.lock().expect("poisoned");
+        println!("granted {granted}, caught up at {caught_up:?}");
+        assert!(granted >= 1_000, "only {granted} entries written: too few to outrun the installs");
+        let caught_up = caught_up.expect("the follower never caught up while the leader wrote");
+        // By a snapshot (the leader had purged past the follower), and one install, not one after another.
+        assert!(caught_up >= secs(HEAL + INSTALL), "caught up at {caught_up:?}, without a snapshot");
+        assert!(caught_up < secs(HEAL + 1.5 * INSTALL), "caught up only at {caught_up:?}");
+    });
+}

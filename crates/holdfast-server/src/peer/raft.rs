@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use super::client::{CallError, Peers};
 use super::codec::Call;
+use crate::purge::Purges;
 
 /// See [`PeerNetwork::backoff`].
 const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
@@ -39,6 +40,9 @@ pub struct Network {
     /// (`apply::Events::urgent_commits`): a commit notice through it is not held back. `None`:
     /// every notice may be.
     pub urgent: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Told of each snapshot chunk sent and each snapshot installed, so that the log the follower needs
+    /// next is not purged meanwhile (`purge::Purges`). `None`: nobody is told.
+    pub purges: Option<Arc<Purges>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -51,6 +55,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             peers: self.peers.clone(),
             durable: self.durable.clone(),
             urgent: self.urgent.clone(),
+            purges: self.purges.clone(),
             acked: None,
             commit_told: None,
             commit_sent: Arc::default(),
@@ -67,6 +72,7 @@ pub struct PeerNetwork {
     peers: Arc<Peers>,
     durable: Option<Durable>,
     urgent: Option<tokio::sync::watch::Receiver<u64>>,
+    purges: Option<Arc<Purges>>,
     /// What the peer last answered `Success` to on this connection: the vote it accepted, and the last log
     /// id it then held from that leader.
     acked: Option<(Vote<NodeId>, Option<LogId<NodeId>>)>,
@@ -215,7 +221,14 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
         // The peer's log is replaced: what it acknowledged before says nothing about it any more.
         self.acked = None;
-        self.call(Call::Snapshot, &rpc, option.hard_ttl()).await
+        if let Some(purges) = &self.purges {
+            purges.sending(self.target, rpc.meta.last_log_id.map_or(0, |id| id.index));
+        }
+        let answer = self.call(Call::Snapshot, &rpc, option.hard_ttl()).await;
+        if let (Some(purges), true, Ok(_)) = (&self.purges, rpc.done, &answer) {
+            purges.sent(self.target);
+        }
+        answer
     }
 
     async fn vote(
@@ -310,7 +323,8 @@ mod tests {
     }
 
     async fn peer_network(addr: &str) -> PeerNetwork {
-        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: None, urgent: None };
+        let mut factory =
+            Network { peers: Arc::new(Peers::new(None, None)), durable: None, urgent: None, purges: None };
         factory.new_client(2, &BasicNode { addr: addr.to_owned() }).await
     }
 
@@ -448,7 +462,8 @@ mod tests {
         let durable = log.durable();
         assert_eq!(durable.last(), Some(log_id(5)));
 
-        let mut factory = Network { peers: Arc::new(Peers::new(None, None)), durable: Some(durable), urgent: None };
+        let mut factory =
+            Network { peers: Arc::new(Peers::new(None, None)), durable: Some(durable), urgent: None, purges: None };
         let mut net = factory.new_client(2, &BasicNode { addr: addr.clone() }).await;
         net.append_entries(append(4, 7, Some(6)), option()).await.unwrap();
         assert_eq!(seen.recv().await.unwrap(), Seen { prev: Some(4), entries: 3, commit: Some(5) });
