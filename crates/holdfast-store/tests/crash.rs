@@ -188,7 +188,7 @@ async fn step(
 async fn crash_run(seed: u64, lying: bool) -> Result<Option<Op>, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let fs = Arc::new(CrashFs::new(seed, lying));
-    let mut acked = Acked { term: 1, leader: seed % 3 == 0, ..Default::default() };
+    let mut acked = Acked { term: 1, leader: seed.is_multiple_of(3), ..Default::default() };
     let leader = acked.leader;
     let open =
         |fs: &Arc<CrashFs>| open(fs).map(|(log, sm)| (if leader { log.acknowledge_own_appends(1) } else { log }, sm));
