@@ -165,8 +165,8 @@ pub enum Store {
     Memory,
     /// The disk store itself (holdfast-store's log segments, snapshot files, vote and records) on the crash
     /// file system (`CrashFs`), which at a crash keeps what was synced and a random part of the rest, and
-    /// only the directory changes that were synced. Unlike a node's, a leader's own entries are synced
-    /// before they are acknowledged (the store's sync thread would run outside turmoil's schedule), and
+    /// only the directory changes that were synced. A leader's own entries are synced by a task of the
+    /// node's runtime rather than a thread (which would run outside turmoil's schedule), and
     /// `SlowSnapshotInstalls` does nothing.
     Files,
 }
@@ -608,9 +608,9 @@ async fn serve_node(config: Config, disk: Disk, registry: Registry) -> turmoil::
             holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
         }
         Disk::Files(fs) => {
-            // Not `acknowledge_own_appends`: see `Store::Files`.
             let storage = move |observer| {
                 let (log, machine) = open_on_crash_fs(fs, std::path::Path::new(FILES_DIR), observer)?;
+                let log = log.acknowledge_own_appends(id);
                 let (state, committed_index, durable) = (machine.state(), log.committed_index(), log.durable());
                 Ok(Storage { state, committed_index, durable, disk: None, log, machine })
             };

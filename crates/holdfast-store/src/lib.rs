@@ -244,8 +244,10 @@ pub mod testing {
     use crate::{ApplyObserver, Disk, LogStore, StateMachineStore, StoreError};
 
     /// Opens (or creates) a store under `dir` of `fs`, as [`crate::open`] does on the real file system, but
-    /// with log segments of 16 KiB (so that a short run fills several); its disk is never looked at (no
-    /// reserve, no stall watch), and a directory without records is a new one.
+    /// with log segments of 16 KiB (so that a short run fills several), and a leader's own entries synced by
+    /// a task of the calling runtime, not a thread (so that a single-threaded runtime schedules it, as a
+    /// simulation needs); its disk is never looked at (no reserve, no stall watch), and a directory without
+    /// records is a new one. Call it within a tokio runtime.
     pub fn open_on_crash_fs(
         fs: Arc<CrashFs>,
         dir: &Path,
@@ -255,7 +257,7 @@ pub mod testing {
             let records = crate::records::Records { format: crate::FORMAT, ..Default::default() };
             Ok(crate::convert::Converted { records, committed: None })
         };
-        crate::open_on(fs, 16 * 1024, dir, observer, Disk::unwatched(dir, 0, None), new)
+        crate::open_on(fs, 16 * 1024, true, dir, observer, Disk::unwatched(dir, 0, None), new)
     }
 }
 
@@ -313,15 +315,17 @@ pub fn open_with(
     // Before sled (which a first open still writes): a disk already full gives the reserve back.
     let disk = Disk::watch(dir, options.disk_reserve, options.disk_stall)?;
     let older = |dir: &Path| convert::from_sled(dir, options.cache_bytes);
-    open_on(Arc::new(fs::RealFs), wal::SEGMENT_BYTES, dir, observer, disk, older)
+    open_on(Arc::new(fs::RealFs), wal::SEGMENT_BYTES, false, dir, observer, disk, older)
 }
 
 /// [`open_with`] on the file system `fs`, with log segments of `segment_bytes` and `disk` watching it; `older`
 /// reads a directory that has no `records` (see the `convert` module: a new directory, or one of an older
-/// format).
+/// format). `sync_in_a_task`: a leader's own entries are synced by a tokio task, not a thread (see
+/// `Wal::syncing_in_a_task`).
 pub(crate) fn open_on(
     fs: Arc<dyn fs::Fs>,
     segment_bytes: u64,
+    sync_in_a_task: bool,
     dir: &Path,
     observer: Arc<dyn ApplyObserver>,
     disk: Disk,
@@ -356,6 +360,7 @@ pub(crate) fn open_on(
     let committed_index = committed.map_or(0, |committed| committed.index);
     let purged = records.get().purged;
     let wal = wal::Wal::open_on(fs.clone(), segment_bytes, &dir.join(wal::DIR), purged, committed_index)?;
+    let wal = if sync_in_a_task { wal.syncing_in_a_task() } else { wal };
     let vote = vote::read(fs.as_ref(), dir)?;
     let (covered_sender, covered) = covered::covered();
     let log_store =

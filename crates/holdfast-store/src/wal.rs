@@ -100,8 +100,16 @@ pub(crate) struct Wal {
     syncing: Mutex<()>,
     /// How far the log is durable, for [`Durable`].
     synced: SyncedSender,
-    /// Wakes the thread that syncs appends made by [`Wal::append_unsynced`]; started with the first.
-    syncer: OnceLock<SyncSender<()>>,
+    /// Wakes the thread (or task) that syncs appends made by [`Wal::append_unsynced`]; started with the first.
+    syncer: OnceLock<Syncer>,
+    /// Whether that sync runs in a tokio task instead of a thread of its own ([`Wal::syncing_in_a_task`]).
+    sync_in_a_task: bool,
+}
+
+/// How [`Wal::append_unsynced`] wakes what syncs its writes.
+enum Syncer {
+    Thread(SyncSender<()>),
+    Task(tokio::sync::mpsc::Sender<()>),
 }
 
 struct Inner {
@@ -349,6 +357,7 @@ impl Wal {
             syncing: Mutex::new(()),
             synced: SyncedSender::new(Synced { last, pending: false, failed: None }),
             syncer: OnceLock::new(),
+            sync_in_a_task: false,
         };
         let mut inner = wal.inner();
         let segments = &mut inner.segments;
@@ -418,37 +427,76 @@ impl Wal {
     ) -> Result<(), StoreError> {
         // Published as pending before the append returns: an apply of these entries waits for their sync.
         self.write(entries, true)?;
-        let syncer = self.syncer.get_or_init(|| self.start_syncer(observer.clone()));
-        match syncer.try_send(()) {
-            // Full: the syncer is woken already, and syncs whatever is written when it runs.
-            Ok(()) | Err(TrySendError::Full(())) => Ok(()),
-            Err(TrySendError::Disconnected(())) => Err(StoreError::SyncFailed("the log's sync thread stopped".into())),
+        let syncer = self.syncer.get_or_init(|| match self.sync_in_a_task {
+            true => self.start_sync_task(observer.clone()),
+            false => self.start_syncer(observer.clone()),
+        });
+        // Full: the syncer is woken already, and syncs whatever is written when it runs.
+        let stopped = match syncer {
+            Syncer::Thread(wake) => matches!(wake.try_send(()), Err(TrySendError::Disconnected(()))),
+            Syncer::Task(wake) => matches!(wake.try_send(()), Err(tokio::sync::mpsc::error::TrySendError::Closed(()))),
+        };
+        match stopped {
+            true => Err(StoreError::SyncFailed("the log's sync thread stopped".into())),
+            false => Ok(()),
         }
+    }
+
+    /// Has [`Wal::append_unsynced`]'s writes synced by a tokio task instead of a thread of its own: for a
+    /// log on a test file system under a single-threaded runtime (a simulation's), where a thread would run
+    /// outside the runtime's schedule. The task's syncs block its runtime for as long as they take.
+    pub(crate) fn syncing_in_a_task(mut self) -> Self {
+        self.sync_in_a_task = true;
+        self
+    }
+
+    /// Syncs what was written since the last sync, and tells `observer` how long it took; false once a sync
+    /// failed (nothing is synced after it).
+    fn sync_once(&self, observer: &Arc<dyn ApplyObserver>) -> bool {
+        let started = std::time::Instant::now();
+        let syncing = self.syncing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(e) = self.sync_written(&syncing) {
+            tracing::error!(%e, "syncing the raft log failed: this node applies nothing more");
+            return false;
+        }
+        drop(syncing);
+        observer.flushed(started.elapsed());
+        true
+    }
+
+    /// [`Wal::start_syncer`] in a tokio task of the current runtime (see [`Wal::syncing_in_a_task`]).
+    fn start_sync_task(self: &Arc<Self>, observer: Arc<dyn ApplyObserver>) -> Syncer {
+        let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(1);
+        let wal: Weak<Wal> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while woken.recv().await.is_some() {
+                let Some(wal) = wal.upgrade() else { return };
+                if !wal.sync_once(&observer) {
+                    return;
+                }
+            }
+        });
+        Syncer::Task(wake)
     }
 
     /// Starts the thread that syncs what [`Wal::append_unsynced`] wrote, each time it is woken; it ends when
     /// the log is dropped.
-    fn start_syncer(self: &Arc<Self>, observer: Arc<dyn ApplyObserver>) -> SyncSender<()> {
+    fn start_syncer(self: &Arc<Self>, observer: Arc<dyn ApplyObserver>) -> Syncer {
         let (wake, woken) = sync_channel::<()>(1);
         let wal: Weak<Wal> = Arc::downgrade(self);
         let spawned = std::thread::Builder::new().name("holdfast-log-sync".into()).spawn(move || {
             while woken.recv().is_ok() {
                 let Some(wal) = wal.upgrade() else { return };
-                let started = std::time::Instant::now();
-                let syncing = wal.syncing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if let Err(e) = wal.sync_written(&syncing) {
-                    tracing::error!(%e, "syncing the raft log failed: this node applies nothing more");
+                if !wal.sync_once(&observer) {
                     return;
                 }
-                drop(syncing);
-                observer.flushed(started.elapsed());
             }
         });
         if let Err(e) = spawned {
             // The sender is dropped with the receiver the thread never got: the append reports it.
             tracing::error!(%e, "cannot start the raft log's sync thread");
         }
-        wake
+        Syncer::Thread(wake)
     }
 
     /// Whether a sync failed: nothing is written or synced any more.

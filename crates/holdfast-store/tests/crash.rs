@@ -2,8 +2,8 @@
 //! what was not synced: openraft's storage suite on it, and seeded runs that cut the power at a random file
 //! operation of a random workload, open the store again and check that nothing acknowledged is lost, nothing
 //! removed comes back, and the node restarts to the state its log and snapshot say. A third of the runs are
-//! a leader's, whose own entries are acknowledged when written and synced by the log's thread: there what
-//! the store reported durable must survive, and nothing may have acted on the rest.
+//! a leader's, whose own entries are acknowledged when written and synced later (by a task here, a thread
+//! in a node): there what the store reported durable must survive, and nothing may have acted on the rest.
 //!
 //! `HOLDFAST_CRASH_SEEDS=N` runs N seeds (default 500); a soak by hand runs thousands.
 
@@ -207,7 +207,7 @@ async fn crash_run(seed: u64, lying: bool) -> Result<Option<Op>, String> {
         }
         fs.die_after(rng.gen_range(0..400));
         for _ in 0..120 {
-            // Bounded: an apply waits for the log's thread to sync, which fails once the process died.
+            // Bounded: an apply waits for the log's sync, which fails once the process died.
             let stepped = tokio::time::timeout(Duration::from_secs(10), step(&mut rng, &mut acked, &mut log, &mut sm));
             let stepped = matches!(stepped.await, Ok(Ok(())));
             acked.durable = acked.durable.max(log.durable().last().map(|id| id.index));
