@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 /// The folders, in the order a request passes them: each may use only those after it.
 const ORDER: [&str; 7] = ["front", "api", "route", "leader", "apply", "election", "peer"];
 /// Modules below every folder that import no module of the crate.
-const LEAVES: [&str; 7] = ["metrics", "tls", "clock", "random", "state", "faults", "load"];
+const LEAVES: [&str; 8] = ["metrics", "tls", "clock", "random", "state", "faults", "load", "purge"];
 /// The crate root (lib.rs, whose module path is empty) and the node that it builds, above everything.
 const LIB: &str = "lib";
 const NODE: &str = "node";
