@@ -528,6 +528,15 @@ async fn metric(node: u64, metric: &str) -> Option<u64> {
     metrics.lines().find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The schedule of a follower that must install a snapshot: installs take `install` from 0.6 s, the leader's
+/// first follower crashes at 1 s, and everything heals at `heal`.
+fn crash_a_follower_with_slow_installs(plan: &mut Plan, install: f64, heal: f64) {
+    schedule(
+        plan,
+        vec![(0.6, Fault::SlowSnapshotInstalls(secs(install))), (1.0, Fault::CrashFollower(0)), (heal, Fault::Heal)],
+    );
+}
+
 /// Takes locks through `leader`, one entry each, one after the other until `until`; answers how many.
 async fn grant_until(ctx: &Ctx, leader: u64, until: At) -> Result<usize, Box<dyn std::error::Error>> {
     let leader = format!("n{leader}:7070");
@@ -605,14 +614,7 @@ fn a_follower_installing_a_slow_snapshot_leaves_its_leader_alone() {
             *seen.lock().expect("poisoned") = Install { old, term, crashed, granted, caught_up, last, watch_campaigns };
             Ok(())
         });
-        schedule(
-            &mut plan,
-            vec![
-                (0.6, Fault::SlowSnapshotInstalls(secs(INSTALL))),
-                (1.0, Fault::CrashFollower(0)),
-                (HEAL, Fault::Heal),
-            ],
-        );
+        crash_a_follower_with_slow_installs(&mut plan, INSTALL, HEAL);
         let report = run_clean(&plan);
         let seen = &*seen.lock().expect("poisoned");
         println!("{seen:?}");
@@ -906,14 +908,7 @@ fn a_follower_catches_up_while_its_leader_snapshots_faster_than_it_installs() {
             *seen.lock().expect("poisoned") = (granted?, caught_up);
             Ok(())
         });
-        schedule(
-            &mut plan,
-            vec![
-                (0.6, Fault::SlowSnapshotInstalls(secs(INSTALL))),
-                (1.0, Fault::CrashFollower(0)),
-                (HEAL, Fault::Heal),
-            ],
-        );
+        crash_a_follower_with_slow_installs(&mut plan, INSTALL, HEAL);
         run_clean(&plan);
         let (granted, caught_up) = *seen.lock().expect("poisoned");
         println!("granted {granted}, caught up at {caught_up:?}");
