@@ -6,6 +6,9 @@ use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+
 use crate::covered::Covered;
 use crate::disk::{is_no_space, Disk};
 use crate::durable::Durable;
@@ -14,8 +17,6 @@ use crate::records::RecordsFile;
 use crate::runtime::blocking;
 use crate::wal::Wal;
 use crate::{log, ApplyObserver, NodeId, StoreError, TypeConfig};
-use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
 /// The Raft log, the vote and the committed log id of one node; clones share the same files.
 #[derive(Clone)]

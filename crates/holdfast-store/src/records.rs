@@ -9,8 +9,8 @@
 //!   then re-applies at the leader's next message), or leave it damaged, which the open reports and
 //!   ignores.
 //!
-//! Until format 5 these were sled's (`meta` and `snapshot` trees); see [`crate::open_with`] for the
-//! conversion.
+//! Until format 5 these were sled's (`meta` and `snapshot` trees); the `convert` module reads them from
+//! there once.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
