@@ -134,3 +134,17 @@ async fn a_follower_with_a_damaged_vote_file_stays_out_naming_the_file() {
     let other = cluster.other_than(&[leader, follower]);
     cluster.holds(other, &grants).await;
 }
+
+/// The records file (where the log starts, which snapshot is current) of a stopped follower with a bit
+/// flipped: restarted, the follower refuses to start rather than guess where its log starts, with an error
+/// naming the file; the others serve.
+#[tokio::test]
+async fn a_follower_with_a_damaged_records_file_stays_out_naming_the_file() {
+    let (mut cluster, leader, follower, grants) = stopped_follower_after_grants("records").await;
+    let file = cluster.data_dir(follower).join("records");
+    flip(&file, |len| len - 1);
+
+    refusal(&mut cluster, follower, "records: ", &file).await;
+    let other = cluster.other_than(&[leader, follower]);
+    cluster.holds(other, &grants).await;
+}
