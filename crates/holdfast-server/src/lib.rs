@@ -126,7 +126,7 @@ pub struct Listeners {
     pub health: Option<TcpListener>,
 }
 
-/// Runs a node on its listeners until `shutdown` resolves: storage on sled in `config.data_dir`, and TLS
+/// Runs a node on its listeners until `shutdown` resolves: the disk store in `config.data_dir`, and TLS
 /// on both ports if `config.tls` says so.
 pub async fn run(
     config: Config,
@@ -172,7 +172,8 @@ pub async fn run(
     }
 }
 
-/// A node's storage, opened with the node's apply observer: sled's, or the simulation's in memory.
+/// A node's storage, opened with the node's apply observer: the disk store, or the simulation's (in memory or
+/// on its crash file system).
 pub struct Storage<LS, SM> {
     pub log: LS,
     pub machine: SM,
@@ -225,7 +226,7 @@ pub struct Transport<C, P> {
 }
 
 /// Runs a node on `transport` until `shutdown` resolves, with the storage `storage` opens. [`run`] calls
-/// it with real sockets and sled; the simulation with its own network and the in-memory store.
+/// it with real sockets and the disk store; the simulation with its own network and its own stores.
 pub async fn serve<LS, SM, C, P, IO, E>(
     config: Config,
     storage: impl FnOnce(Arc<dyn holdfast_store::ApplyObserver>) -> anyhow::Result<Storage<LS, SM>>,
