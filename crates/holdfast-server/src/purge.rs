@@ -32,6 +32,30 @@ pub const HELD_MAX: u64 = 1_000_000;
 /// How long after its last chunk a snapshot counts as on its way (a chunk's timeout is 10 s).
 const SENDING_FOR: Duration = Duration::from_secs(15);
 
+/// What a leader knows of one follower, for [`need`].
+#[derive(Debug, Clone, Copy)]
+pub struct Follower {
+    /// The index of its matched log (0: none known).
+    pub matched: u64,
+    /// How long its matched log has stayed where it is.
+    pub still_for: Duration,
+    /// The last log index of the snapshot on its way to it, and how long ago its last chunk went.
+    pub sending: Option<(u64, Duration)>,
+}
+
+/// The index after which `follower` still needs the leader's log, if it holds any back from a purge while
+/// the leader's `keep` entries behind its snapshot begin at `base`: after the snapshot on its way, else
+/// after its matched log; nothing if it has not moved for [`FOLLOWER_GONE`] or is more than [`HELD_MAX`]
+/// entries behind.
+pub fn need(follower: Follower, base: u64) -> Option<u64> {
+    let need = match follower.sending {
+        Some((last, since)) if since < SENDING_FOR => last,
+        _ if follower.still_for >= FOLLOWER_GONE => return None,
+        _ => follower.matched,
+    };
+    (base.saturating_sub(need) <= HELD_MAX).then_some(need)
+}
+
 /// The index through which a node may purge its log: `keep` entries behind its snapshot at `snapshot`, and no
 /// further than the entries after each of `needs` (the log indexes after which followers still need the log).
 pub fn upto(snapshot: u64, keep: u64, needs: impl IntoIterator<Item = u64>) -> u64 {
@@ -86,12 +110,8 @@ impl Purges {
                     _ => now,
                 };
                 moved.insert(*id, (matched, since));
-                let need = match sending.get(id) {
-                    Some((last, at)) if now.duration_since(*at) < SENDING_FOR => *last,
-                    _ if now.duration_since(since) >= FOLLOWER_GONE => return None,
-                    _ => matched,
-                };
-                (base.saturating_sub(need) <= HELD_MAX).then_some(need)
+                let sending = sending.get(id).map(|(last, at)| (*last, now.duration_since(*at)));
+                need(Follower { matched, still_for: now.duration_since(since), sending }, base)
             });
             let upto = upto(snapshot, self.keep, needs.collect::<Vec<_>>());
             if upto > metrics.purged.map_or(0, |id| id.index) {
@@ -114,5 +134,24 @@ mod tests {
         assert_eq!(upto(500, 1_000, []), 0, "not yet past keep entries");
         assert_eq!(upto(20_000, 1_000, [20_100, 19_500]), 19_000);
         assert_eq!(upto(20_000, 1_000, [20_100, 12_000]), 12_000, "a follower being sent the snapshot of 12,000");
+    }
+
+    #[test]
+    fn a_follower_needs_the_log_after_its_snapshot_on_its_way_or_its_matched_log_until_it_stops_moving() {
+        let (second, gone) = (Duration::from_secs(1), FOLLOWER_GONE);
+        let follower = |matched, still_for, sending| Follower { matched, still_for, sending };
+        assert_eq!(need(follower(900, second, None), 1_000), Some(900), "catching up: after its matched log");
+        assert_eq!(need(follower(900, gone, None), 1_000), None, "down: holds nothing back");
+        let sent = Some((950, second));
+        assert_eq!(need(follower(0, gone, sent), 1_000), Some(950), "installing: after the snapshot, however still");
+        let stale = Some((950, SENDING_FOR));
+        assert_eq!(need(follower(0, gone, stale), 1_000), None, "a transfer that went quiet counts no more");
+        assert_eq!(
+            need(follower(0, second, stale), 1_000),
+            Some(0),
+            "a stale transfer, a follower that moved lately: after its matched log"
+        );
+        assert_eq!(need(follower(5, second, None), HELD_MAX + 6), None, "too far behind");
+        assert_eq!(need(follower(5, second, None), HELD_MAX + 5), Some(5));
     }
 }
