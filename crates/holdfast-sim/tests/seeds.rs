@@ -19,7 +19,7 @@ const SEEDS_DEFAULT: u64 = 40;
 /// Seeds of soaks that once broke a guarantee, run with the default seeds too (docs/testing.md, "Bugs the
 /// simulation found"). A seed's path changes with the code, so each shows its bug only at the commit
 /// that fixed it; later it is one more schedule.
-const SEEDS_FOUND: &[u64] = &[90, 92, 114, 129, 147, 166, 873];
+const SEEDS_FOUND: &[u64] = &[90, 92, 114, 129, 147, 166, 507, 873];
 
 /// The binary that runs one seed.
 const SIM: &str = env!("CARGO_BIN_EXE_holdfast-sim");

@@ -92,9 +92,40 @@ pub(crate) fn complete_append(
     }
 }
 
+/// What a leader's replication is given to send after the entry before `start`: `entries` if they begin at
+/// `start`, else nothing. openraft 0.9 sends what its replication reads as following the `prev` it asked
+/// from, and a replication task left from an older membership is not held back by a purge: it can ask for
+/// entries purged meanwhile, and a read that began at the first entry left would reach the follower as if it
+/// followed `prev` (the simulation's seed 507: a leader removing itself while a follower caught up; the
+/// follower's debug assertion stopped it). openraft sends an empty answer as a heartbeat, which changes
+/// nothing on the follower, and its next request begins past the purge.
+pub(crate) fn sent_from(start: u64, entries: Vec<Entry<TypeConfig>>) -> Vec<Entry<TypeConfig>> {
+    match entries.first() {
+        Some(first) if first.log_id.index != start => {
+            tracing::warn!(start, first = first.log_id.index, "entries asked for to send were purged meanwhile");
+            Vec::new()
+        }
+        _ => entries,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries read to be sent after the one before `start` go only if they begin there: a read that found
+    /// the first ones purged answers nothing, which openraft sends as a heartbeat.
+    #[test]
+    fn entries_to_send_go_only_if_they_begin_where_asked() {
+        let blank = |index| Entry::<TypeConfig> {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Blank,
+        };
+        let from_5: Vec<_> = (5..8).map(blank).collect();
+        assert_eq!(sent_from(5, from_5.clone()), from_5);
+        assert_eq!(sent_from(3, from_5), Vec::new(), "3 and 4 were purged meanwhile");
+        assert_eq!(sent_from(3, Vec::new()), Vec::new());
+    }
 
     #[test]
     fn index_range_is_start_and_exclusive_end() {

@@ -191,6 +191,15 @@ impl RaftLogReader<TypeConfig> for LogStore {
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         Ok(self.entries(range).map_err(|e| StorageIOError::read_logs(&e))?)
     }
+
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let entries = self.entries(start..end).map_err(|e| StorageIOError::read_logs(&e))?;
+        Ok(log::sent_from(start, entries))
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
