@@ -13,6 +13,10 @@
 //! leader no further than what a follower still needs: the entries after the snapshot it is being sent, or
 //! after its matched log. A follower that has not moved for [`FOLLOWER_GONE`] (down, cut off), or that is
 //! further behind than [`HELD_MAX`] entries, holds nothing back: when it comes back it is sent a snapshot.
+//!
+//! openraft holds a purge back only for the replication it tracks: a stream of an older membership, left
+//! running after a change, may still read entries purged meanwhile. The store then answers that read with
+//! nothing rather than with the entries after the purge (holdfast-store's `log::sent_from`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -25,7 +29,8 @@ use tokio::time::Instant;
 /// How often a node looks at what it may purge.
 pub const PURGE_EVERY: Duration = Duration::from_millis(500);
 /// How long a follower's matched log may stay where it is, with no snapshot on its way to it, before it
-/// holds no entries back: past a node's restart, well short of an outage that a snapshot serves better.
+/// holds no entries back: longer than a node takes to restart, well short of an outage that a snapshot
+/// serves better.
 pub const FOLLOWER_GONE: Duration = Duration::from_secs(3);
 /// How far behind the leader's snapshot a follower may hold entries back.
 pub const HELD_MAX: u64 = 1_000_000;
