@@ -109,6 +109,34 @@ pub(crate) fn sent_from(start: u64, entries: Vec<Entry<TypeConfig>>) -> Vec<Entr
     }
 }
 
+/// openraft's log reader for a store with a method `entries(range) -> Result<Vec<Entry>, StoreError>`: its
+/// entries in `range`, and for replication only those that begin where asked ([`sent_from`]). One
+/// definition for both stores.
+macro_rules! raft_log_reader {
+    ($store:ty) => {
+        impl openraft::RaftLogReader<$crate::TypeConfig> for $store {
+            async fn try_get_log_entries<
+                RB: std::ops::RangeBounds<u64> + Clone + std::fmt::Debug + openraft::OptionalSend,
+            >(
+                &mut self,
+                range: RB,
+            ) -> Result<Vec<openraft::Entry<$crate::TypeConfig>>, openraft::StorageError<$crate::NodeId>> {
+                Ok(self.entries(range).map_err(|e| openraft::StorageIOError::read_logs(&e))?)
+            }
+
+            async fn limited_get_log_entries(
+                &mut self,
+                start: u64,
+                end: u64,
+            ) -> Result<Vec<openraft::Entry<$crate::TypeConfig>>, openraft::StorageError<$crate::NodeId>> {
+                let entries = self.entries(start..end).map_err(|e| openraft::StorageIOError::read_logs(&e))?;
+                Ok($crate::log::sent_from(start, entries))
+            }
+        }
+    };
+}
+pub(crate) use raft_log_reader;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,13 +1,12 @@
 //! [`LogStore`]: the Raft log (in the [`Wal`]'s segment files), the vote (in its file), and the committed
 //! log id and the last purged log id (in the store's records, see the `records` module).
 
-use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use openraft::{Entry, LogId, LogState, OptionalSend, StorageError, StorageIOError, Vote};
 
 use crate::covered::Covered;
 use crate::disk::{is_no_space, Disk};
@@ -184,23 +183,7 @@ impl LogStore {
     }
 }
 
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        Ok(self.entries(range).map_err(|e| StorageIOError::read_logs(&e))?)
-    }
-
-    async fn limited_get_log_entries(
-        &mut self,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        let entries = self.entries(start..end).map_err(|e| StorageIOError::read_logs(&e))?;
-        Ok(log::sent_from(start, entries))
-    }
-}
+crate::log::raft_log_reader!(LogStore);
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;

@@ -10,14 +10,13 @@
 //! what was not yet durable; opening the disk again is the node's restart.
 
 use std::collections::BTreeMap;
-use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use openraft::{Entry, LogId, LogState, OptionalSend, StorageError, StorageIOError, Vote};
 
 use crate::covered::Covered;
 use crate::durable::{Durable, Synced, SyncedSender};
@@ -344,23 +343,7 @@ impl MemLogStore {
     }
 }
 
-impl RaftLogReader<TypeConfig> for MemLogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        Ok(self.entries(range).map_err(|e| StorageIOError::read_logs(&e))?)
-    }
-
-    async fn limited_get_log_entries(
-        &mut self,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        let entries = self.entries(start..end).map_err(|e| StorageIOError::read_logs(&e))?;
-        Ok(log::sent_from(start, entries))
-    }
-}
+crate::log::raft_log_reader!(MemLogStore);
 
 impl RaftLogStorage<TypeConfig> for MemLogStore {
     type LogReader = MemLogStore;
