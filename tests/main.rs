@@ -4,9 +4,9 @@
 //! with its module (`http_cluster::…`), so `cargo test -p holdfast --test cluster http_cluster::` runs one
 //! file's tests.
 //!
-//! Three modules are ignored by default and run by `tests/run` when the machine allows:
-//! `admin_access::` (root, for a network namespace), `disk_full::` (root, to mount a tmpfs) and
-//! `containers::` (a Docker engine), with `cargo test -p holdfast --test cluster -- --ignored admin_access::`
+//! Four modules are ignored by default and run by `tests/run` when the machine allows:
+//! `admin_access::` (root, for a network namespace), `disk_full::` (root, to mount a tmpfs), `overload::`
+//! (root, for a CPU cgroup) and `containers::` (a Docker engine), with `cargo test -p holdfast --test cluster -- --ignored admin_access::`
 //! and the same with the others.
 
 mod common;
@@ -22,6 +22,7 @@ mod http_cluster;
 mod lock_delay;
 mod membership;
 mod observability;
+mod overload;
 mod semaphores;
 mod sessions_cluster;
 mod shell_script;

@@ -189,6 +189,8 @@ pub struct Metrics {
     /// How late this node's tasks wake and how late it confirms heartbeats, in milliseconds
     /// ([`crate::load`]; set at scrape time).
     pub runtime_lag_ms: Gauge,
+    /// How busy the runtime's worker threads were, as a share of their time (set at scrape time).
+    pub runtime_busy: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub heartbeat_lag_ms: Gauge,
     pub overload_refusals: Counter,
 
@@ -243,6 +245,7 @@ impl Metrics {
             request_duration: Family::new_with_constructor(latency_histogram),
             lock_watchers: Gauge::default(),
             runtime_lag_ms: Gauge::default(),
+            runtime_busy: Gauge::default(),
             heartbeat_lag_ms: Gauge::default(),
             overload_refusals: Counter::default(),
         };
@@ -401,6 +404,11 @@ impl Metrics {
             "runtime_lag_milliseconds",
             "How late this node's tasks wake from a sleep: the largest in the last one to two seconds",
             self.runtime_lag_ms.clone(),
+        );
+        registry.register(
+            "runtime_busy_ratio",
+            "How busy this node's runtime worker threads were, as a share of their time: the larger of the last two seconds",
+            self.runtime_busy.clone(),
         );
         registry.register(
             "heartbeat_lag_milliseconds",

@@ -104,7 +104,7 @@ impl Node {
             Arc::new(Elections::new(id, raft.clone(), peers.clone(), durable, random.clone(), metrics.clone(), bugs));
         let appender = Arc::new(Appender::new(raft.clone(), state.clone(), elections.clone(), metrics.clone(), clock));
         let auth = Auth::new(auth);
-        let load = Arc::new(Load::new(limits.overload_delay));
+        let load = Arc::new(Load::new(limits.overload_delay, limits.overload_busy));
         let leader = Arc::new(Leader::new(leader::Parts {
             raft: raft.clone(),
             state: state.clone(),
@@ -126,6 +126,7 @@ impl Node {
             leader: leader.clone(),
             peers: peers.clone(),
             metrics: metrics.clone(),
+            load: load.clone(),
             bugs,
         }));
         let api = Arc::new(Api::new(api::Parts {

@@ -169,6 +169,8 @@ impl Fuzzed {
                     wait_ms_max: WAIT_MS_MAX,
                     lock_delay_ms_max: LOCK_DELAY_MS_MAX,
                     overload_delay: holdfast_server::load::OVERLOAD_DELAY_DEFAULT,
+                    // A share of the test runtime's time, which the tests' own work shares: never.
+                    overload_busy: 1.0,
                 },
                 admin_key: Some(Secret(ADMIN_KEY.into())),
                 ..common::one_node(peer.local_addr().unwrap().to_string(), data_dir.clone())

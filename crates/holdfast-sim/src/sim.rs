@@ -501,6 +501,8 @@ impl NodeSpec {
                 wait_ms_max: 300_000,
                 lock_delay_ms_max: 60_000,
                 overload_delay: holdfast_server::load::OVERLOAD_DELAY_DEFAULT,
+                // The simulated nodes share one thread, whose busy time says nothing of a node's: never.
+                overload_busy: 1.0,
             },
             heartbeat_ms: 100,
             election_timeout_ms: 250,

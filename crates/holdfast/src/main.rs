@@ -458,6 +458,12 @@ struct ServerArgs {
     /// than paid for by the sessions already here. See docs/operations.md, "Overload".
     #[arg(long, env = "HOLDFAST_OVERLOAD_DELAY", default_value = "500ms", value_parser = humantime::parse_duration)]
     overload_delay: Duration,
+    /// Past this share of its worker threads' time busy, over each of the last two seconds, new sessions
+    /// are refused (`RESOURCE_EXHAUSTED` `overloaded`): a session is load that stays, admitted only while
+    /// the node has room to spare for its heartbeats. 1 never refuses on it. See docs/operations.md,
+    /// "Overload".
+    #[arg(long, env = "HOLDFAST_OVERLOAD_BUSY", default_value_t = 0.9, value_parser = parse_share)]
+    overload_busy: f64,
     /// How often the leader sends Raft heartbeats.
     #[arg(long, env = "HOLDFAST_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
@@ -719,6 +725,7 @@ fn server_config(args: &ServerArgs) -> anyhow::Result<holdfast_server::Config> {
             wait_ms_max: millis(args.wait_max),
             lock_delay_ms_max: millis(args.lock_delay_max),
             overload_delay: args.overload_delay,
+            overload_busy: args.overload_busy,
         },
         heartbeat_ms: millis(args.heartbeat_interval),
         election_timeout_ms: millis(args.election_timeout),
@@ -831,6 +838,14 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         other => return Err(format!("{text:?}: unknown unit {other:?} (B, KiB, MiB, GiB)")),
     };
     number.checked_mul(scale).ok_or_else(|| format!("{text:?}: too large"))
+}
+
+/// A share, above 0 and at most 1: `0.9`.
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
+        _ => Err(format!("{text:?}: expected a share above 0 and at most 1, like 0.9")),
+    }
 }
 
 /// The shortest admin key accepted: a guessable key is no key.
@@ -969,6 +984,22 @@ mod tests {
         let cli = Cli::try_parse_from(["holdfast", "server"]).unwrap();
         let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
         assert_eq!(args.worker_threads, None, "one per CPU unless given");
+    }
+
+    #[test]
+    fn overload_busy_is_a_share_above_0_and_at_most_1() {
+        let busy = |value: &str| {
+            let flag = format!("--overload-busy={value}");
+            let cli = Cli::try_parse_from(["holdfast", "server", flag.as_str()]).map_err(|e| e.to_string())?;
+            let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
+            Ok::<_, String>(args.overload_busy)
+        };
+        assert_eq!(busy("0.75"), Ok(0.75));
+        assert_eq!(busy("1"), Ok(1.0));
+        for bad in ["0", "1.5", "-0.2", "NaN", "most", ""] {
+            let refused = busy(bad).expect_err(bad);
+            assert!(refused.contains("--overload-busy"), "{bad:?}: {refused}");
+        }
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl Api {
         m.has_leader.set(self.elections.leader().is_some().into());
         let ms = |lag: std::time::Duration| i64::try_from(lag.as_millis()).unwrap_or(i64::MAX);
         m.runtime_lag_ms.set(ms(self.load.runtime_lag()));
+        m.runtime_busy.set(f64::from(self.load.busy_permille()) / 1000.0);
         if let Some(disk) = &self.disk {
             let state = *disk.state().borrow();
             m.disk_free.set(i64::try_from(state.free).unwrap_or(i64::MAX));

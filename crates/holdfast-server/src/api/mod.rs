@@ -45,6 +45,9 @@ pub struct FrontLimits {
     /// Past this heartbeat lag the node refuses new sessions and one-shot acquires (`--overload-delay`,
     /// [`crate::load`]).
     pub overload_delay: std::time::Duration,
+    /// Past this share of the workers' time busy, sustained, the node refuses new sessions
+    /// (`--overload-busy`, 1 never; [`crate::load`]).
+    pub overload_busy: f64,
 }
 
 /// What the fronts hold: a node as its clients see it.
@@ -150,6 +153,14 @@ impl Api {
         let Some(lag) = self.load.overloaded() else { return Ok(()) };
         self.metrics.overload_refusals.inc();
         Err(ApiError::Limit { slug: "overloaded", detail: self.load.refusal(lag) })
+    }
+
+    /// Refuses a new session while [`Api::admit_load`] would refuse new load, or while this node's workers
+    /// have had no room to spare (`--overload-busy`, [`Load::refuses_session`]).
+    pub fn admit_session(&self) -> Result<(), ApiError> {
+        let Some(detail) = self.load.refuses_session() else { return Ok(()) };
+        self.metrics.overload_refusals.inc();
+        Err(ApiError::Limit { slug: "overloaded", detail })
     }
 
     /// The fence a client is told for a grant under `fence`.

@@ -58,12 +58,14 @@ impl Leader {
     /// Refuses a new session or one-shot acquire while this leader confirms heartbeats later than
     /// `--overload-delay` ([`crate::load`]): the sessions it has come first. Nothing is proposed.
     fn check_load(&self, request: &Request) -> Result<(), NodeError> {
-        if !matches!(request, Request::OpenSession { .. } | Request::Acquire { .. }) {
-            return Ok(());
-        }
-        let Some(lag) = self.load.overloaded() else { return Ok(()) };
+        let refused = match request {
+            Request::OpenSession { .. } => self.load.refuses_session(),
+            Request::Acquire { .. } => self.load.overloaded().map(|lag| self.load.refusal(lag)),
+            _ => None,
+        };
+        let Some(detail) = refused else { return Ok(()) };
         self.metrics.overload_refusals.inc();
-        Err(NodeError::Limit { slug: "overloaded".into(), detail: self.load.refusal(lag) })
+        Err(NodeError::Limit { slug: "overloaded".into(), detail })
     }
 
     /// The command for `request`, with the token the leader made for an acquire and the secret for an

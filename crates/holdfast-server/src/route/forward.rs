@@ -219,7 +219,7 @@ impl Router {
 
     /// One answer per session in `ids`, in order, from one request through the leader (this node, if it
     /// became leader meanwhile), telling it how long the oldest of them, which arrived at `oldest`, waited
-    /// here while a leader served this node; in a plain batch to a leader that refused that, one by one to
+    /// here while a leader served this node, plus this node's runtime lag (`load.rs`); in a plain batch to a leader that refused that, one by one to
     /// a leader that refused batches.
     pub(super) async fn forward_heartbeats(
         &self,
@@ -232,7 +232,9 @@ impl Router {
             let leader = self.raft.metrics().borrow().current_leader;
             waited = waited && leader.is_none_or(|leader| self.batches.reads_waited(leader));
             let request = if waited {
-                let waited_ms = self.waited_while_served(oldest).as_millis().min(u32::MAX.into()) as u32;
+                // The runtime lag too: before this node read them, they may have waited that long unread.
+                let waited = self.waited_while_served(oldest) + self.load.runtime_lag();
+                let waited_ms = waited.as_millis().min(u32::MAX.into()) as u32;
                 ForwardRequest::HeartbeatsWaited { ids: ids.clone(), waited_ms }
             } else {
                 ForwardRequest::Heartbeats(ids.clone())

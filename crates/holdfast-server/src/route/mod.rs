@@ -24,6 +24,7 @@ use crate::election::Elections;
 use crate::faults::Bugs;
 use crate::leader::membership::MEMBERSHIP_TIMEOUT;
 use crate::leader::Leader;
+use crate::load::Load;
 use crate::metrics::Metrics;
 use crate::peer::client::Peers;
 use crate::peer::protocol::{ForwardRequest, HeartbeatReply, NodeError, Query, QueryReply, Request, Written};
@@ -67,6 +68,8 @@ pub struct Router {
     leader: Arc<Leader>,
     peers: Arc<Peers>,
     metrics: Arc<Metrics>,
+    /// This node's lag: a follower counts its runtime lag in the wait of the heartbeats it passes on.
+    load: Arc<Load>,
     bugs: Bugs,
     /// Heartbeats of sessions attached here, with their arrival, gathered for the leader (this node or
     /// another); each answer is acted on in the batch's task.
@@ -94,12 +97,13 @@ pub struct Parts {
     pub leader: Arc<Leader>,
     pub peers: Arc<Peers>,
     pub metrics: Arc<Metrics>,
+    pub load: Arc<Load>,
     pub bugs: Bugs,
 }
 
 impl Router {
     pub fn new(parts: Parts) -> Self {
-        let Parts { raft, state, events, elections, leader, peers, metrics, bugs } = parts;
+        let Parts { raft, state, events, elections, leader, peers, metrics, load, bugs } = parts;
         Router {
             raft,
             state,
@@ -108,6 +112,7 @@ impl Router {
             leader,
             peers,
             metrics,
+            load,
             bugs,
             heartbeats: Gather::new(HEARTBEAT_SENDERS, HEARTBEATS_PER_BATCH),
             writes: Gather::new(WRITE_SENDERS, WRITES_PER_BATCH),

@@ -19,6 +19,8 @@ pub fn one_node(peer_addr: String, data_dir: PathBuf) -> Config {
             wait_ms_max: 60_000,
             lock_delay_ms_max: 60_000,
             overload_delay: holdfast_server::load::OVERLOAD_DELAY_DEFAULT,
+            // A share of the test runtime's time, which the tests' own work shares: never.
+            overload_busy: 1.0,
         },
         heartbeat_ms: 50,
         election_timeout_ms: 200,

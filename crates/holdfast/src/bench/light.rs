@@ -193,15 +193,26 @@ async fn open(
         count.fetch_add(1, Ordering::Relaxed);
         None
     };
-    let mut inbound = match client.session(ReceiverStream::new(rx)).await {
-        Ok(response) => response.into_inner(),
-        Err(status) => return failed(status.code() == tonic::Code::ResourceExhausted),
+    let status = match client.session(ReceiverStream::new(rx)).await {
+        Ok(response) => {
+            let mut inbound = response.into_inner();
+            match inbound.message().await {
+                Ok(Some(SessionEvent { kind: Some(EventKind::Opened(_)) })) => Ok(inbound),
+                Err(status) => Err(status),
+                Ok(_) => return failed(false),
+            }
+        }
+        Err(status) => Err(status),
     };
-    match inbound.message().await {
-        Ok(Some(SessionEvent { kind: Some(EventKind::Opened(_)) })) => {}
-        Err(status) => return failed(status.code() == tonic::Code::ResourceExhausted),
-        Ok(_) => return failed(false),
-    }
+    let mut inbound = match status {
+        Ok(inbound) => inbound,
+        Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+            // As a client that honours the refusal would: this opener asks again only after a pause.
+            tokio::time::sleep(super::sessions::REFUSED_PAUSE).await;
+            return failed(true);
+        }
+        Err(_) => return failed(false),
+    };
     tally.open.lock().unwrap().push(sent.elapsed());
     let taking = Instant::now();
     let acquire = SessionAcquire { name, wait: false, value: Vec::new(), lock_delay_ms: 0, limit: 0 };

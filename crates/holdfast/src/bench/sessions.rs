@@ -32,6 +32,10 @@ use super::{
 
 /// The histogram of heartbeat acknowledgement times in `/metrics` (from a heartbeat reaching a node to its
 /// acknowledgement being sent).
+/// How long an opener waits after the cluster refused a session as overloaded before it opens another: what
+/// the HTTP API's `Retry-After: 1` asks of a one-shot acquire, so that the refused load does not come back at
+/// once and cost the node as much again.
+pub(super) const REFUSED_PAUSE: Duration = Duration::from_secs(1);
 const HEARTBEATS: &str = "holdfast_heartbeat_duration_seconds";
 /// The series of session expirations in `/metrics`.
 const EXPIRATIONS: &str = "holdfast_expirations_total{kind=\"session\"}";
@@ -495,9 +499,9 @@ async fn open_all(clients: &[Client], run_id: u32, args: &SessionsArgs, started:
                             note(format!("the cluster refused a session: {detail}"));
                         }
                         out.refused += 1;
-                        // As a client that honours the refusal's Retry-After would: the refused node is
-                        // not asked again at once.
-                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        // As a client that honours the refusal would: the refused node is not asked again
+                        // at once.
+                        tokio::time::sleep(REFUSED_PAUSE).await;
                         continue;
                     }
                     Err(e) => {

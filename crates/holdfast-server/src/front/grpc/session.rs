@@ -116,7 +116,7 @@ async fn attach(
             let owner = or_anonymous(open.owner);
             locks::check_owner(&owner)?;
             locks::check_ttl(api, open.lease_ms)?;
-            api.admit_load()?;
+            api.admit_session()?;
             let owner = scope.inner(&owner);
             let written =
                 api.write(Request::OpenSession { owner, lease_ms: open.lease_ms }).await.map_err(ApiError::from)?;
