@@ -53,8 +53,8 @@ pub struct Load {
     /// How busy the runtime's worker threads were, in thousandths of their time, over the last two
     /// [`WINDOW`]s looked at, each with when it was looked at (the older first).
     busy: Mutex<[(Option<Instant>, u32); 2]>,
-    /// Past this busy share, in thousandths, sustained over two windows, the node refuses new sessions
-    /// (`--overload-busy`; 1000 never).
+    /// Past this busy share, in thousandths, in either of the last two windows, the node refuses new
+    /// sessions (`--overload-busy`; 1000 never).
     busy_limit: u32,
     heartbeats: Mutex<Windowed>,
     clients: Mutex<Told>,
@@ -97,15 +97,15 @@ impl<T: Default + Copy> Windows<T> {
 /// The largest duration noted.
 type Windowed = Windows<Duration>;
 
-impl<T: Default + Copy + Ord> Windows<T> {
-    /// Notes `measure`, at `now`.
-    fn note(&mut self, now: Instant, measure: T) {
+impl Windowed {
+    /// Notes `took`, at `now`.
+    fn note(&mut self, now: Instant, took: Duration) {
         let largest = self.current(now);
-        *largest = (*largest).max(measure);
+        *largest = (*largest).max(took);
     }
 
     /// The largest noted in a window that started less than two windows before `now`.
-    fn largest(&self, now: Instant) -> T {
+    fn largest(&self, now: Instant) -> Duration {
         self.recent(now).copied().max().unwrap_or_default()
     }
 }
@@ -201,8 +201,8 @@ impl Load {
     }
 
     /// How busy this node's runtime workers were, in thousandths of their time: the larger of the last
-    /// two [`WINDOW`]s looked at. A worker counts as busy from when it wakes to when it parks, including time it
-    /// was runnable but not given a CPU (a CPU quota, a shared host).
+    /// two [`WINDOW`]s looked at. A worker counts as busy from when it wakes to when it parks, including
+    /// time it was runnable but not given a CPU (a CPU quota, a shared host).
     pub fn busy_permille(&self) -> u32 {
         let looks = *lock(&self.busy);
         looks
@@ -250,11 +250,11 @@ impl Load {
     }
 
     /// Why a new session is refused, if it is: what [`Load::overloaded`] refuses, and besides, while the
-    /// node's workers were busier than `--overload-busy` in either of the last two windows. A session is load that
-    /// stays, a heartbeat every quarter of its lease: a node admits one only while it has room to spare,
-    /// not until its lag shows it has none, because the lag rises only once the node is past its capacity,
-    /// and the sessions admitted by then stay past it. A one-shot acquire is load that passes, refused on
-    /// the lag alone.
+    /// node's workers were busier than `--overload-busy` in either of the last two windows. A session is
+    /// load that stays, a heartbeat every quarter of its lease: a node admits one only while it has room to
+    /// spare, not until its lag shows it has none, because the lag rises only once the node is past its
+    /// capacity, and the sessions admitted by then stay past it. A one-shot acquire is load that passes,
+    /// refused on the lag alone.
     pub fn refuses_session(&self) -> Option<String> {
         if let Some(lag) = self.overloaded() {
             return Some(self.refusal(lag));

@@ -458,11 +458,11 @@ struct ServerArgs {
     /// than paid for by the sessions already here. See docs/operations.md, "Overload".
     #[arg(long, env = "HOLDFAST_OVERLOAD_DELAY", default_value = "500ms", value_parser = humantime::parse_duration)]
     overload_delay: Duration,
-    /// Past this share of its worker threads' time busy, over each of the last two seconds, new sessions
+    /// Past this share of its worker threads' time busy, in either of the last two seconds, new sessions
     /// are refused (`RESOURCE_EXHAUSTED` `overloaded`): a session is load that stays, admitted only while
     /// the node has room to spare for its heartbeats. 1 never refuses on it. See docs/operations.md,
     /// "Overload".
-    #[arg(long, env = "HOLDFAST_OVERLOAD_BUSY", default_value_t = 0.9, value_parser = parse_share)]
+    #[arg(long, env = "HOLDFAST_OVERLOAD_BUSY", default_value_t = 0.8, value_parser = parse_share)]
     overload_busy: f64,
     /// How often the leader sends Raft heartbeats.
     #[arg(long, env = "HOLDFAST_HEARTBEAT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]

@@ -219,8 +219,8 @@ impl Router {
 
     /// One answer per session in `ids`, in order, from one request through the leader (this node, if it
     /// became leader meanwhile), telling it how long the oldest of them, which arrived at `oldest`, waited
-    /// here while a leader served this node, plus this node's runtime lag (`load.rs`); in a plain batch to a leader that refused that, one by one to
-    /// a leader that refused batches.
+    /// here while a leader served this node, plus this node's runtime lag (`load.rs`); in a plain batch to
+    /// a leader that refused that, one by one to a leader that refused batches.
     pub(super) async fn forward_heartbeats(
         &self,
         ids: Vec<SessionId>,
