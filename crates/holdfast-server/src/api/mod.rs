@@ -45,8 +45,8 @@ pub struct FrontLimits {
     /// Past this heartbeat lag the node refuses new sessions and one-shot acquires (`--overload-delay`,
     /// [`crate::load`]).
     pub overload_delay: std::time::Duration,
-    /// Past this share of the workers' time busy, sustained, the node refuses new sessions
-    /// (`--overload-busy`, 1 never; [`crate::load`]).
+    /// Past this share of the workers' time busy, in either of the last two seconds, the node refuses new
+    /// sessions (`--overload-busy`, 1 never; [`crate::load`]).
     pub overload_busy: f64,
 }
 

@@ -56,7 +56,8 @@ impl Leader {
     }
 
     /// Refuses a new session or one-shot acquire while this leader confirms heartbeats later than
-    /// `--overload-delay` ([`crate::load`]): the sessions it has come first. Nothing is proposed.
+    /// `--overload-delay`, and a new session while its workers have no room to spare (`--overload-busy`)
+    /// ([`crate::load`]): the sessions it has come first. Nothing is proposed.
     fn check_load(&self, request: &Request) -> Result<(), NodeError> {
         let refused = match request {
             Request::OpenSession { .. } => self.load.refuses_session(),

@@ -30,12 +30,12 @@ use super::{
     CpuWindow, Report, Samples,
 };
 
-/// The histogram of heartbeat acknowledgement times in `/metrics` (from a heartbeat reaching a node to its
-/// acknowledgement being sent).
 /// How long an opener waits after the cluster refused a session as overloaded before it opens another: what
 /// the HTTP API's `Retry-After: 1` asks of a one-shot acquire, so that the refused load does not come back at
 /// once and cost the node as much again.
 pub(super) const REFUSED_PAUSE: Duration = Duration::from_secs(1);
+/// The histogram of heartbeat acknowledgement times in `/metrics` (from a heartbeat reaching a node to its
+/// acknowledgement being sent).
 const HEARTBEATS: &str = "holdfast_heartbeat_duration_seconds";
 /// The series of session expirations in `/metrics`.
 const EXPIRATIONS: &str = "holdfast_expirations_total{kind=\"session\"}";
