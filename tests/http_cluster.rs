@@ -417,6 +417,18 @@ async fn a_follower_behind_the_snapshots_catches_up_and_restarts_on_its_log() {
     for i in 0..120 {
         cluster.acquire(leader, &format!("snap-{i}"), "s", "300").await.ok("acquire while a follower is down");
     }
+    // A leader holds its log back for a follower it last heard from less than 3 s ago (`purge.rs`,
+    // FOLLOWER_GONE) and purges every 500 ms: once it has not heard from this one for 4 s, it has purged
+    // what the follower misses, which now comes only in a snapshot.
+    let gone = behind.to_string();
+    wait_for(Duration::from_secs(20), "the leader to count the follower gone", async || {
+        let info = cluster.cluster_info(leader).await;
+        match info["peers"][&gone]["last_heard_ms"].as_u64() {
+            Some(ms) if ms >= 4_000 => Ok(()),
+            _ => Err(format!("{info}")),
+        }
+    })
+    .await;
     let caught_up = async |cluster: &Cluster, what: &str| {
         let target = cluster.cluster_info(leader).await["last_log_index"].as_u64().unwrap_or(u64::MAX);
         wait_for(Duration::from_secs(20), what, async || {
