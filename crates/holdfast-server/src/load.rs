@@ -256,8 +256,8 @@ impl Load {
     /// capacity, and the sessions admitted by then stay past it. A one-shot acquire is load that passes,
     /// refused on the lag alone.
     pub fn refuses_session(&self) -> Option<String> {
-        if let Some(lag) = self.overloaded() {
-            return Some(self.refusal(lag));
+        if let Some(refused) = self.refuses_acquire() {
+            return Some(refused);
         }
         let busy = self.busy_permille();
         (busy > self.busy_limit).then(|| {
@@ -269,6 +269,11 @@ impl Load {
                 self.busy_limit / 10
             )
         })
+    }
+
+    /// Why a new one-shot acquire is refused, if it is: what [`Load::overloaded`] refuses.
+    pub fn refuses_acquire(&self) -> Option<String> {
+        self.overloaded().map(|lag| self.refusal(lag))
     }
 
     /// What a client is told when new load is refused at `lag`: how late, and what to do.

@@ -150,15 +150,18 @@ impl Api {
     /// Refuses new load (a session, a one-shot acquire) while this node confirms heartbeats later than
     /// `--overload-delay`: the sessions it has come first. `RESOURCE_EXHAUSTED` / `429` `overloaded`.
     pub fn admit_load(&self) -> Result<(), ApiError> {
-        let Some(lag) = self.load.overloaded() else { return Ok(()) };
-        self.metrics.overload_refusals.inc();
-        Err(ApiError::Limit { slug: "overloaded", detail: self.load.refusal(lag) })
+        self.refuse_if(self.load.refuses_acquire())
     }
 
     /// Refuses a new session while [`Api::admit_load`] would refuse new load, or while this node's workers
     /// have had no room to spare (`--overload-busy`, [`Load::refuses_session`]).
     pub fn admit_session(&self) -> Result<(), ApiError> {
-        let Some(detail) = self.load.refuses_session() else { return Ok(()) };
+        self.refuse_if(self.load.refuses_session())
+    }
+
+    /// `overloaded` with the detail of a refusal, counted, if there is one.
+    fn refuse_if(&self, refused: Option<String>) -> Result<(), ApiError> {
+        let Some(detail) = refused else { return Ok(()) };
         self.metrics.overload_refusals.inc();
         Err(ApiError::Limit { slug: "overloaded", detail })
     }

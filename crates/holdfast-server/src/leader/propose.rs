@@ -61,7 +61,7 @@ impl Leader {
     fn check_load(&self, request: &Request) -> Result<(), NodeError> {
         let refused = match request {
             Request::OpenSession { .. } => self.load.refuses_session(),
-            Request::Acquire { .. } => self.load.overloaded().map(|lag| self.load.refusal(lag)),
+            Request::Acquire { .. } => self.load.refuses_acquire(),
             _ => None,
         };
         let Some(detail) = refused else { return Ok(()) };

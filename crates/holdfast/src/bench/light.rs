@@ -188,31 +188,26 @@ async fn open(
     let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
     let owner = "bench-light".to_owned();
     tx.send(request(RequestKind::Open(Open { owner, lease_ms }))).await.ok()?;
-    let failed = |refused: bool| {
-        let count = if refused { &tally.refused } else { &tally.failures };
-        count.fetch_add(1, Ordering::Relaxed);
-        None
-    };
-    let status = match client.session(ReceiverStream::new(rx)).await {
-        Ok(response) => {
-            let mut inbound = response.into_inner();
-            match inbound.message().await {
-                Ok(Some(SessionEvent { kind: Some(EventKind::Opened(_)) })) => Ok(inbound),
-                Err(status) => Err(status),
-                Ok(_) => return failed(false),
-            }
-        }
-        Err(status) => Err(status),
-    };
-    let mut inbound = match status {
-        Ok(inbound) => inbound,
-        Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+    // Counted as refused if the status says so, else as failed.
+    let failed = async |status: Option<tonic::Status>| {
+        if status.is_some_and(|status| status.code() == tonic::Code::ResourceExhausted) {
+            tally.refused.fetch_add(1, Ordering::Relaxed);
             // As a client that honours the refusal would: this opener asks again only after a pause.
             tokio::time::sleep(super::sessions::REFUSED_PAUSE).await;
-            return failed(true);
+        } else {
+            tally.failures.fetch_add(1, Ordering::Relaxed);
         }
-        Err(_) => return failed(false),
+        None
     };
+    let mut inbound = match client.session(ReceiverStream::new(rx)).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return failed(Some(status)).await,
+    };
+    match inbound.message().await {
+        Ok(Some(SessionEvent { kind: Some(EventKind::Opened(_)) })) => {}
+        Err(status) => return failed(Some(status)).await,
+        Ok(_) => return failed(None).await,
+    }
     tally.open.lock().unwrap().push(sent.elapsed());
     let taking = Instant::now();
     let acquire = SessionAcquire { name, wait: false, value: Vec::new(), lock_delay_ms: 0, limit: 0 };
@@ -221,7 +216,7 @@ async fn open(
         match inbound.message().await {
             Ok(Some(SessionEvent { kind: Some(EventKind::Acquired(_)) })) => break,
             Ok(Some(SessionEvent { kind: Some(EventKind::HeartbeatAck(_)) })) => continue,
-            _ => return failed(false),
+            _ => return failed(None).await,
         }
     }
     tally.lock.lock().unwrap().push(taking.elapsed());
