@@ -172,8 +172,10 @@ pub enum Command {
     /// with the batch rule. See [`limits::BATCH_MAX`](crate::limits::BATCH_MAX).
     Group(Vec<Command>),
     /// Open a session whose claims live as long as its lease is kept alive by heartbeats; resuming it
-    /// takes the secret whose digest is `secret`. (Last, so that the variants before it keep their
-    /// encoding in stored logs.)
+    /// takes the secret whose digest is `secret`. Refused past
+    /// [`limits::SESSIONS_MAX_BEFORE`](crate::limits::SESSIONS_MAX_BEFORE) open sessions. Written by builds
+    /// from before [`Command::OpenSessionCapped`]; kept so that stored logs still decode and apply as they
+    /// did. (After `Group`, so that the variants before it keep their encoding in stored logs.)
     OpenSession { id: SessionId, owner: String, lease_ms: u64, secret: SecretDigest },
     /// Take a lock, or queue for it, as [`Command::Acquire`] does, with a value the grant publishes (an
     /// elected leader's address): reads show it beside the holder until the holder changes it or lets go.
@@ -198,6 +200,14 @@ pub enum Command {
     /// other acquires have a limit of 1). (After `AcquireDelayed`, so that the variants before it keep
     /// their encoding in stored logs.)
     AcquireSemaphore { acquire: Acquire, value: Vec<u8>, lock_delay_ms: u64, limit: u32 },
+    /// Open a session as [`Command::OpenSession`] does, refused if `sessions_max` sessions are open already.
+    /// The limit travels in the entry, so every replica, whatever build replays the entry, applies the limit
+    /// it was proposed under: `OpenSession` entries keep the limit of the builds that wrote them
+    /// ([`limits::SESSIONS_MAX_BEFORE`](crate::limits::SESSIONS_MAX_BEFORE)), and raising
+    /// [`limits::SESSIONS_MAX`](crate::limits::SESSIONS_MAX) changes only entries proposed after it. The
+    /// leader proposes this one. (After `AcquireSemaphore`, so that the variants before it keep their
+    /// encoding in stored logs.)
+    OpenSessionCapped { id: SessionId, owner: String, lease_ms: u64, secret: SecretDigest, sessions_max: u64 },
 }
 
 impl Command {

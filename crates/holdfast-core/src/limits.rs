@@ -18,8 +18,13 @@ pub const WAIT_MS_MAX: u64 = 24 * 3600 * 1000;
 pub const WAITERS_PER_LOCK_MAX: usize = 1024;
 /// Locks that exist at once (held or with waiters).
 pub const LOCKS_MAX: usize = 4_000_000;
-/// Sessions open at once.
-pub const SESSIONS_MAX: usize = 200_000;
+/// Sessions open at once, as the leader proposes a session's open
+/// ([`Command::OpenSessionCapped`](crate::Command::OpenSessionCapped) carries it, so that raising it never
+/// changes how a stored entry applies).
+pub const SESSIONS_MAX: u64 = 500_000;
+/// Sessions open at once for [`Command::OpenSession`](crate::Command::OpenSession) entries, which builds
+/// before [`SESSIONS_MAX`] travelled in the entry wrote.
+pub const SESSIONS_MAX_BEFORE: u64 = 200_000;
 /// Locks one session holds or waits for at once.
 pub const CLAIMS_PER_SESSION_MAX: usize = 1024;
 /// Items one `Expire` entry may carry.

@@ -176,8 +176,8 @@ pub enum Reject {
     #[error("too many locks ({})", limits::LOCKS_MAX)]
     TooManyLocks,
     /// The cluster has as many sessions as it may.
-    #[error("too many sessions ({})", limits::SESSIONS_MAX)]
-    TooManySessions,
+    #[error("too many sessions ({max})")]
+    TooManySessions { max: u64 },
     /// The session holds or waits for as many locks as it may.
     #[error("the session has too many claims ({})", limits::CLAIMS_PER_SESSION_MAX)]
     TooManyClaims,
@@ -947,10 +947,15 @@ impl LockState {
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, Some(*ttl_ms)),
             Command::RenewKeepingTtl { name, token } => self.renew(name, *token, None),
             Command::Cancel { name, token } => self.cancel(name, *token, &mut applied),
-            Command::OpenSession { id, owner, lease_ms, secret } => {
-                self.open_session(*id, owner, *lease_ms, Some(*secret))
+            Command::OpenSessionCapped { id, owner, lease_ms, secret, sessions_max } => {
+                self.open_session(*id, owner, *lease_ms, Some(*secret), *sessions_max)
             }
-            Command::OpenSessionWithoutSecret { id, owner, lease_ms } => self.open_session(*id, owner, *lease_ms, None),
+            Command::OpenSession { id, owner, lease_ms, secret } => {
+                self.open_session(*id, owner, *lease_ms, Some(*secret), limits::SESSIONS_MAX_BEFORE)
+            }
+            Command::OpenSessionWithoutSecret { id, owner, lease_ms } => {
+                self.open_session(*id, owner, *lease_ms, None, limits::SESSIONS_MAX_BEFORE)
+            }
             Command::CloseSession { id } => match self.close_session(*id, &BTreeSet::new(), false, &mut applied) {
                 true => Outcome::SessionClosed { id: *id },
                 false => Outcome::Rejected(Reject::NoSession(*id)),
@@ -1166,7 +1171,14 @@ impl LockState {
         Outcome::Withdrawn
     }
 
-    fn open_session(&mut self, id: SessionId, owner: &str, lease_ms: u64, secret: Option<SecretDigest>) -> Outcome {
+    fn open_session(
+        &mut self,
+        id: SessionId,
+        owner: &str,
+        lease_ms: u64,
+        secret: Option<SecretDigest>,
+        sessions_max: u64,
+    ) -> Outcome {
         if !limits::valid_owner(owner) {
             return Outcome::Rejected(Reject::InvalidOwner);
         }
@@ -1176,8 +1188,8 @@ impl LockState {
         if self.sessions.contains_key(&id) {
             return Outcome::Rejected(Reject::SessionExists(id));
         }
-        if self.sessions.len() >= limits::SESSIONS_MAX {
-            return Outcome::Rejected(Reject::TooManySessions);
+        if self.sessions.len() as u64 >= sessions_max {
+            return Outcome::Rejected(Reject::TooManySessions { max: sessions_max });
         }
         let session =
             Session { owner: owner.to_owned(), lease_ms, opened_at_ms: self.now_ms, claims: BTreeSet::new(), secret };

@@ -19,7 +19,7 @@
 //! ends now) for the next `Expire` to hand over.
 
 use holdfast_core::limits::{
-    FREED_KEEP_MS, LOCK_DELAY_MS_MAX, SEMAPHORE_LIMIT_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX,
+    self, FREED_KEEP_MS, LOCK_DELAY_MS_MAX, SEMAPHORE_LIMIT_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX,
 };
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
@@ -312,7 +312,9 @@ impl Model {
             Command::Renew { name, token, ttl_ms } => self.renew(name, *token, Some(*ttl_ms)),
             Command::RenewKeepingTtl { name, token } => self.renew(name, *token, None),
             Command::Cancel { name, token } => self.cancel(name, *token, fx),
-            Command::OpenSession { id, lease_ms, .. } | Command::OpenSessionWithoutSecret { id, lease_ms, .. } => {
+            Command::OpenSession { id, lease_ms, .. }
+            | Command::OpenSessionWithoutSecret { id, lease_ms, .. }
+            | Command::OpenSessionCapped { id, lease_ms, .. } => {
                 if !valid_ttl(*lease_ms) {
                     Outcome::Rejected(Reject::InvalidTtl(*lease_ms))
                 } else if self.is_open(*id) {
@@ -1069,7 +1071,8 @@ fn command(model: &Model, clock: u64, op: &Op) -> Command {
         }
         Op::OpenSession { id, lease } => {
             let secret = SessionSecret(Token(u128::from(*id))).digest();
-            Command::OpenSession { id: *id, owner: format!("svc-{id}"), lease_ms: TTLS[*lease], secret }
+            let (id, owner, lease_ms, sessions_max) = (*id, format!("svc-{id}"), TTLS[*lease], limits::SESSIONS_MAX);
+            Command::OpenSessionCapped { id, owner, lease_ms, secret, sessions_max }
         }
         Op::CloseSession { id } => Command::CloseSession { id: *id },
         Op::Expire { .. } => expire_command(model, clock, op),

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use holdfast_core::limits::{
     CLAIMS_PER_SESSION_MAX, EXPIRE_BATCH_MAX, FREED_KEEP_MS, FREED_MAX, LOCK_DELAY_MS_MAX, NAME_LEN_MAX, OWNER_LEN_MAX,
-    SEMAPHORE_LIMIT_MAX, SESSIONS_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX, WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
+    SEMAPHORE_LIMIT_MAX, SESSIONS_MAX, SESSIONS_MAX_BEFORE, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX,
+    WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
 };
 use holdfast_core::{
     Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
@@ -60,6 +61,16 @@ fn cancel(name: &str, token: Token) -> Command {
 }
 
 fn open(id: SessionId, owner: &str, lease_ms: u64) -> Command {
+    capped_open(id, owner, lease_ms, SESSIONS_MAX)
+}
+
+/// The open a leader proposes, with `sessions_max` in the entry.
+fn capped_open(id: SessionId, owner: &str, lease_ms: u64, sessions_max: u64) -> Command {
+    Command::OpenSessionCapped { id, owner: owner.to_owned(), lease_ms, secret: secret(id).digest(), sessions_max }
+}
+
+/// An open as builds before the limit travelled in the entry wrote it.
+fn open_before_cap(id: SessionId, owner: &str, lease_ms: u64) -> Command {
     Command::OpenSession { id, owner: owner.to_owned(), lease_ms, secret: secret(id).digest() }
 }
 
@@ -1189,16 +1200,36 @@ fn session_commands_for_a_session_not_open_are_no_session() {
 }
 
 #[test]
-fn too_many_sessions_is_too_many_sessions() {
+fn an_open_of_an_older_build_applies_the_older_limit() {
     let mut state = LockState::new();
-    for id in 0..SESSIONS_MAX as u64 {
-        state.apply(id + 1, &at(T0, open(id, "", 2_000)));
+    for id in 0..SESSIONS_MAX_BEFORE {
+        state.apply(id + 1, &at(T0, open_before_cap(id, "", 2_000)));
     }
-    assert_eq!(state.session_count(), SESSIONS_MAX);
+    assert_eq!(state.session_count() as u64, SESSIONS_MAX_BEFORE);
     let index = state.applied_index() + 1;
-    assert_rejected(&mut state, index, at(T0, open(u64::MAX, "", 2_000)), Reject::TooManySessions);
+    let refused = Reject::TooManySessions { max: SESSIONS_MAX_BEFORE };
+    assert_rejected(&mut state, index, at(T0, open_before_cap(u64::MAX, "", 2_000)), refused);
     // A taken id is still reported as taken.
-    assert_rejected(&mut state, index + 1, at(T0, open(7, "", 2_000)), Reject::SessionExists(7));
+    assert_rejected(&mut state, index + 1, at(T0, open_before_cap(7, "", 2_000)), Reject::SessionExists(7));
+    // The open a leader proposes now carries a higher limit, and goes past the old one.
+    const { assert!(SESSIONS_MAX > SESSIONS_MAX_BEFORE) };
+    let opened = state.apply(index + 2, &at(T0, open(u64::MAX, "", 2_000)));
+    assert_eq!(opened.outcome, Outcome::SessionOpened { id: u64::MAX });
+}
+
+#[test]
+fn an_open_applies_the_limit_its_entry_carries() {
+    let mut state = LockState::new();
+    for id in 1..=3 {
+        let opened = state.apply(id, &at(T0, capped_open(id, "", 2_000, 3)));
+        assert_eq!(opened.outcome, Outcome::SessionOpened { id });
+    }
+    assert_rejected(&mut state, 4, at(T0, capped_open(4, "", 2_000, 3)), Reject::TooManySessions { max: 3 });
+    // The same state takes the fourth under an entry proposed with a higher limit, and so would any replica
+    // replaying these entries, whatever its build's own limit.
+    let opened = state.apply(5, &at(T0, capped_open(4, "", 2_000, 4)));
+    assert_eq!(opened.outcome, Outcome::SessionOpened { id: 4 });
+    assert_eq!(state.session_count(), 4);
 }
 
 #[test]

@@ -103,7 +103,7 @@ impl From<Reject> for ApiError {
             Reject::SessionHold { .. } => ApiError::invalid("session-hold", detail),
             Reject::QueueFull { .. } => ApiError::Limit { slug: "queue-full", detail },
             Reject::TooManyLocks => ApiError::Limit { slug: "too-many-locks", detail },
-            Reject::TooManySessions => ApiError::Limit { slug: "too-many-sessions", detail },
+            Reject::TooManySessions { .. } => ApiError::Limit { slug: "too-many-sessions", detail },
             Reject::TooManyClaims => ApiError::Limit { slug: "too-many-claims", detail },
             Reject::NoKey(_) => ApiError::Unauthenticated { detail: "the API key was revoked".into() },
             Reject::TooManyKeys => ApiError::Limit { slug: "too-many-keys", detail },

@@ -1,7 +1,7 @@
 //! A client's request becomes a command: the leader makes its token, session id and secret, checks its
 //! tenant's limits, and proposes it (one-lock commands through the batching [`super::proposer`]).
 
-use holdfast_core::{Acquire, Command, Outcome, SessionSecret, Token};
+use holdfast_core::{limits, Acquire, Command, Outcome, SessionSecret, Token};
 use holdfast_store::Response;
 
 use super::Leader;
@@ -93,7 +93,12 @@ impl Leader {
                 // Ids are made by the leader, like tokens; 0 is never used so it can mean "none" on the wire.
                 let id = self.random.draw::<u64>().max(1);
                 let secret = SessionSecret(Token(self.random.draw()));
-                (Command::OpenSession { id, owner, lease_ms, secret: secret.digest() }, None, Some(secret))
+                let sessions_max = limits::SESSIONS_MAX;
+                (
+                    Command::OpenSessionCapped { id, owner, lease_ms, secret: secret.digest(), sessions_max },
+                    None,
+                    Some(secret),
+                )
             }
             Request::CloseSession { id } => (Command::CloseSession { id }, None, None),
             Request::CreateKey { tenant, hash } => (Command::CreateKey { tenant, hash }, None, None),

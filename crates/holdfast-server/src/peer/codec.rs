@@ -38,8 +38,10 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 /// entries may be a `Command::AcquireValued` or `Command::SetValue`, and grants, holders and lock views carry
 /// values and revisions, which builds of version 3 cannot decode. Version 5: log entries may be a
 /// `Command::AcquireDelayed`, forwarded acquires carry a lock-delay, and a holder's lease may be
-/// `Lease::Delayed`, which builds of version 4 cannot decode.
-pub const HELLO: &[u8; 8] = b"HFPEER/6";
+/// `Lease::Delayed`, which builds of version 4 cannot decode. Version 6: log entries may be a
+/// `Command::AcquireSemaphore`, and forwarded acquires carry a limit. Version 7: log entries may be a
+/// `Command::OpenSessionCapped`, whose limit travels in the entry, and a refused open names the limit it met.
+pub const HELLO: &[u8; 8] = b"HFPEER/7";
 /// How long a new connection may take to say [`HELLO`].
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes read ahead on a peer connection, both ends: a small frame's length and body come in one read

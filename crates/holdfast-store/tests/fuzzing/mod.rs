@@ -236,6 +236,13 @@ pub fn every_command() -> Vec<Command> {
             lock_delay_ms: 0,
             limit: 3,
         },
+        Command::OpenSessionCapped {
+            id: 11,
+            owner: "s".into(),
+            lease_ms: 2_000,
+            secret: SessionSecret(token).digest(),
+            sessions_max: 2,
+        },
     ];
     let mut kinds = BTreeSet::new();
     for cmd in &cmds {
@@ -258,8 +265,9 @@ pub fn every_command() -> Vec<Command> {
             Command::SetValue { .. } => "set-value",
             Command::AcquireDelayed { .. } => "acquire-delayed",
             Command::AcquireSemaphore { .. } => "acquire-semaphore",
+            Command::OpenSessionCapped { .. } => "open-session-capped",
         });
     }
-    assert_eq!(kinds.len(), 17, "a seed of every kind of command");
+    assert_eq!(kinds.len(), 18, "a seed of every kind of command");
     cmds
 }
