@@ -13,6 +13,7 @@
 //! This crate must not depend on IO, async, a clock or a random source: time, tokens and session ids come
 //! in as data. `clippy.toml` bans clocks and hash maps here.
 
+mod claims;
 pub mod command;
 pub mod limits;
 pub mod state;

@@ -7,6 +7,7 @@ use imbl::{OrdMap, Vector};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
+use crate::claims::Claims;
 use crate::command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
 use crate::limits;
 
@@ -413,7 +414,7 @@ struct Session {
     lease_ms: u64,
     opened_at_ms: u64,
     /// Names of the locks the session holds or waits for.
-    claims: BTreeSet<String>,
+    claims: Claims,
     /// The digest of the secret that resumes it. Not encoded with the rest of the session: a snapshot
     /// carries the digests after the state (format 3), so that format 2's sessions still decode.
     #[serde(skip)]
@@ -1192,7 +1193,7 @@ impl LockState {
             return Outcome::Rejected(Reject::TooManySessions { max: sessions_max });
         }
         let session =
-            Session { owner: owner.to_owned(), lease_ms, opened_at_ms: self.now_ms, claims: BTreeSet::new(), secret };
+            Session { owner: owner.to_owned(), lease_ms, opened_at_ms: self.now_ms, claims: Claims::default(), secret };
         self.sessions.insert(id, session);
         Outcome::SessionOpened { id }
     }
@@ -1696,7 +1697,8 @@ impl LockState {
             }
         }
         for (id, session) in &self.sessions {
-            assert_eq!(claims.remove(id).unwrap_or_default(), session.claims, "session {id}'s claims match the locks");
+            let found: Claims = claims.remove(id).unwrap_or_default().into_iter().collect();
+            assert_eq!(found, session.claims, "session {id}'s claims match the locks");
         }
         assert!(claims.is_empty(), "every claimed session is open: {claims:?}");
     }
