@@ -13,8 +13,9 @@ use prost::Message;
 use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-/// The bytes each call's encode and decode buffers start with.
-pub const CALL_BUFFER: usize = 512;
+/// The bytes each call's encode and decode buffers start with: a session stream's heartbeat and its
+/// acknowledgement are each under 32 bytes framed, and the buffers were 1 KiB of what a stream cost at 512.
+pub const CALL_BUFFER: usize = 128;
 /// How many bytes of ready messages a stream encodes before it hands them to HTTP/2 (tonic's default).
 const YIELD_THRESHOLD: usize = 32 * 1024;
 

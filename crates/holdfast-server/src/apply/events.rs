@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use futures_util::StreamExt;
 use holdfast_core::{limits, Applied, Command, Expire, Grant, Lease, LockState, LockView, Outcome, SessionId, Token};
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
@@ -23,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::deadlines::Deadlines;
 use crate::faults::Bugs;
 use crate::metrics::{self, Metrics};
+use crate::peer::protocol::NodeError;
 
 /// A one-shot waiter (a long-polling request) is kept in its queue only while the node serving the request
 /// says, at least this often, that it still waits; otherwise its node crashed and the leader withdraws it.
@@ -49,19 +51,52 @@ pub enum WatchTarget {
     Prefix(String),
 }
 
-/// What a session's stream hears from applied entries.
+/// What a session's stream hears: from applied entries, and from its heartbeats' answers when they could not
+/// simply be acknowledged.
 #[derive(Debug, Clone)]
 pub enum SessionNote {
     /// The session was granted a lock it waited for.
     Granted(Grant),
     /// A hold of the session ended (released, or the session closed or expired).
     Ended { name: String, fence: u64 },
+    /// A heartbeat found the session gone (expired or closed).
+    Gone,
+    /// The leader could not confirm a heartbeat in time.
+    HeartbeatFailed(NodeError),
 }
 
-/// What a session stream hears of its session, as [`Events::attach`] gives it. Boxed: a channel keeps a
-/// block of 32 slots from the start, and a stream is attached for as long as its session is open (a
-/// `SessionNote` in place made that block 4 KiB a session).
-pub type Notes = mpsc::UnboundedReceiver<Box<SessionNote>>;
+/// What a session stream hears of its session, as [`Events::attach`] gives it: one channel for the applied
+/// entries and the heartbeats' answers. A stream keeps it for as long as its session is open, so it is
+/// futures' channel, about 150 bytes empty where tokio's keeps 800 (its cache-padded ends and a first block
+/// of 32 slots); the notes are boxed for the same reason.
+pub struct Notes {
+    rx: NoteReceiver,
+    /// Closed by the node's registry when another stream attaches the session ([`Events::attach`]).
+    tell: NoteSender,
+}
+
+type NoteSender = futures_channel::mpsc::UnboundedSender<Box<SessionNote>>;
+type NoteReceiver = futures_channel::mpsc::UnboundedReceiver<Box<SessionNote>>;
+
+impl Notes {
+    /// The next note; `None` once another stream attached the session.
+    pub async fn recv(&mut self) -> Option<Box<SessionNote>> {
+        self.rx.next().await
+    }
+
+    /// Stops the notes: the node's registry sees the stream gone ([`Events::detach`]).
+    pub fn close(&mut self) {
+        self.rx.close();
+    }
+
+    /// Tells the stream `note`, if it is still attached.
+    pub fn teller(&self) -> impl Fn(SessionNote) + Send + 'static {
+        let tell = self.tell.clone();
+        move |note| {
+            let _ = tell.unbounded_send(Box::new(note));
+        }
+    }
+}
 
 /// The node's view of applied entries: watchers and deadlines. Implements [`ApplyObserver`].
 #[derive(Default)]
@@ -97,7 +132,7 @@ struct Inner {
     /// The number of the next lock watcher or stream.
     next_lock_watcher: u64,
     /// Session streams attached to this node.
-    streams: BTreeMap<SessionId, mpsc::UnboundedSender<Box<SessionNote>>>,
+    streams: BTreeMap<SessionId, NoteSender>,
     /// Which session holds each session-held lock (name, fence), to route the end of a hold.
     session_holds: BTreeMap<(String, u64), SessionId>,
     /// TTL holds and lock-delays by name and fence (a semaphore has several), tagged with the fence.
@@ -384,9 +419,12 @@ impl Events {
     /// Attaches a stream to session `id` (replacing any earlier one: the session moved). The caller holds
     /// the state's read lock.
     pub fn attach(&self, id: SessionId) -> Notes {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.lock().streams.insert(id, tx);
-        rx
+        let (tx, rx) = futures_channel::mpsc::unbounded();
+        if let Some(earlier) = self.lock().streams.insert(id, tx.clone()) {
+            // That stream must not go on acting for the session: its notes end.
+            earlier.close_channel();
+        }
+        Notes { rx, tell: tx }
     }
 
     /// Detaches the stream of session `id`, if it is still the one attached.
@@ -520,7 +558,7 @@ impl Events {
             inner.holds.end(&(name.clone(), *fence), *fence);
             if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
                 if let Some(tx) = inner.streams.get(&id) {
-                    let _ = tx.send(Box::new(SessionNote::Ended { name: name.clone(), fence: *fence }));
+                    let _ = tx.unbounded_send(Box::new(SessionNote::Ended { name: name.clone(), fence: *fence }));
                 }
             }
         }
@@ -566,7 +604,7 @@ impl ApplyObserver for Events {
                 Lease::Session(id) => {
                     inner.session_holds.insert((grant.name.clone(), grant.fence), id);
                     if let Some(tx) = inner.streams.get(&id) {
-                        let _ = tx.send(Box::new(SessionNote::Granted(grant.clone())));
+                        let _ = tx.unbounded_send(Box::new(SessionNote::Granted(grant.clone())));
                     }
                 }
                 Lease::Delayed { .. } => unreachable!("a grant is a live hold"),

@@ -40,9 +40,10 @@ impl Router {
             // cut, where a write waits out its bound and ends with an unknown outcome. A leader gone silent
             // counts as none: the request waits here, sent nowhere, until a leader is heard from again.
             let attempt = match self.elections.heard_leader(current) {
-                Some(leader) if leader == self.elections.id() => self.leader.serve(request.clone()).await,
-                // Boxed: a call to a peer is a large future, and on the leader, where requests are served
-                // in place, every request's future would carry its size inline.
+                // Both boxed: each is a large future (the leader's serving 1.2 KiB), and a request's future
+                // would otherwise carry the larger of the two inline wherever it is served, for as long as
+                // it waits (a session's stream waits for its close like this). One allocation a request.
+                Some(leader) if leader == self.elections.id() => Box::pin(self.leader.serve(request.clone())).await,
                 Some(leader) => Box::pin(self.forward(leader, &request, deadline)).await,
                 None => Err(NodeError::NotLeader { leader: None }),
             };

@@ -25,9 +25,6 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::codegen::{http, Service};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status, Streaming};
 
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-
 use self::calls::CallStream;
 use self::request::malformed;
 use self::session::{EventStream, SESSION_OUTBOX};
@@ -97,15 +94,10 @@ impl Locks for LocksService {
         request: GrpcRequest<Streaming<SessionRequest>>,
     ) -> Result<GrpcResponse<Self::SessionStream>, Status> {
         let scope = self.api.authenticate(authorization(&request)).await?;
-        let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
-        let api = self.api.clone();
-        let inbound = request.into_inner();
-        tokio::spawn(async move {
-            if let Err(status) = session::serve_session(api, scope, inbound, &tx).await {
-                let _ = tx.send(Box::new(Err(status))).await;
-            }
-        });
-        Ok(GrpcResponse::new(Box::pin(ReceiverStream::new(rx).map(|event| *event))))
+        let (tx, rx) = futures_channel::mpsc::channel(SESSION_OUTBOX);
+        let start = session::Start { api: self.api.clone(), scope, inbound: request.into_inner(), tx };
+        tokio::spawn(session::serve_session(Box::new(start)));
+        Ok(GrpcResponse::new(Box::pin(rx.map(|event| *event))))
     }
 
     async fn acquire(&self, request: GrpcRequest<AcquireRequest>) -> Result<GrpcResponse<Hold>, Status> {

@@ -6,13 +6,11 @@
 //! When the stream breaks, the session lives on until its lease runs out; the client may resume it through
 //! any node.
 
-use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use holdfast_core::{Outcome, SessionId, SessionSecret, SessionView, Token};
 use holdfast_proto::v1::{self, Acquired, EventKind, RequestKind, SessionEvent, SessionRequest};
-use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
@@ -58,64 +56,123 @@ struct Claim {
     fence: Option<u64>,
 }
 
-/// Where a stream's events wait for the client: boxed, as the channel keeps a block of 32 slots for as long
-/// as the session's stream is open, and an event in place made that block 4 KiB a session.
-pub type Outbox = mpsc::Sender<Box<Result<SessionEvent, Status>>>;
+/// A stream's claims by (stored) name. A list, not a map: most sessions hold one lock or a few, and a map's
+/// first node was about 500 bytes of every stream that held anything, for as long as the session stayed.
+/// At most `limits::CLAIMS_PER_SESSION_MAX` (1,024) claims, so a lookup stays short.
+#[derive(Default)]
+struct Claims(Vec<(String, Claim)>);
 
-/// What a heartbeat's answer reports back to its stream when it could not simply acknowledge. Eight bytes, for
-/// the same reason as [`Outbox`].
-enum Beat {
-    /// The session is gone (expired or closed).
-    Gone,
-    /// The leader could not confirm the heartbeat in time.
-    Failed(Box<NodeError>),
+impl Claims {
+    fn position(&self, name: &str) -> Option<usize> {
+        self.0.iter().position(|(n, _)| n == name)
+    }
+
+    fn get(&self, name: &str) -> Option<&Claim> {
+        self.position(name).map(|i| &self.0[i].1)
+    }
+
+    fn get_mut(&mut self, name: &str) -> Option<&mut Claim> {
+        self.position(name).map(|i| &mut self.0[i].1)
+    }
+
+    fn insert(&mut self, name: String, claim: Claim) {
+        match self.position(&name) {
+            Some(i) => self.0[i].1 = claim,
+            None => {
+                // Room for one at first: a list's first growth makes room for four, where most sessions hold one.
+                if self.0.is_empty() {
+                    self.0.reserve_exact(1);
+                }
+                self.0.push((name, claim))
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &str) -> Option<Claim> {
+        self.position(name).map(|i| self.0.swap_remove(i).1)
+    }
 }
 
+/// Where a stream's events wait for the client, [`SESSION_OUTBOX`] at most. A stream keeps it for as long as
+/// its session is open, so it is futures' channel, about 250 bytes where tokio's keeps 800 (its cache-padded
+/// ends and a first block of 32 slots), and the events are boxed.
+pub type Outbox = futures_channel::mpsc::Sender<Box<Result<SessionEvent, Status>>>;
+
+/// A session's stream, attached to its session. Boxed, and the task that serves it holds little else: it
+/// lives as long as the session's stream, and an async function keeps its arguments and every future it
+/// awaits in place (at 2.7 KiB a stream, this task was the largest part of a session's memory on the node
+/// holding its stream).
 struct SessionStream {
     api: Arc<Api>,
     /// The tenant's namespace: names in `claims` are stored names; events show the client's names.
     scope: auth::Scope,
     id: SessionId,
-    claims: BTreeMap<String, Claim>,
+    claims: Claims,
     tx: Outbox,
+    inbound: Streaming<SessionRequest>,
+    notes: Notes,
     /// When this stream last told the node's load how late its client sees its heartbeats: once a
     /// `load::WINDOW` at most, so that no client counts for more than one session.
     late_told: Option<tokio::time::Instant>,
 }
 
-/// A stream attached to its session: what [`attach`] gives [`SessionStream::run`].
-type Attached = (SessionStream, Notes, v1::Opened, Option<SessionView>);
-
-pub async fn serve_session(
-    api: Arc<Api>,
-    scope: auth::Scope,
-    mut inbound: Streaming<SessionRequest>,
-    tx: &Outbox,
-) -> Result<(), Status> {
-    let first = inbound.message().await.map_err(|status| malformed(&status).unwrap_or(status))?.and_then(|m| m.kind);
-    // Boxed, as are the stream's rarer requests (`SessionStream::run`): a stream's task lives as long as its
-    // session, and is as large as the largest future it awaits in place.
-    let (stream, mut notes, opened, resumed) = Box::pin(attach(&api, scope, first, tx)).await?;
-    let id = stream.id;
-    tracing::debug!(session = id, resumed = resumed.is_some(), "session stream attached");
-    let result = stream.run(&mut inbound, &mut notes, opened, resumed).await;
-    drop(notes);
-    api.detach(id);
-    result
+impl Drop for SessionStream {
+    /// Detaches the stream from its session, however it ended (its task may be dropped unfinished).
+    fn drop(&mut self) {
+        self.notes.close();
+        self.api.detach(self.id);
+    }
 }
 
-/// Opens or resumes the session a stream's first request names, and attaches the stream to it.
-async fn attach(
-    api: &Arc<Api>,
-    scope: auth::Scope,
-    first: Option<RequestKind>,
-    tx: &Outbox,
-) -> Result<Attached, Status> {
-    Ok(match first {
+/// What a session stream's task starts from.
+pub struct Start {
+    pub api: Arc<Api>,
+    pub scope: auth::Scope,
+    pub inbound: Streaming<SessionRequest>,
+    /// Where the stream's events wait for the client; the stream's end, if it ends in error, too.
+    pub tx: Outbox,
+}
+
+/// Serves a session stream from its first request to its end.
+pub async fn serve_session(start: Box<Start>) {
+    let tx = start.tx.clone();
+    // Boxed, as are the stream's rarer requests (`SessionStream::run`): the task lives as long as the
+    // session's stream, and is as large as the largest future it awaits in place.
+    let result = match Box::pin(attach(start)).await {
+        Ok(stream) => stream.run().await,
+        Err(status) => Err(status),
+    };
+    if let Err(status) = result {
+        // Without waiting in place, for the same reason: only a client that leaves its events unread waits.
+        queue(tx, Box::new(Err(status)));
+    }
+}
+
+/// Puts `event` in the outbox without waiting in place, from a heartbeat's batch or a stream's end: only a
+/// client that leaves [`SESSION_OUTBOX`] events unread waits for room, in a task of its own.
+fn queue(mut tx: Outbox, event: Box<Result<SessionEvent, Status>>) {
+    if let Err(e) = tx.try_send(event) {
+        if e.is_full() {
+            let event = e.into_inner();
+            tokio::spawn(async move {
+                if std::future::poll_fn(|cx| tx.poll_ready(cx)).await.is_ok() {
+                    let _ = tx.start_send(event);
+                }
+            });
+        }
+    }
+}
+
+/// Opens or resumes the session a stream's first request names, attaches the stream to it, and tells the
+/// client so.
+async fn attach(start: Box<Start>) -> Result<Box<SessionStream>, Status> {
+    let Start { api, scope, mut inbound, tx } = *start;
+    let first = inbound.message().await.map_err(|status| malformed(&status).unwrap_or(status))?.and_then(|m| m.kind);
+    let (mut stream, opened, resumed) = match first {
         Some(RequestKind::Open(open)) => {
             let owner = or_anonymous(open.owner);
             locks::check_owner(&owner)?;
-            locks::check_ttl(api, open.lease_ms)?;
+            locks::check_ttl(&api, open.lease_ms)?;
             api.admit_session()?;
             let owner = scope.inner(&owner);
             let written =
@@ -126,11 +183,10 @@ async fn attach(
                 (other, _) => return Err(ApiError::unexpected(other).into()),
             };
             api.wait_applied(written.index).await.map_err(ApiError::from)?;
-            let notes = { api.attach(id) };
-            let stream =
-                SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone(), late_told: None };
+            let notes = api.attach(id);
             let opened = v1::Opened { session_id: id, lease_ms: open.lease_ms, secret: secret.to_string() };
-            (stream, notes, opened, None)
+            let claims = Claims::default();
+            (SessionStream { api, scope, id, claims, tx, inbound, notes, late_told: None }, opened, None)
         }
         Some(RequestKind::Resume(resume)) => {
             let id = resume.session_id;
@@ -161,18 +217,21 @@ async fn attach(
                 return Err(ApiError::SessionGone { id }.into());
             };
             let notes = attached?;
-            let mut stream =
-                SessionStream { api: api.clone(), scope, id, claims: BTreeMap::new(), tx: tx.clone(), late_told: None };
-            stream.adopt(&view);
             let opened = v1::Opened { session_id: id, lease_ms: view.lease_ms, secret: String::new() };
-            (stream, notes, opened, Some(view))
+            let claims = Claims::default();
+            let mut stream = SessionStream { api, scope, id, claims, tx, inbound, notes, late_told: None };
+            stream.adopt(&view);
+            (stream, opened, Some(view))
         }
         _ => {
             return Err(
                 ApiError::invalid("invalid-session", "a session stream starts with Open or Resume".into()).into()
             )
         }
-    })
+    };
+    tracing::debug!(session = stream.id, resumed = resumed.is_some(), "session stream attached");
+    stream.greet(opened, resumed).await?;
+    Ok(Box::new(stream))
 }
 
 /// The secret a `Resume` presents: 32 hex digits. Missing is refused as a wrong secret would be (a client
@@ -188,7 +247,7 @@ fn resume_secret(text: &str) -> Result<SessionSecret, ApiError> {
 impl SessionStream {
     /// Takes the session's claims from `view` (on resume).
     fn adopt(&mut self, view: &SessionView) {
-        self.claims.clear();
+        self.claims = Claims::default();
         for grant in &view.holds {
             self.claims.insert(grant.name.clone(), Claim { token: grant.token, fence: Some(grant.fence) });
         }
@@ -198,55 +257,50 @@ impl SessionStream {
     }
 
     /// Sends `event`, with names, owners and details as the client knows them.
-    async fn send(&self, event: Result<SessionEvent, Status>) -> Result<(), Status> {
+    async fn send(&mut self, event: Result<SessionEvent, Status>) -> Result<(), Status> {
         let event = event.map(|mut e| {
             if let Some(EventKind::Acquired(acquired)) = &mut e.kind {
                 acquired.fence = self.api.told_fence(acquired.fence);
             }
             outer_event(&self.scope, e)
         });
-        self.tx.send(Box::new(event)).await.map_err(|_| Status::cancelled("the client went away"))
+        let gone = |_| Status::cancelled("the client went away");
+        std::future::poll_fn(|cx| self.tx.poll_ready(cx)).await.map_err(gone)?;
+        self.tx.start_send(Box::new(event)).map_err(gone)
     }
 
-    async fn run(
-        mut self,
-        inbound: &mut Streaming<SessionRequest>,
-        notes: &mut Notes,
-        opened: v1::Opened,
-        resumed: Option<SessionView>,
-    ) -> Result<(), Status> {
-        Box::pin(self.greet(opened, resumed)).await?;
-        let (beats_tx, mut beats) = mpsc::unbounded_channel::<Beat>();
+    /// Serves the stream's requests and its session's notes until the stream or the session ends.
+    async fn run(mut self: Box<Self>) -> Result<(), Status> {
         loop {
             tokio::select! {
-                message = inbound.message() => match message {
+                message = self.inbound.message() => match message {
                     // Heartbeats, most of what a stream hears, are handled in place; the rest in a box.
                     Ok(Some(SessionRequest { kind: Some(RequestKind::Heartbeat(beat)) }))
-                        if self.api.scope_valid(&self.scope) => self.heartbeat(beat, &beats_tx),
+                        if self.api.scope_valid(&self.scope) => self.heartbeat(beat),
                     Ok(Some(SessionRequest { kind: Some(kind) })) => {
-                        if Box::pin(self.handle(kind, &beats_tx)).await? {
+                        if Box::pin(self.handle(kind)).await? {
                             return Ok(());
                         }
                     }
                     Ok(Some(SessionRequest { kind: None })) => {
                         let e = ApiError::invalid("invalid-session", "an empty session request".into());
-                        self.send(session_error("", &e)).await?;
+                        Box::pin(self.send(session_error("", &e))).await?;
                     }
                     // The client went away: the session lives until its lease runs out, or is resumed. So it
                     // does after a message that does not decode, but that stream ends as bad input.
                     Ok(None) => return Ok(()),
                     Err(status) => return malformed(&status).map_or(Ok(()), Err),
                 },
-                note = notes.recv() => match note {
-                    Some(note) => Box::pin(self.note(*note)).await?,
+                note = self.notes.recv() => match note.map(|note| *note) {
+                    Some(SessionNote::Gone) => return Box::pin(self.gone()).await,
+                    // No acknowledgement: the client's own clock decides when its lease is lost.
+                    Some(SessionNote::HeartbeatFailed(e)) => {
+                        Box::pin(self.send(session_error("", &ApiError::from(e)))).await?
+                    }
+                    Some(note) => Box::pin(self.note(note)).await?,
                     // Another stream on this node attached the same session (the client resumed it here):
                     // this one must not go on acting for it.
                     None => return Err(Status::aborted("the session was resumed on another stream")),
-                },
-                Some(beat) = beats.recv() => match beat {
-                    Beat::Gone => return Box::pin(self.gone()).await,
-                    // No acknowledgement: the client's own clock decides when its lease is lost.
-                    Beat::Failed(e) => Box::pin(self.send(session_error("", &ApiError::from(*e)))).await?,
                 },
             }
         }
@@ -256,8 +310,8 @@ impl SessionStream {
     /// heartbeat batch acknowledges it straight to the outbox (`Router::heartbeat`), so that a slow write on
     /// the stream never delays an acknowledgement. How late the client says it sees its heartbeats goes to
     /// the node's load, once a window at most (`Api::client_late`).
-    fn heartbeat(&mut self, beat: v1::Heartbeat, beats: &mpsc::UnboundedSender<Beat>) {
-        let (seq, api, beats, tx) = (beat.seq, self.api.clone(), beats.clone(), self.tx.clone());
+    fn heartbeat(&mut self, beat: v1::Heartbeat) {
+        let (seq, api, tell, tx) = (beat.seq, self.api.clone(), self.notes.teller(), self.tx.clone());
         let received = tokio::time::Instant::now();
         if beat.late_ms > 0 && self.late_told.is_none_or(|told| received >= told + crate::load::WINDOW) {
             self.late_told = Some(received);
@@ -268,25 +322,16 @@ impl SessionStream {
             Box::new(move |reply| match reply {
                 Ok(Some((held, waiting))) => {
                     api.metrics().heartbeat_duration.observe(received.elapsed().as_secs_f64());
-                    let ack = Box::new(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting })));
-                    // Without waiting, on the batch's task: only a client that leaves 256 events unread
-                    // waits for room, in a task of its own.
-                    if let Err(mpsc::error::TrySendError::Full(ack)) = tx.try_send(ack) {
-                        tokio::spawn(async move { tx.send(ack).await });
-                    }
+                    queue(tx, Box::new(event(EventKind::HeartbeatAck(v1::HeartbeatAck { seq, held, waiting }))));
                 }
-                Ok(None) => {
-                    let _ = beats.send(Beat::Gone);
-                }
-                Err(e) => {
-                    let _ = beats.send(Beat::Failed(Box::new(e)));
-                }
+                Ok(None) => tell(SessionNote::Gone),
+                Err(e) => tell(SessionNote::HeartbeatFailed(e)),
             }),
         );
     }
 
     /// Tells the client its session is open and, if it resumed it, what it holds and waits for.
-    async fn greet(&self, opened: v1::Opened, resumed: Option<SessionView>) -> Result<(), Status> {
+    async fn greet(&mut self, opened: v1::Opened, resumed: Option<SessionView>) -> Result<(), Status> {
         self.send(event(EventKind::Opened(opened))).await?;
         let Some(view) = resumed else { return Ok(()) };
         for grant in &view.holds {
@@ -304,14 +349,14 @@ impl SessionStream {
     }
 
     /// Handles one request. True when the stream is done (the session closed).
-    async fn handle(&mut self, kind: RequestKind, beats: &mpsc::UnboundedSender<Beat>) -> Result<bool, Status> {
+    async fn handle(&mut self, kind: RequestKind) -> Result<bool, Status> {
         if !self.api.scope_valid(&self.scope) {
             // The key was revoked: the session ends now, handing its locks over, rather than at its lease.
             let _ = self.api.write(Request::CloseSession { id: self.id }).await;
             return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() }.into());
         }
         match kind {
-            RequestKind::Heartbeat(beat) => self.heartbeat(beat, beats),
+            RequestKind::Heartbeat(beat) => self.heartbeat(beat),
             RequestKind::Acquire(acquire) => {
                 let checked = locks::check_name(&acquire.name)
                     .and_then(|()| locks::check_value(&acquire.value))
@@ -451,6 +496,8 @@ impl SessionStream {
                 claim.fence = Some(grant.fence);
                 self.send(acquired(&grant.name, grant.fence, grant.token, grant.value)).await
             }
+            // Handled by `run`.
+            SessionNote::Gone | SessionNote::HeartbeatFailed(_) => Ok(()),
             SessionNote::Ended { name, fence } => {
                 if self.claims.get(&name).is_some_and(|c| c.fence == Some(fence)) {
                     self.claims.remove(&name);
@@ -464,7 +511,9 @@ impl SessionStream {
 
     /// The session is gone (expired or closed elsewhere): every lock it held is lost; the stream ends.
     async fn gone(&mut self) -> Result<(), Status> {
-        for (name, claim) in std::mem::take(&mut self.claims) {
+        let mut claims = std::mem::take(&mut self.claims).0;
+        claims.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        for (name, claim) in claims {
             if claim.fence.is_some() {
                 self.send(event(EventKind::Lost(v1::Lost { name, reason: "session-gone".into() }))).await?;
             }
