@@ -174,9 +174,10 @@ impl Api {
         fence
     }
 
-    /// Applies `request` through the leader ([`Router::write`]).
-    pub async fn write(&self, request: Request) -> Result<Written, NodeError> {
-        self.route.write(request).await
+    /// Applies `request` through the leader ([`Router::write`]). Not an async fn of its own: a caller waiting
+    /// for its write holds [`Router::write`]'s future alone, not a second copy of the request around it.
+    pub fn write(&self, request: Request) -> impl std::future::Future<Output = Result<Written, NodeError>> + Send + '_ {
+        self.route.write(request)
     }
 
     /// Keeps session `id` alive through the leader, and calls `beaten` with the answer

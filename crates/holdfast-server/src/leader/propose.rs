@@ -33,9 +33,9 @@ impl Leader {
         let (cmd, token, secret) = self.command(request);
         let (index, response) = match cmd.batchable() {
             true => self.proposer.propose(cmd).await?,
-            // Boxed: openraft's client write is a large future, and the batchable commands, the common
-            // ones, would carry its size inline too.
-            false => Box::pin(self.appender.propose_command(cmd)).await?,
+            // In a box, once a place is free (`Appender::propose_alone`): openraft's client write is a large
+            // future, and the batchable commands, the common ones, would carry its size inline too.
+            false => self.appender.propose_alone(cmd).await?,
         };
         Ok(Written { index, response, token, secret })
     }

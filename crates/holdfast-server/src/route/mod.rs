@@ -133,7 +133,8 @@ impl Router {
     /// would.
     pub async fn write(self: &Arc<Self>, request: Request) -> Result<Written, NodeError> {
         if !self.writes_in_batches() {
-            return self.write_alone(request).await;
+            // Boxed: a lone write's future is a kilobyte, and a batched one, the common case, would carry it.
+            return Box::pin(self.write_alone(request)).await;
         }
         // Each batch's future boxed: it holds the lone writes it may fall back to, each as deep as a write.
         self.gathered(

@@ -6,6 +6,7 @@
 //! When the stream breaks, the session lives on until its lease runs out; the client may resume it through
 //! any node.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ use crate::api::error::ApiError;
 use crate::api::{locks, Api};
 use crate::apply::events::{Notes, SessionNote};
 use crate::front::proto::holder;
-use crate::peer::protocol::{NodeError, Request};
+use crate::peer::protocol::{NodeError, Request, Written};
 
 /// Events a session stream may have queued for a slow client before the node stops reading its requests.
 pub const SESSION_OUTBOX: usize = 256;
@@ -256,6 +257,13 @@ impl SessionStream {
         }
     }
 
+    /// Writes `request` through the leader, in a box: a stream waits for its write (a close, above all: a
+    /// fleet that stops closes every session at once) in a future that holds just the box, not the write's
+    /// kilobyte.
+    fn write(&self, request: Request) -> Pin<Box<impl Future<Output = Result<Written, NodeError>> + Send + '_>> {
+        Box::pin(self.api.write(request))
+    }
+
     /// Sends `event`, with names, owners and details as the client knows them.
     async fn send(&mut self, event: Result<SessionEvent, Status>) -> Result<(), Status> {
         let event = event.map(|mut e| {
@@ -348,11 +356,13 @@ impl SessionStream {
         Ok(())
     }
 
-    /// Handles one request. True when the stream is done (the session closed).
+    /// Handles one request. True when the stream is done (the session closed). What it awaits is boxed, each
+    /// in its own box: a stream waits here as long as its write takes (a fleet that stops closes every
+    /// session at once), and this future then holds only the one it waits for.
     async fn handle(&mut self, kind: RequestKind) -> Result<bool, Status> {
         if !self.api.scope_valid(&self.scope) {
             // The key was revoked: the session ends now, handing its locks over, rather than at its lease.
-            let _ = self.api.write(Request::CloseSession { id: self.id }).await;
+            let _ = self.write(Request::CloseSession { id: self.id }).await;
             return Err(ApiError::Unauthenticated { detail: "the API key was revoked".into() }.into());
         }
         match kind {
@@ -363,30 +373,31 @@ impl SessionStream {
                     .and_then(|()| locks::check_lock_delay(&self.api, acquire.lock_delay_ms))
                     .and_then(|_| locks::check_limit(acquire.limit.max(1)));
                 match checked {
-                    Err(e) => self.send(session_error(&acquire.name, &e)).await?,
+                    Err(e) => Box::pin(self.send(session_error(&acquire.name, &e))).await?,
                     Ok(_) => {
-                        self.acquire(v1::SessionAcquire { name: self.scope.inner(&acquire.name), ..acquire }).await?
+                        let acquire = v1::SessionAcquire { name: self.scope.inner(&acquire.name), ..acquire };
+                        Box::pin(self.acquire(acquire)).await?
                     }
                 }
             }
             RequestKind::SetValue(set) => {
                 match locks::check_name(&set.name).and_then(|()| locks::check_value(&set.value)) {
-                    Err(e) => self.send(session_error(&set.name, &e)).await?,
-                    Ok(()) => self.set_value(self.scope.inner(&set.name), set.value).await?,
+                    Err(e) => Box::pin(self.send(session_error(&set.name, &e))).await?,
+                    Ok(()) => Box::pin(self.set_value(self.scope.inner(&set.name), set.value)).await?,
                 }
             }
             RequestKind::Release(release) => match locks::check_name(&release.name) {
-                Err(e) => self.send(session_error(&release.name, &e)).await?,
-                Ok(()) => self.release(self.scope.inner(&release.name)).await?,
+                Err(e) => Box::pin(self.send(session_error(&release.name, &e))).await?,
+                Ok(()) => Box::pin(self.release(self.scope.inner(&release.name))).await?,
             },
             RequestKind::Close(_) => {
-                let written = self.api.write(Request::CloseSession { id: self.id }).await.map_err(ApiError::from)?;
+                let written = self.write(Request::CloseSession { id: self.id }).await.map_err(ApiError::from)?;
                 tracing::debug!(session = self.id, outcome = ?written.outcome(), "session closed");
                 return Ok(true);
             }
             RequestKind::Open(_) | RequestKind::Resume(_) => {
                 let e = ApiError::invalid("invalid-session", "the session is already open on this stream".into());
-                self.send(session_error("", &e)).await?;
+                Box::pin(self.send(session_error("", &e))).await?;
             }
         }
         Ok(false)
@@ -396,7 +407,7 @@ impl SessionStream {
         let Some(Claim { token, fence: Some(_) }) = self.claims.get(&name) else {
             return self.send(session_error(&name, &ApiError::NotHolder { name: name.clone() })).await;
         };
-        match self.api.write(Request::SetValue { name: name.clone(), token: *token, value }).await {
+        match self.write(Request::SetValue { name: name.clone(), token: *token, value }).await {
             Ok(written) => match written.outcome().clone() {
                 Outcome::ValueSet(grant) => {
                     let set = v1::ValueSet { name, fence: grant.fence, value: grant.value };
@@ -424,10 +435,10 @@ impl SessionStream {
         }
         let limit = limit.max(1);
         let request = Request::SessionAcquire { id: self.id, name: name.clone(), wait, value, lock_delay_ms, limit };
-        let written = match self.api.write(request).await {
+        let written = match self.write(request).await {
             Ok(written) => written,
             // The outcome is unknown: learn from the leader what the session has now.
-            Err(e) => return self.resync(&name, e).await,
+            Err(e) => return Box::pin(self.resync(&name, e)).await,
         };
         match written.outcome().clone() {
             Outcome::Granted(grant) => {
@@ -443,7 +454,7 @@ impl SessionStream {
             Outcome::Busy { holder: h } => {
                 self.send(event(EventKind::Busy(v1::Busy { name, holder: Some(holder(&h)) }))).await
             }
-            Outcome::Rejected(holdfast_core::Reject::NoSession(_)) => self.gone().await,
+            Outcome::Rejected(holdfast_core::Reject::NoSession(_)) => Box::pin(self.gone()).await,
             Outcome::Rejected(reject) => self.send(session_error(&name, &ApiError::from(reject))).await,
             other => self.send(session_error(&name, &ApiError::unexpected(other))).await,
         }
@@ -476,7 +487,7 @@ impl SessionStream {
             return self.send(session_error(&name, &ApiError::NotHolder { name: name.clone() })).await;
         };
         // Cancel both releases a hold (handing it to the next waiter in the same entry) and leaves a queue.
-        match self.api.write(Request::Cancel { name: name.clone(), token: claim.token }).await {
+        match self.write(Request::Cancel { name: name.clone(), token: claim.token }).await {
             Ok(_) => self.send(event(EventKind::Released(v1::Released { name }))).await,
             Err(e) => {
                 self.claims.insert(name.clone(), claim);
