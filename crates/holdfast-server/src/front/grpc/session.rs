@@ -101,8 +101,8 @@ pub type Outbox = futures_channel::mpsc::Sender<Box<Result<SessionEvent, Status>
 
 /// A session's stream, attached to its session. Boxed, and the task that serves it holds little else: it
 /// lives as long as the session's stream, and an async function keeps its arguments and every future it
-/// awaits in place (at 2.7 KiB a stream, this task was the largest part of a session's memory on the node
-/// holding its stream).
+/// awaits in place (at 2.2 KiB a stream, this task was the largest part of a session's memory on the node
+/// holding its stream; docs/perf-notes/2026-12-06-a-session-in-2-kib.md).
 struct SessionStream {
     api: Arc<Api>,
     /// The tenant's namespace: names in `claims` are stored names; events show the client's names.
@@ -257,9 +257,8 @@ impl SessionStream {
         }
     }
 
-    /// Writes `request` through the leader, in a box: a stream waits for its write (a close, above all: a
-    /// fleet that stops closes every session at once) in a future that holds just the box, not the write's
-    /// kilobyte.
+    /// Writes `request` through the leader, in a box: a stream waits for its write in a future that holds just
+    /// the box, not the write's kilobyte (see [`SessionStream::handle`]).
     fn write(&self, request: Request) -> Pin<Box<impl Future<Output = Result<Written, NodeError>> + Send + '_>> {
         Box::pin(self.api.write(request))
     }
