@@ -967,14 +967,16 @@ mod tests {
         assert!(parse(&["holdfast", "server", "--join", "--members", "1=h1:7071"]).is_err());
     }
 
+    /// `holdfast server FLAG`'s arguments, or clap's error as text.
+    fn server_with(flag: &str) -> Result<Box<ServerArgs>, String> {
+        let cli = Cli::try_parse_from(["holdfast", "server", flag]).map_err(|e| e.to_string())?;
+        let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
+        Ok(args)
+    }
+
     #[test]
     fn worker_threads_are_a_count_from_1_to_1024() {
-        let threads = |value: &str| {
-            let flag = format!("--worker-threads={value}");
-            let cli = Cli::try_parse_from(["holdfast", "server", flag.as_str()]).map_err(|e| e.to_string())?;
-            let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
-            Ok::<_, String>(args.worker_threads)
-        };
+        let threads = |value: &str| server_with(&format!("--worker-threads={value}")).map(|args| args.worker_threads);
         assert_eq!(threads("1"), Ok(Some(1)));
         assert_eq!(threads("1024"), Ok(Some(1024)));
         for bad in ["0", "1025", "-1", "two", ""] {
@@ -988,12 +990,7 @@ mod tests {
 
     #[test]
     fn overload_busy_is_a_share_above_0_and_at_most_1() {
-        let busy = |value: &str| {
-            let flag = format!("--overload-busy={value}");
-            let cli = Cli::try_parse_from(["holdfast", "server", flag.as_str()]).map_err(|e| e.to_string())?;
-            let Commands::Server(args) = cli.command else { panic!("parsed as the server command") };
-            Ok::<_, String>(args.overload_busy)
-        };
+        let busy = |value: &str| server_with(&format!("--overload-busy={value}")).map(|args| args.overload_busy);
         assert_eq!(busy("0.75"), Ok(0.75));
         assert_eq!(busy("1"), Ok(1.0));
         for bad in ["0", "1.5", "-0.2", "NaN", "most", ""] {
