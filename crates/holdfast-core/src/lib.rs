@@ -20,6 +20,6 @@ pub mod state;
 
 pub use command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
 pub use state::{
-    Applied, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject, SessionView, SessionWait, SnapshotError,
-    WaiterView,
+    Applied, Ended, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject, SessionView, SessionWait,
+    SnapshotError, WaiterView,
 };

@@ -255,6 +255,15 @@ pub struct SessionWait {
     pub holder: HolderView,
 }
 
+/// A hold an entry ended (released, expired, closed with its session, or a lock-delay run out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub name: String,
+    pub fence: u64,
+    /// The session that held it, if it was a session's live hold: the node it is attached to tells it.
+    pub session: Option<SessionId>,
+}
+
 /// Everything one entry did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
@@ -264,8 +273,8 @@ pub struct Applied {
     pub outcome: Outcome,
     /// Every grant the entry made: the proposer's and any hand-overs, in order.
     pub grants: Vec<Grant>,
-    /// Every hold the entry ended, by name and fence, in order.
-    pub ended: Vec<(String, u64)>,
+    /// Every hold the entry ended, in order.
+    pub ended: Vec<Ended>,
     /// Every waiter the entry removed from a queue without granting it, by name and token.
     pub dropped: Vec<(String, Token)>,
     /// Every lock-delay the entry began: the lock, the fence of the hold that expired, and the delay in ms.
@@ -1280,8 +1289,12 @@ impl LockState {
         let (at, index) = (self.now_ms, self.applied_index);
         let lock = lock_mut(&mut self.locks, name).expect("ending a hold on an existing lock");
         let holder = lock.place(fence).map(|i| &mut lock.holders[i]).expect("ending an existing hold");
-        applied.ended.push((name.to_owned(), fence));
-        if let Lease::Session(id) = holder.lease {
+        let session = match holder.lease {
+            Lease::Session(id) => Some(id),
+            _ => None,
+        };
+        applied.ended.push(Ended { name: name.to_owned(), fence, session });
+        if let Some(id) = session {
             self.sessions.get_mut(&id).expect("a holder's session is open").claims.remove(name);
         }
         let delay = holder.lock_delay_ms;

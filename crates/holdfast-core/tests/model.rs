@@ -22,7 +22,7 @@ use holdfast_core::limits::{
     self, FREED_KEEP_MS, LOCK_DELAY_MS_MAX, SEMAPHORE_LIMIT_MAX, TTL_MS_MAX, TTL_MS_MIN, VALUE_LEN_MAX,
 };
 use holdfast_core::{
-    Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
+    Acquire, Applied, Command, Ended, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
     SessionId, SessionSecret, SessionWait, Token, WaiterView,
 };
 use proptest::prelude::*;
@@ -138,7 +138,7 @@ struct Model {
 #[derive(Default)]
 struct Effects {
     grants: Vec<Grant>,
-    ended: Vec<(String, u64)>,
+    ended: Vec<Ended>,
     dropped: Vec<(String, Token)>,
     delayed: Vec<(String, u64, u64)>,
 }
@@ -541,7 +541,11 @@ impl Model {
     /// entry granted the lock already.
     fn end_hold(&mut self, name: &str, fence: u64, ending: &[SessionId], expired: bool, fx: &mut Effects) {
         let now = self.now_ms;
-        fx.ended.push((name.to_owned(), fence));
+        let session = match self.place_mut(name, fence).lease {
+            Lease::Session(id) => Some(id),
+            _ => None,
+        };
+        fx.ended.push(Ended { name: name.to_owned(), fence, session });
         let delay = self.place_mut(name, fence).lock_delay_ms;
         let free_at_ms = if expired && delay > 0 {
             fx.delayed.push((name.to_owned(), fence, delay));
@@ -1205,7 +1209,7 @@ impl Seen {
         self.kept += usize::from(applied.delayed.iter().any(|(_, _, delay)| *delay == 0));
         let twice = |names: Vec<&str>| names.iter().enumerate().any(|(i, n)| names[..i].contains(n));
         if let Command::Expire(e) = cmd {
-            let ended = applied.ended.iter().map(|(name, _)| name.as_str()).collect();
+            let ended = applied.ended.iter().map(|ended| ended.name.as_str()).collect();
             self.places_expired_together += usize::from(twice(ended));
             let ending = |h: &MHolder| matches!(h.lease, Lease::Session(id) if e.sessions.contains(&id));
             let held = before.places().filter(|(_, h)| ending(h)).map(|(name, _)| name).collect();
@@ -1256,8 +1260,8 @@ fn check_fences(
         }
         *fence_max = grant.fence;
     }
-    for (_, fence) in &applied.ended {
-        prop_assert!(*fence < index);
+    for ended in &applied.ended {
+        prop_assert!(ended.fence < index);
     }
     Ok(())
 }

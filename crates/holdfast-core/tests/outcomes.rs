@@ -14,7 +14,7 @@ use holdfast_core::limits::{
     WAITERS_PER_LOCK_MAX, WAIT_MS_MAX,
 };
 use holdfast_core::{
-    Acquire, Applied, Command, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
+    Acquire, Applied, Command, Ended, Entry, Expire, Grant, HolderView, Lease, LockState, LockView, Outcome, Reject,
     SessionId, SessionSecret, SessionView, SnapshotError, Token, WaiterView,
 };
 
@@ -148,6 +148,16 @@ fn only(at_ms: u64, outcome: Outcome) -> Applied {
 
 fn s(x: &str) -> String {
     x.to_owned()
+}
+
+/// The end of a TTL hold (or of a lock-delay) on `name` under `fence`.
+fn ended(name: &str, fence: u64) -> Ended {
+    Ended { name: s(name), fence, session: None }
+}
+
+/// The end of session `id`'s hold on `name` under `fence`.
+fn ended_by(name: &str, fence: u64, id: SessionId) -> Ended {
+    Ended { session: Some(id), ..ended(name, fence) }
 }
 
 // --- observing the state ---
@@ -368,7 +378,7 @@ fn release_hands_the_lock_to_the_first_waiter_in_the_same_entry() {
             at_ms: T0 + 100,
             outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -389,7 +399,7 @@ fn release_without_waiters_frees_the_lock() {
             at_ms: T0 + 10,
             outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -423,7 +433,7 @@ fn hand_over_skips_and_drops_a_waiter_whose_wait_ran_out() {
             at_ms: T0 + 60_001,
             outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![(s("job"), tok(2)), (s("job"), tok(3))],
             delayed: vec![],
         }
@@ -446,7 +456,7 @@ fn hand_over_grants_the_first_waiter_still_waiting() {
             at_ms: T0 + 5_002,
             outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![(s("job"), tok(3))],
             delayed: vec![],
         }
@@ -613,7 +623,7 @@ fn cancel_of_the_holder_releases_and_hands_over() {
             at_ms: T0 + 10,
             outcome: Outcome::Released { name: s("job"), fence: 3 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -654,7 +664,7 @@ fn expire_of_a_due_hold_ends_it_and_hands_over_in_the_same_entry() {
             at_ms: T0 + 30_000,
             outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -686,7 +696,7 @@ fn expire_stamped_before_the_previous_entry_uses_the_previous_time() {
             at_ms: T0 + 30_000,
             outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
             grants: vec![ttl_grant("job", "worker-2", tok(2), 7, T0 + 30_000, 20_000)],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -712,7 +722,7 @@ fn a_renewed_hold_survives_an_expire_that_carries_its_old_deadline() {
             at_ms: T0 + 50_000,
             outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
             grants: vec![ttl_grant("job", "worker-2", tok(2), 8, T0 + 50_000, 20_000)],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -792,7 +802,7 @@ fn expire_of_locks_waiters_and_sessions_in_one_entry() {
                 ttl_grant("a", "worker-3", tok(3), 9, T0 + 100, 100),
                 ttl_grant("b", "worker-5", tok(5), 9, T0 + 100, 100),
             ],
-            ended: vec![(s("a"), 2), (s("b"), 5)],
+            ended: vec![ended("a", 2), ended_by("b", 5, 1)],
             dropped: vec![(s("a"), tok(2))],
             delayed: vec![],
         }
@@ -919,7 +929,7 @@ fn session_try_lock_is_busy_a_session_waits_as_long_as_it_lives_and_asking_again
             at_ms: far,
             outcome: Outcome::Released { name: s("job"), fence: 1 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 1)],
+            ended: vec![ended("job", 1)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -957,7 +967,7 @@ fn close_session_hands_over_every_lock_it_held_and_withdraws_its_waits() {
             at_ms: T0 + 100,
             outcome: Outcome::SessionClosed { id: 1 },
             grants: vec![a.clone(), b.clone()],
-            ended: vec![(s("a"), 3), (s("b"), 4)],
+            ended: vec![ended_by("a", 3, 1), ended_by("b", 4, 1)],
             dropped: vec![(s("c"), tok(13))],
             delayed: vec![],
         }
@@ -1000,7 +1010,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
             at_ms: T0 + 1,
             outcome: Outcome::Released { name: s("a"), fence: 3 },
             grants: vec![a.clone()],
-            ended: vec![(s("a"), 3)],
+            ended: vec![ended_by("a", 3, 1)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -1025,7 +1035,7 @@ fn release_and_cancel_of_session_claims_free_their_place_in_the_session() {
             at_ms: T0 + 3,
             outcome: Outcome::SessionClosed { id: 1 },
             grants: vec![b],
-            ended: vec![(s("b"), 4)],
+            ended: vec![ended_by("b", 4, 1)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -1412,7 +1422,7 @@ fn bug_expire_of_two_sessions_does_not_grant_a_lock_twice_in_one_entry() {
             at_ms: T0 + 10,
             outcome: Outcome::Expired { locks: 0, waiters: 0, sessions: 2 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended_by("job", 3, 1)],
             dropped: vec![(s("job"), tok(21))],
             delayed: vec![],
         }
@@ -1437,7 +1447,7 @@ fn bug_expire_of_a_hold_and_of_its_next_waiters_session_grants_once() {
             at_ms: T0 + 100,
             outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 1 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 2)],
+            ended: vec![ended("job", 2)],
             dropped: vec![(s("job"), tok(21))],
             delayed: vec![],
         }
@@ -1544,7 +1554,7 @@ fn a_batch_applies_its_commands_in_order_under_one_fence() {
                 Outcome::Rejected(Reject::NotHolder { name: s("nope"), holder: None }),
             ]),
             grants: vec![a.clone(), next.clone(), b.clone()],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -1594,7 +1604,7 @@ fn a_group_hands_a_lock_over_then_queues_the_acquires_behind_it() {
                 Outcome::Granted(other.clone()),
             ]),
             grants: vec![next.clone(), other.clone()],
-            ended: vec![(s("job"), 3)],
+            ended: vec![ended("job", 3)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -1858,7 +1868,7 @@ fn an_expired_hold_with_a_lock_delay_leaves_the_lock_ungranted_its_waiters_in_pl
             at_ms: T0 + 10_000,
             outcome: Outcome::Expired { locks: 1, waiters: 0, sessions: 0 },
             grants: vec![],
-            ended: vec![(s("job"), 1)],
+            ended: vec![ended("job", 1)],
             dropped: vec![],
             delayed: vec![(s("job"), 1, 5_000)],
         }
@@ -1939,7 +1949,7 @@ fn a_clean_release_of_a_hold_with_a_lock_delay_hands_over_at_once() {
             at_ms: T0 + 3_000,
             outcome: Outcome::Released { name: s("job"), fence: 1 },
             grants: vec![next.clone()],
-            ended: vec![(s("job"), 1)],
+            ended: vec![ended("job", 1)],
             dropped: vec![],
             delayed: vec![],
         }
@@ -1969,7 +1979,7 @@ fn a_session_that_expires_leaves_a_lock_delay_and_one_that_closes_does_not() {
         state.apply(2, &at(T0 + 1, delayed(session_acquire("job", "svc", tok(1), 7), 1_000)));
         state.apply(3, &at(T0 + 2, acquire("job", "worker-2", tok(2), 10_000, 60_000)));
         let applied = state.apply(4, &at(T0 + 5_000, end.clone()));
-        assert_eq!(applied.ended, vec![(s("job"), 2)], "{end:?}");
+        assert_eq!(applied.ended, vec![ended_by("job", 2, 7)], "{end:?}");
         if delays {
             assert_eq!(applied.delayed, vec![(s("job"), 2, 1_000)]);
             assert_eq!(applied.grants, vec![]);
@@ -2042,7 +2052,7 @@ fn a_semaphore_grants_up_to_its_limit_then_queues_and_hands_a_freed_place_over_i
     let d = ttl_grant("pool", "d", tok(4), 6, T0 + 3, 10_000);
     let expected = Applied {
         grants: vec![d.clone()],
-        ended: vec![(s("pool"), 2)],
+        ended: vec![ended("pool", 2)],
         ..only(T0 + 3, Outcome::Released { name: s("pool"), fence: 2 })
     };
     assert_eq!(released, expected);
@@ -2132,7 +2142,7 @@ fn places_of_one_semaphore_that_run_out_together_are_handed_over_one_entry_at_a_
     let c = ttl_grant("pool", "c", tok(3), 6, t, 5_000);
     let expected = Applied {
         grants: vec![c.clone()],
-        ended: vec![(s("pool"), 1), (s("pool"), 2)],
+        ended: vec![ended("pool", 1), ended("pool", 2)],
         delayed: vec![(s("pool"), 2, 0)],
         ..only(t, Outcome::Expired { locks: 2, waiters: 0, sessions: 0 })
     };
@@ -2168,7 +2178,7 @@ fn sessions_that_expire_together_hand_their_places_over_one_entry_at_a_time_and_
     let four = session_grant("pool", "s", tok(4), 9, T0 + 1_000, 4);
     let expected = Applied {
         grants: vec![four.clone()],
-        ended: vec![(s("pool"), 5), (s("pool"), 6)],
+        ended: vec![ended_by("pool", 5, 1), ended_by("pool", 6, 2)],
         dropped: vec![(s("pool"), tok(3))],
         delayed: vec![],
         ..only(T0 + 1_000, Outcome::Expired { locks: 0, waiters: 0, sessions: 3 })
@@ -2197,7 +2207,7 @@ fn a_group_carries_at_most_one_semaphore_acquire_of_a_lock() {
     let c = ttl_grant("pool", "c", tok(3), 6, T0 + 3, 5_000);
     let queued = Outcome::Queued { position: 2, holder: holder(&ttl_grant("pool", "b", tok(2), 2, T0, 1_000)) };
     let outcomes = vec![Outcome::Released { name: s("pool"), fence: 1 }, queued];
-    let expected = Applied { grants: vec![c], ended: vec![(s("pool"), 1)], ..only(T0 + 3, Outcome::Batch(outcomes)) };
+    let expected = Applied { grants: vec![c], ended: vec![ended("pool", 1)], ..only(T0 + 3, Outcome::Batch(outcomes)) };
     assert_eq!(applied, expected);
     grouped.check_invariants();
 }

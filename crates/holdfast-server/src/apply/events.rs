@@ -17,7 +17,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use futures_util::StreamExt;
-use holdfast_core::{limits, Applied, Command, Expire, Grant, Lease, LockState, LockView, Outcome, SessionId, Token};
+use holdfast_core::{
+    limits, Applied, Command, Ended, Expire, Grant, Lease, LockState, LockView, Outcome, SessionId, Token,
+};
 use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
@@ -133,8 +135,6 @@ struct Inner {
     next_lock_watcher: u64,
     /// Session streams attached to this node.
     streams: BTreeMap<SessionId, NoteSender>,
-    /// Which session holds each session-held lock (name, fence), to route the end of a hold.
-    session_holds: BTreeMap<(String, u64), SessionId>,
     /// TTL holds and lock-delays by name and fence (a semaphore has several), tagged with the fence.
     holds: Deadlines<(String, u64)>,
     /// Sessions, tagged 0.
@@ -164,7 +164,6 @@ struct Rebuilt {
     waiters: Deadlines<Token>,
     waiter_names: BTreeMap<Token, String>,
     sessions: Deadlines<SessionId>,
-    session_holds: BTreeMap<(String, u64), SessionId>,
 }
 
 impl Rebuilt {
@@ -182,14 +181,7 @@ impl Rebuilt {
         let waiters = Deadlines::of(waiter_names.keys().map(|token| (*token, 0, WAITER_LEASE)), now);
         let sessions =
             Deadlines::of(state.sessions().map(|(id, lease_ms)| (id, 0, Duration::from_millis(lease_ms))), now);
-        let session_holds = state
-            .sessions()
-            .flat_map(|(id, _)| {
-                let holds = state.session(id).map(|s| s.holds).unwrap_or_default();
-                holds.into_iter().map(move |grant| ((grant.name, grant.fence), id))
-            })
-            .collect();
-        Rebuilt { holds, waiters, waiter_names, sessions, session_holds }
+        Rebuilt { holds, waiters, waiter_names, sessions }
     }
 }
 
@@ -213,7 +205,6 @@ impl Inner {
         std::mem::swap(&mut self.waiters, &mut rebuilt.waiters);
         std::mem::swap(&mut self.waiter_names, &mut rebuilt.waiter_names);
         std::mem::swap(&mut self.sessions, &mut rebuilt.sessions);
-        std::mem::swap(&mut self.session_holds, &mut rebuilt.session_holds);
         rebuilt
     }
 }
@@ -261,7 +252,8 @@ impl Events {
     fn count(&self, applied: &Applied) {
         let m = &self.metrics;
         m.grants.inc_by(applied.grants.len() as u64);
-        let handovers = applied.grants.iter().filter(|g| applied.ended.iter().any(|(name, _)| *name == g.name)).count();
+        let handovers =
+            applied.grants.iter().filter(|g| applied.ended.iter().any(|ended| ended.name == g.name)).count();
         if handovers > 0 {
             m.handovers.inc_by(handovers as u64);
             // A metric only: the system clock, also under simulation.
@@ -382,7 +374,7 @@ impl Events {
     /// changes (the lock's revision is this entry).
     fn tell_watches(&self, inner: &mut Inner, state: &LockState, index: u64, cmd: &Command, applied: &Applied) {
         let touched = cmd.lock_name().into_iter().chain(applied.grants.iter().map(|g| g.name.as_str()));
-        let touched = touched.chain(applied.ended.iter().map(|(name, _)| name.as_str()));
+        let touched = touched.chain(applied.ended.iter().map(|ended| ended.name.as_str()));
         let mut told = Vec::new();
         for name in touched.chain(applied.dropped.iter().map(|(name, _)| name.as_str())) {
             self.tell_lock_watchers(inner, name);
@@ -554,12 +546,14 @@ impl Events {
 impl Events {
     /// Forgets the holds `applied` ended (telling their sessions) and arms the lock-delays it began.
     fn end_holds(inner: &mut Inner, applied: &Applied, now: Instant) {
-        for (name, fence) in &applied.ended {
-            inner.holds.end(&(name.clone(), *fence), *fence);
-            if let Some(id) = inner.session_holds.remove(&(name.clone(), *fence)) {
-                if let Some(tx) = inner.streams.get(&id) {
-                    let _ = tx.unbounded_send(Box::new(SessionNote::Ended { name: name.clone(), fence: *fence }));
+        for Ended { name, fence, session } in &applied.ended {
+            match session {
+                Some(id) => {
+                    if let Some(tx) = inner.streams.get(id) {
+                        let _ = tx.unbounded_send(Box::new(SessionNote::Ended { name: name.clone(), fence: *fence }));
+                    }
                 }
+                None => inner.holds.end(&(name.clone(), *fence), *fence),
             }
         }
         for (name, fence, delay_ms) in &applied.delayed {
@@ -602,7 +596,6 @@ impl ApplyObserver for Events {
                     inner.holds.set(&key, grant.fence, now, Duration::from_millis(ttl_ms));
                 }
                 Lease::Session(id) => {
-                    inner.session_holds.insert((grant.name.clone(), grant.fence), id);
                     if let Some(tx) = inner.streams.get(&id) {
                         let _ = tx.unbounded_send(Box::new(SessionNote::Granted(grant.clone())));
                     }
@@ -782,6 +775,32 @@ mod tests {
         assert_eq!(*urgent.borrow(), 4, "a hand-over to a session attached here");
     }
 
+    /// The end of a session's hold reaches the stream attached here by the session the entry names, also
+    /// for a state replaced whole since the grant; a TTL hold's end, and a session's attached elsewhere,
+    /// tell nobody.
+    #[tokio::test]
+    async fn the_end_of_a_sessions_hold_is_told_to_its_stream() {
+        let events = Events::default();
+        let mut state = LockState::new();
+        for (id, index) in [(9, 1), (10, 2)] {
+            let secret = holdfast_core::SessionSecret(holdfast_core::Token(1)).digest();
+            apply(&events, &mut state, index, Command::OpenSession { id, owner: "s".into(), lease_ms: 2_000, secret });
+        }
+        apply(&events, &mut state, 3, acquire_by("a", Token(30), 0, Some(9)));
+        apply(&events, &mut state, 4, acquire_by("b", Token(31), 0, Some(10)));
+        apply(&events, &mut state, 5, acquire("c", None));
+        events.restored(&state);
+        let mut notes = events.attach(9);
+        apply(&events, &mut state, 6, Command::Release { name: "c".into(), token: Token(7) });
+        for (index, name, token) in [(7, "b", 31), (8, "a", 30)] {
+            apply(&events, &mut state, index, Command::Cancel { name: name.into(), token: Token(token) });
+        }
+        assert!(["a", "b", "c"].iter().all(|name| state.holder(name).is_none()), "all let go");
+        let note = notes.rx.try_recv().expect("told");
+        assert!(matches!(*note, SessionNote::Ended { ref name, fence: 3 } if name == "a"), "{note:?}");
+        assert!(notes.rx.try_recv().is_err(), "nothing else was told");
+    }
+
     /// Bugs with `no_promotion_grace` as given (which only the `faults` feature can set).
     fn broken_grace(broken: bool) -> Bugs {
         #[cfg(feature = "faults")]
@@ -932,8 +951,6 @@ mod tests {
             let mut names: Vec<&str> = inner.holds.keys().map(|(name, _)| name.as_str()).collect();
             names.sort_unstable();
             assert_eq!(names, ["a", "b"], "the old hold's deadline is gone");
-            let fence = state.holder("s").expect("held by the session").fence;
-            assert_eq!(inner.session_holds.get(&("s".to_owned(), fence)), Some(&session));
         }
         // Everything runs a full lease from the replacement.
         tokio::time::advance(TTL - Duration::from_millis(1)).await;
