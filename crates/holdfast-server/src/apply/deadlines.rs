@@ -28,25 +28,36 @@ use tokio::time::Instant;
 /// however many heartbeats came in between. The map by key is a hash map: at 100,000 sessions a lookup in
 /// an ordered map (17 levels of comparisons, most of them cache misses) was 8 % of the leader's CPU.
 pub struct Deadlines<K> {
+    /// What the times below count from, in nanoseconds (before it, negative): a time in 8 bytes where an
+    /// `Instant` takes 16, so that a session's deadline costs each node 40 bytes in the map by key, not 64.
+    base: Instant,
     by_key: HashMap<K, Deadline>,
-    /// Each key once, at its deadline's `queued` instant.
-    by_time: BTreeSet<(Instant, K)>,
+    /// Each key once, at its deadline's `queued` time.
+    by_time: BTreeSet<(Nanos, K)>,
 }
+
+/// A time as nanoseconds after [`Deadlines::base`], or a duration in nanoseconds.
+type Nanos = i64;
 
 /// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]), its lease, and
 /// where it stands in the time order (`queued`, never after `at`).
 #[derive(Debug, Clone, Copy)]
 struct Deadline {
     tag: u64,
-    at: Instant,
-    lease: Duration,
-    queued: Instant,
+    at: Nanos,
+    lease: Nanos,
+    queued: Nanos,
 }
 
 impl<K> Default for Deadlines<K> {
     fn default() -> Self {
-        Deadlines { by_key: HashMap::new(), by_time: BTreeSet::new() }
+        Deadlines { base: Instant::now(), by_key: HashMap::new(), by_time: BTreeSet::new() }
     }
+}
+
+/// `duration` in nanoseconds (at most about 292 years).
+fn nanos(duration: Duration) -> Nanos {
+    Nanos::try_from(duration.as_nanos()).unwrap_or(Nanos::MAX)
 }
 
 impl<K: Clone + Ord + Hash> Deadlines<K> {
@@ -56,15 +67,28 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
     pub fn of(items: impl IntoIterator<Item = (K, u64, Duration)>, now: Instant) -> Self {
         let by_key: HashMap<K, Deadline> = items
             .into_iter()
-            .map(|(key, tag, lease)| (key, Deadline { tag, at: now + lease, lease, queued: now + lease }))
+            .map(|(key, tag, lease)| {
+                let (lease, at) = (nanos(lease), nanos(lease));
+                (key, Deadline { tag, at, lease, queued: at })
+            })
             .collect();
         let by_time = by_key.iter().map(|(key, deadline)| (deadline.queued, key.clone())).collect();
-        Deadlines { by_key, by_time }
+        Deadlines { base: now, by_key, by_time }
+    }
+
+    /// `t` as nanoseconds after the base.
+    fn since_base(&self, t: Instant) -> Nanos {
+        match t.checked_duration_since(self.base) {
+            Some(after) => nanos(after),
+            None => -nanos(self.base - t),
+        }
     }
 
     /// `key` (tagged `tag`) runs out a full `lease` after `now`.
     pub fn set(&mut self, key: &K, tag: u64, now: Instant, lease: Duration) {
-        self.place(key, Deadline { tag, at: now + lease, lease, queued: now + lease });
+        let (lease, now) = (nanos(lease), self.since_base(now));
+        let at = now.saturating_add(lease);
+        self.place(key, Deadline { tag, at, lease, queued: at });
     }
 
     /// The keys that have a deadline, in no particular order.
@@ -80,11 +104,11 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
         self.by_time.insert((deadline.queued, key.clone()));
     }
 
-    /// When `deadline` runs out, counting the last promotion (at `floor`): at the floor plus its lease if
-    /// that is later.
-    fn effective(deadline: &Deadline, floor: Option<Instant>) -> Instant {
+    /// When `deadline` runs out, counting the last promotion (at `floor`, after the base): at the floor
+    /// plus its lease if that is later.
+    fn effective(deadline: &Deadline, floor: Option<Nanos>) -> Nanos {
         match floor {
-            Some(floor) => deadline.at.max(floor + deadline.lease),
+            Some(floor) => deadline.at.max(floor.saturating_add(deadline.lease)),
             None => deadline.at,
         }
     }
@@ -94,18 +118,20 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
     /// it.
     /// Its place in the time order stays (see [`Deadlines`]).
     pub fn extend(&mut self, key: &K, now: Instant, lease: Duration, floor: Option<Instant>) -> bool {
+        let (now, lease, floor) = (self.since_base(now), nanos(lease), floor.map(|f| self.since_base(f)));
         let Some(deadline) = self.by_key.get_mut(key) else { return false };
         let at = Self::effective(deadline, floor);
         if at <= now {
             return false;
         }
-        (deadline.at, deadline.lease) = (at.max(now + lease), lease);
+        (deadline.at, deadline.lease) = (at.max(now.saturating_add(lease)), lease);
         true
     }
 
     /// Whether `key`'s deadline was set before `floor` (a promotion): it counts from a lease given earlier.
     pub fn set_before(&self, key: &K, floor: Instant) -> bool {
-        self.by_key.get(key).is_some_and(|deadline| deadline.at < floor + deadline.lease)
+        let floor = self.since_base(floor);
+        self.by_key.get(key).is_some_and(|deadline| deadline.at < floor.saturating_add(deadline.lease))
     }
 
     pub fn end(&mut self, key: &K, tag: u64) {
@@ -121,6 +147,7 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
     /// (at `floor`), to their effective time in the time order, so that every deadline queued by `now`
     /// did pass.
     pub fn settle(&mut self, now: Instant, floor: Option<Instant>) {
+        let (now, floor) = (self.since_base(now), floor.map(|f| self.since_base(f)));
         let late: Vec<(K, Deadline)> = self
             .by_time
             .iter()
@@ -139,6 +166,7 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
     /// Keys whose deadline passed by `now`, earliest first, with their tags. Call [`Deadlines::settle`]
     /// with the same `now` first.
     pub fn due(&self, now: Instant) -> impl Iterator<Item = (&K, u64)> + '_ {
+        let now = self.since_base(now);
         self.by_time.iter().take_while(move |(queued, _)| *queued <= now).map(|(_, key)| (key, self.by_key[key].tag))
     }
 }
@@ -146,6 +174,13 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl<K> Deadlines<K> {
+        /// The instant a time in the deadlines is (after the base).
+        fn instant(&self, at: Nanos) -> Instant {
+            self.base + Duration::from_nanos(at.try_into().expect("after the base"))
+        }
+    }
 
     #[test]
     fn a_deadline_moved_by_a_promotion_moves_once_and_still_ends() {
@@ -159,7 +194,7 @@ mod tests {
         let now = t0 + Duration::from_secs(12);
         deadlines.settle(now, floor);
         assert_eq!(deadlines.due(now).count(), 0);
-        let moved: Vec<Instant> = deadlines.by_time.iter().map(|(at, _)| *at).collect();
+        let moved: Vec<Instant> = deadlines.by_time.iter().map(|(at, _)| deadlines.instant(*at)).collect();
         assert_eq!(moved, vec![t0 + Duration::from_secs(15); 3], "each at the floor plus its lease");
         deadlines.settle(now, floor);
         assert_eq!(deadlines.by_time.len(), 3);
@@ -170,6 +205,28 @@ mod tests {
         let later = t0 + Duration::from_secs(15);
         deadlines.settle(later, floor);
         assert_eq!(deadlines.due(later).map(|(key, tag)| (*key, tag)).collect::<Vec<_>>(), [(0, 7), (1, 7)]);
+    }
+
+    /// Deadlines rebuilt after a promotion count times before their base too: the promotion's floor, and a
+    /// `now` moved back by a grace.
+    #[test]
+    fn times_before_the_base_count_as_they_are() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut deadlines: Deadlines<u32> = Deadlines::of([(1, 0, s(10))], t0 + s(20));
+        let floor = Some(t0 + s(15));
+        assert!(deadlines.set_before(&1, t0 + s(21)), "a promotion after the rebuild");
+        assert!(!deadlines.set_before(&1, t0 + s(15)), "the promotion before it");
+        assert_eq!(deadlines.due(t0 + s(5)).count(), 0);
+        // Extended at 25 s for 2 s: the rebuild's lease still holds to 30 s, the floor's only to 25 s.
+        assert!(deadlines.extend(&1, t0 + s(25), s(2), floor));
+        deadlines.settle(t0 + s(30), floor);
+        assert_eq!(deadlines.due(t0 + s(30)).map(|(key, _)| *key).collect::<Vec<_>>(), [1]);
+        deadlines.set(&2, 0, t0 + s(1), s(10));
+        assert_eq!(deadlines.instant(deadlines.by_key[&1].at), t0 + s(30));
+        deadlines.settle(t0 + s(11), None);
+        assert_eq!(deadlines.due(t0 + s(11)).map(|(key, _)| *key).collect::<Vec<_>>(), [2], "set before its base");
+        assert!(!deadlines.extend(&2, t0 + s(11), s(10), None), "passed");
     }
 
     #[test]
@@ -187,7 +244,8 @@ mod tests {
         let now = t0 + s(10);
         deadlines.settle(now, None);
         assert_eq!(deadlines.due(now).map(|(key, _)| *key).collect::<Vec<_>>(), [2], "only the one not extended");
-        assert_eq!(deadlines.by_time.iter().find(|(_, key)| *key == 1).map(|(at, _)| *at), Some(t0 + s(19)));
+        let queued = deadlines.by_time.iter().find(|(_, key)| *key == 1).map(|(at, _)| deadlines.instant(*at));
+        assert_eq!(queued, Some(t0 + s(19)));
         // Ending it under its tag takes it from both orders, wherever it is queued.
         assert!(deadlines.extend(&1, t0 + s(12), lease, None));
         deadlines.end(&1, 0);
