@@ -53,11 +53,12 @@ impl Leader {
         for ids in ids.chunks(EXTENDED_UNDER_ONE_READ) {
             let state = crate::state::read(&self.state);
             applied.get_or_insert(state.applied_index());
+            // Extended from now, after the client sent the heartbeat: the client, counting its lease from
+            // when it sent it, never believes in a lease longer than the leader's.
+            let mut extending = self.events.extending();
             extended.extend(ids.iter().map(|&id| {
                 let (_, lease_ms, holds, waits) = state.session_summary(id)?;
-                // Extended from now, after the client sent the heartbeat: the client, counting its lease
-                // from when it sent it, never believes in a lease longer than the leader's.
-                self.events.extend_session(id, lease_ms).then_some((holds as u32, waits as u32))
+                extending.extend(id, lease_ms).then_some((holds as u32, waits as u32))
             }));
         }
         // Acknowledged only once a quorum round begun after the heartbeats arrived confirms this node still
