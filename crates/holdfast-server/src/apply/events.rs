@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use futures_util::StreamExt;
 use holdfast_core::{
     limits, Applied, Command, Ended, Expire, Grant, Lease, LockState, LockView, Outcome, SessionId, Token,
 };
@@ -24,9 +23,10 @@ use holdfast_store::ApplyObserver;
 use tokio::sync::{mpsc, oneshot};
 
 use super::deadlines::Deadlines;
+use super::notes::NoteSender;
+pub use super::notes::{Notes, SessionNote};
 use crate::faults::Bugs;
 use crate::metrics::{self, Metrics};
-use crate::peer::protocol::NodeError;
 
 /// A one-shot waiter (a long-polling request) is kept in its queue only while the node serving the request
 /// says, at least this often, that it still waits; otherwise its node crashed and the leader withdraws it.
@@ -51,53 +51,6 @@ pub struct LockChange {
 pub enum WatchTarget {
     Lock(String),
     Prefix(String),
-}
-
-/// What a session's stream hears: from applied entries, and from its heartbeats' answers when they could not
-/// simply be acknowledged.
-#[derive(Debug, Clone)]
-pub enum SessionNote {
-    /// The session was granted a lock it waited for.
-    Granted(Grant),
-    /// A hold of the session ended (released, or the session closed or expired).
-    Ended { name: String, fence: u64 },
-    /// A heartbeat found the session gone (expired or closed).
-    Gone,
-    /// The leader could not confirm a heartbeat in time.
-    HeartbeatFailed(NodeError),
-}
-
-/// What a session stream hears of its session, as [`Events::attach`] gives it: one channel for the applied
-/// entries and the heartbeats' answers. A stream keeps it for as long as its session is open, so it is
-/// futures' channel, about 100 bytes (heap-profiled) where tokio's kept 800 (its cache-padded ends and a
-/// first block of 32 slots); the notes are boxed for the same reason.
-pub struct Notes {
-    rx: NoteReceiver,
-    /// Closed by the node's registry when another stream attaches the session ([`Events::attach`]).
-    tell: NoteSender,
-}
-
-type NoteSender = futures_channel::mpsc::UnboundedSender<Box<SessionNote>>;
-type NoteReceiver = futures_channel::mpsc::UnboundedReceiver<Box<SessionNote>>;
-
-impl Notes {
-    /// The next note; `None` once another stream attached the session.
-    pub async fn recv(&mut self) -> Option<Box<SessionNote>> {
-        self.rx.next().await
-    }
-
-    /// Stops the notes: the node's registry sees the stream gone ([`Events::detach`]).
-    pub fn close(&mut self) {
-        self.rx.close();
-    }
-
-    /// Tells the stream `note`, if it is still attached.
-    pub fn teller(&self) -> impl Fn(SessionNote) + Send + 'static {
-        let tell = self.tell.clone();
-        move |note| {
-            let _ = tell.unbounded_send(Box::new(note));
-        }
-    }
 }
 
 /// The node's view of applied entries: watchers and deadlines. Implements [`ApplyObserver`].

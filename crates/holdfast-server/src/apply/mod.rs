@@ -3,12 +3,14 @@
 //! - [`events`]: the apply observer ([`events::Events`]): watchers of grants, session streams, the lease
 //!   deadlines the leader acts on, and the commits a follower may be waiting for.
 //! - [`deadlines`]: those deadlines, ordered by time, with an O(1) promotion.
+//! - [`notes`]: what a session's stream hears of its session ([`notes::Notes`]).
 //!
 //! [`wait_applied`] is how everything above waits for an entry to be applied here. Imports only the
 //! leaves.
 
 pub mod deadlines;
 pub mod events;
+pub mod notes;
 
 use holdfast_store::{SharedState, TypeConfig};
 use openraft::Raft;
