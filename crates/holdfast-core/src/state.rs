@@ -357,7 +357,8 @@ struct Waiter {
 }
 
 /// A lock's holders, ordered by fence: one for a lock, up to its limit for a semaphore. Kept inline for one,
-/// so that a lock costs no allocation more than before semaphores.
+/// so that a lock costs no allocation more than before semaphores; smallvec's `union` layout keeps no tag
+/// beside the inline holder, which puts a lock with its `Arc` in mimalloc's 192-byte class instead of 224.
 type Holders = SmallVec<[Holder; 1]>;
 
 /// A lock (or semaphore) exists while one of its places is held or in its lock-delay ([`Lease::Delayed`]).
