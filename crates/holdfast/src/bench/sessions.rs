@@ -52,8 +52,9 @@ pub struct SessionsArgs {
     /// Sessions per client connection (the server allows 200 streams per connection).
     #[arg(long, default_value_t = 100)]
     pub per_connection: usize,
-    /// Sessions opened at once.
-    #[arg(long, default_value_t = 64)]
+    /// Sessions opened at once. A fleet's clients do not wait for each other; at 64, each opener waiting
+    /// out its open and then its acquire, opening 100,000 took a 2-core host 1.7 times as long as at 256.
+    #[arg(long, default_value_t = 256)]
     pub open_concurrency: usize,
     /// Give up opening more sessions after this long.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
