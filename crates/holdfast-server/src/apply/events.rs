@@ -399,16 +399,10 @@ impl Events {
         inner.waiter_names.remove(token);
     }
 
-    /// Extends session `id`'s lease to a full `lease_ms` from now (the leader, on a heartbeat). False if
-    /// its deadline already passed: a due session may be in an `Expire` on its way, so it is not revived.
-    /// Deciding under the same lock as [`Events::due`] means a heartbeat either extends a session before the
-    /// keeper looks, or finds it past its deadline.
-    pub fn extend_session(&self, id: SessionId, lease_ms: u64) -> bool {
-        self.extending().extend(id, lease_ms)
-    }
-
-    /// Extends sessions as [`Events::extend_session`] does, from one reading of the clock and under one
-    /// hold of the keeper's lock: a heartbeat batch's sessions, a few hundred at a time.
+    /// Extends sessions' leases (the leader, on heartbeats), from one reading of the clock and under one
+    /// hold of the keeper's lock: a heartbeat batch's sessions, a few hundred at a time. Deciding under the
+    /// same lock as [`Events::due`] means a heartbeat either extends a session before the keeper looks, or
+    /// finds it past its deadline.
     pub fn extending(&self) -> Extending<'_> {
         let inner = self.lock();
         Extending { floor: inner.floor, now: Instant::now(), inner }
@@ -530,8 +524,8 @@ pub struct Extending<'a> {
 }
 
 impl Extending<'_> {
-    /// Extends session `id`'s lease to a full `lease_ms` from the clock's reading; false if its deadline
-    /// already passed ([`Events::extend_session`]).
+    /// Extends session `id`'s lease to a full `lease_ms` from the clock's reading. False if its deadline
+    /// already passed: a due session may be in an `Expire` on its way, so it is not revived.
     pub fn extend(&mut self, id: SessionId, lease_ms: u64) -> bool {
         self.inner.sessions.extend(&id, self.now, Duration::from_millis(lease_ms), self.floor)
     }
@@ -815,7 +809,7 @@ mod tests {
                 // The broken variant acts on the follower's stale deadlines.
                 assert_eq!(due_holds(&events, &state), ["a"]);
                 assert_eq!(due_waiters(&events, &state), [waiter]);
-                assert!(!events.extend_session(session, 2_000));
+                assert!(!events.extending().extend(session, 2_000));
                 continue;
             }
             assert!(due_holds(&events, &state).is_empty(), "a full TTL from the promotion");
@@ -825,7 +819,7 @@ mod tests {
             apply(&events, &mut state, 4, acquire("b", None));
             tokio::time::advance(Duration::from_millis(499)).await;
             assert!(due_holds(&events, &state).is_empty());
-            assert!(events.extend_session(session, 2_000), "the session's lease from the promotion has not passed");
+            assert!(events.extending().extend(session, 2_000), "the session's lease from the promotion has not passed");
             tokio::time::advance(Duration::from_millis(1)).await;
             assert_eq!(due_holds(&events, &state), ["a"], "a TTL after the promotion");
             tokio::time::advance(Duration::from_millis(500)).await;
