@@ -1,6 +1,6 @@
 //! A node whose disk changed what it had synced, on a real 3-node cluster: the node finds the damage, says
-//! which file and where, and stays out rather than serve or cut what the cluster committed; the others keep
-//! serving, and no grant is lost.
+//! which file and where, and stays out rather than serve or cut what the cluster committed, until a
+//! member's snapshot replaces a damaged one of its own; the others keep serving, and no grant is lost.
 
 use std::path::{Path, PathBuf};
 
@@ -34,12 +34,10 @@ fn flip(file: &Path, at: impl FnOnce(usize) -> usize) -> Vec<u8> {
     bytes
 }
 
-/// Starts the damaged `follower` again and checks that it stays out of the cluster saying why: `/readyz`
-/// answers 503 with `said` and the name of `file`, as does the line of its log that says it, `/livez` 200
-/// (a restart would find the same damage), `holdfast_storage_refused` 1, and a request 503 problem+json;
-/// then stops it, which exits with an error. Answers the log's line.
-async fn refusal(cluster: &mut Cluster, follower: usize, said: &str, file: &Path) -> String {
-    cluster.respawn(follower);
+/// Waits until the damaged `follower` (started again) says on `/readyz` that its storage refused to open,
+/// with `said` and the name of `file`, and checks it is alive (`/livez` 200), says so in
+/// `holdfast_storage_refused` (1), and answers a request with 503 problem+json.
+async fn says_it_is_out(cluster: &Cluster, follower: usize, said: &str, file: &Path) {
     let name = file.file_name().expect("a file name").to_string_lossy().into_owned();
     let ready = wait_for(EXIT_BOUND, "the damaged follower to say why on /readyz", async || {
         match cluster.try_get(follower, "/readyz").await {
@@ -52,19 +50,43 @@ async fn refusal(cluster: &mut Cluster, follower: usize, said: &str, file: &Path
     .await;
     let body = ready.body.as_str().unwrap_or_default().to_owned();
     assert!(body.contains("storage refused") && body.contains(&name), "/readyz names the damaged file: {body}");
-    assert_eq!(cluster.get(follower, "/livez").await.status, 200, "alive: a restart would find the same damage");
+    assert_eq!(cluster.get(follower, "/livez").await.status, 200, "alive while out");
     assert_eq!(cluster.metric(follower, "holdfast_storage_refused").await, Some(1.0));
     let write = cluster.acquire(follower, "through-the-damaged-node", "holder", "60s").await;
     write.assert_problem(503, "unavailable", "a write through a node whose storage refused to open");
+}
+
+/// The line of node `id`'s log that says `said`; panics with the log's tail if none does.
+fn log_line(cluster: &Cluster, id: usize, said: &str) -> String {
+    let log = cluster.log(id);
+    log.lines().find(|line| line.contains(said)).map(str::to_owned).unwrap_or_else(|| {
+        let tail = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+        panic!("node {id}'s log does not say {said:?}: {tail}")
+    })
+}
+
+/// Starts the damaged `follower` again and checks that it stays out of the cluster saying why
+/// ([`says_it_is_out`]; a restart would find the same damage); then stops it, which exits with an error.
+/// Answers the line of its log that says `said`, which names `file`.
+async fn refusal(cluster: &mut Cluster, follower: usize, said: &str, file: &Path) -> String {
+    cluster.respawn(follower);
+    says_it_is_out(cluster, follower, said, file).await;
     let status = cluster.stop(follower);
     assert!(!status.success(), "the damaged follower exits with an error when stopped: {status}");
-    let log = cluster.log(follower);
-    let refused = log.lines().find(|line| line.contains(said)).map(str::to_owned).unwrap_or_else(|| {
-        let tail = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
-        panic!("the follower's log does not say {said:?}: {tail}")
-    });
+    let refused = log_line(cluster, follower, said);
+    let name = file.file_name().expect("a file name").to_string_lossy().into_owned();
     assert!(refused.contains(&name), "the error names the damaged file: {refused}");
     refused
+}
+
+/// The one snapshot file of the node whose data directory is `data_dir`.
+fn snapshot_file(data_dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(data_dir.join("snapshots"))
+        .expect("read snapshots/")
+        .map(|entry| entry.expect("an entry").path())
+        .collect();
+    let [file] = &files[..] else { panic!("one snapshot file, found {files:?}") };
+    file.clone()
 }
 
 /// The newest log segment of the node whose data directory is `data_dir`, and how many bytes of it were
@@ -106,20 +128,47 @@ async fn a_follower_with_flipped_bits_among_committed_entries_stays_out_naming_t
     assert!(after.fence > newest, "fence {} after {newest}", after.fence);
 }
 
-/// The snapshot file of a stopped follower with bits flipped in its middle: restarted, the follower refuses
-/// to restore it, with an error naming the file, and stays out saying so; the others keep serving every lock.
+/// The snapshot file of a stopped follower with bits flipped in its middle: restarted, the follower finds
+/// the damage (the file's CRC), says so naming the file, fetches a member's current snapshot in its place,
+/// and rejoins: ready, serving every lock granted before under its fence, and a new grant through it gets
+/// a fence above them all. The damaged file is gone.
 #[tokio::test]
-async fn a_follower_with_a_damaged_snapshot_file_stays_out_naming_the_file() {
-    let (mut cluster, leader, follower, grants) = stopped_follower_after_grants("snap").await;
-    let snapshots = cluster.data_dir(follower).join("snapshots");
-    let files: Vec<PathBuf> =
-        std::fs::read_dir(&snapshots).expect("read snapshots/").map(|entry| entry.expect("an entry").path()).collect();
-    let [file] = &files[..] else { panic!("one snapshot file, found {files:?}") };
-    flip(file, |len| len / 2);
+async fn a_follower_with_a_damaged_snapshot_file_fetches_a_members_and_rejoins() {
+    let (mut cluster, _leader, follower, grants) = stopped_follower_after_grants("snap").await;
+    let file = snapshot_file(cluster.data_dir(follower));
+    flip(&file, |len| len / 2);
 
-    refusal(&mut cluster, follower, "the stored snapshot is corrupt", file).await;
+    cluster.restart(follower).await;
+    let found = log_line(&cluster, follower, "the stored snapshot is corrupt");
+    assert!(found.contains(&*file.file_name().unwrap().to_string_lossy()), "the log names the file: {found}");
+    log_line(&cluster, follower, "a member's snapshot replaced the damaged one");
+    assert_eq!(cluster.metric(follower, "holdfast_storage_refused").await, Some(0.0));
+    assert!(!file.exists(), "the damaged file was replaced");
+    cluster.holds(follower, &grants).await;
+    let newest = grants.iter().map(|grant| grant.fence).max().expect("grants");
+    let after = Grant::from_reply(&cluster.acquire(follower, "snap-after", "later", "60s").await, "an acquire after");
+    assert!(after.fence > newest, "fence {} after {newest}", after.fence);
+}
+
+/// A follower whose snapshot is damaged while no member runs to serve one: it stays out, saying on
+/// `/readyz` that its snapshot is damaged and that it fetches a member's, until the two others are back;
+/// then it fetches theirs and rejoins, holding every lock granted before the whole cluster stopped.
+#[tokio::test]
+async fn a_follower_with_a_damaged_snapshot_stays_out_until_a_member_serves_one() {
+    let (mut cluster, leader, follower, grants) = stopped_follower_after_grants("snapout").await;
+    let file = snapshot_file(cluster.data_dir(follower));
+    flip(&file, |len| len / 2);
     let other = cluster.other_than(&[leader, follower]);
-    cluster.holds(other, &grants).await;
+    cluster.stop(other);
+    cluster.stop(leader);
+
+    cluster.respawn(follower);
+    says_it_is_out(&cluster, follower, "fetching a member's snapshot in its place", &file).await;
+    cluster.respawn(leader);
+    cluster.respawn(other);
+    cluster.wait_ready(follower).await;
+    assert_eq!(cluster.metric(follower, "holdfast_storage_refused").await, Some(0.0));
+    cluster.holds(follower, &grants).await;
 }
 
 /// The vote's file of a stopped follower with a bit flipped: restarted, the follower refuses to start

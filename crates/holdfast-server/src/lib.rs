@@ -185,6 +185,9 @@ pub struct Storage<LS, SM> {
     pub durable: holdfast_store::Durable,
     /// The store's disk, for a store on one (`None`: in memory).
     pub disk: Option<holdfast_store::Disk>,
+    /// The current snapshot, as members whose own is damaged fetch it (`None`: a store without snapshot
+    /// files).
+    pub snapshots: Option<holdfast_store::SnapshotSource>,
 }
 
 /// Node `id`'s storage on disk under `data_dir`, as [`run`] opens it: the leader's own entries go to its
@@ -204,6 +207,7 @@ pub fn disk_storage(
         committed_index: log.committed_index(),
         durable: log.durable(),
         disk: Some(log.disk()),
+        snapshots: Some(machine.source()),
         log,
         machine,
     })
@@ -229,7 +233,7 @@ pub struct Transport<C, P> {
 /// it with real sockets and the disk store; the simulation with its own network and its own stores.
 pub async fn serve<LS, SM, C, P, IO, E>(
     config: Config,
-    storage: impl FnOnce(Arc<dyn holdfast_store::ApplyObserver>) -> anyhow::Result<Storage<LS, SM>>,
+    mut storage: impl FnMut(Arc<dyn holdfast_store::ApplyObserver>) -> anyhow::Result<Storage<LS, SM>>,
     transport: Transport<C, P>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()>
@@ -252,20 +256,11 @@ where
     metrics.worker_threads.set(tokio::runtime::Handle::current().metrics().num_workers() as i64);
     let metrics = Arc::new(metrics);
     let events = Arc::new(Events::new(metrics.clone(), config.bugs, config.max_clock_skew));
-    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, disk } = match storage(
-        events.clone(),
-    ) {
-        Ok(storage) => storage,
-        Err(e) => {
-            // Refused for good (damage, an unknown format): a restart would find the same, so the node
-            // stays up, out of the cluster, and says why where probes and operators look.
-            let why = format!("{e:#}");
-            tracing::error!(error = %why, "the storage refused to open: this node stays out of the cluster and says why on /readyz");
-            front::health::serve_refused(client, health, why.clone(), metrics, shutdown).await?;
-            anyhow::bail!("the storage refused to open: {why}");
-        }
-    };
     let peers = Arc::new(Peers::new(tls.clone(), dialer));
+    let mut shutdown: Shutdown = Box::pin(shutdown);
+    let opening = Opening { config: &config, events: &events, metrics: &metrics, peers: &peers };
+    let (storage, client, health) = opening.open(&mut storage, client, health, &mut shutdown).await?;
+    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, disk, snapshots } = storage;
     let purges = purge::Purges::new(config.snapshot_every_entries.min(1_000));
     let network = Network {
         peers: peers.clone(),
@@ -292,6 +287,7 @@ where
         rng_seed: config.rng_seed,
         queue_hold: config.queue_hold,
         purges,
+        snapshots,
         bugs: config.bugs,
     };
     let node = Arc::new(Node::new(config.id, parts));
@@ -303,6 +299,106 @@ where
     tracing::info!(id = config.id, %client_addr, "holdfast node started");
     warn_if_open(&config, client_addr);
     running.serve_clients(&node, client, shutdown).await
+}
+
+/// How a node stops: once this resolves.
+type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What opening a node's storage takes besides the store: where a refusal is told, and the members a
+/// damaged snapshot is fetched from.
+struct Opening<'a> {
+    config: &'a Config,
+    events: &'a Arc<Events>,
+    metrics: &'a Arc<metrics::Metrics>,
+    peers: &'a Peers,
+}
+
+impl Opening<'_> {
+    /// Opens the node's storage with `storage`, the node's events observing it. A store that refuses to
+    /// open keeps the node out of the cluster, up and saying why where probes and operators look (on
+    /// `/readyz`, on `client` and `health`), until `shutdown`, and then fails: a restart would find the
+    /// same. One refused for a damaged snapshot does so only until a member's has replaced it
+    /// (`peer::refetch`), and is then opened again.
+    async fn open<LS, SM, C>(
+        &self,
+        storage: &mut impl FnMut(Arc<dyn holdfast_store::ApplyObserver>) -> anyhow::Result<Storage<LS, SM>>,
+        mut client: C,
+        mut health: Option<TcpListener>,
+        shutdown: &mut Shutdown,
+    ) -> anyhow::Result<(Storage<LS, SM>, C, Option<TcpListener>)>
+    where
+        C: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    {
+        let mut refetched = false;
+        loop {
+            let e = match storage(self.events.clone()) {
+                Ok(storage) => return Ok((storage, client, health)),
+                Err(e) => e,
+            };
+            let why = format!("{e:#}");
+            let Config { id, data_dir, members, .. } = self.config;
+            let damaged = peer::refetch::damaged_snapshot(&e, data_dir, *id, members).filter(|_| !refetched);
+            let Some(damaged) = damaged else {
+                tracing::error!(error = %why, "the storage refused to open: this node stays out of the cluster and says why on /readyz");
+                front::health::serve_refused(client, health, why.clone(), self.metrics.clone(), shutdown).await?;
+                anyhow::bail!("the storage refused to open: {why}");
+            };
+            tracing::error!(error = %why, "the stored snapshot is damaged: this node stays out of the cluster until a member's replaces it");
+            (client, health) = self.refetch(&damaged, &why, client, health, shutdown).await?;
+            refetched = true;
+        }
+    }
+
+    /// Replaces the damaged snapshot `damaged` with a member's, meanwhile serving the node's health on
+    /// `client` and `health` as refused (saying `why`, and that it fetches); gives the listeners back.
+    async fn refetch<C>(
+        &self,
+        damaged: &peer::refetch::Damaged,
+        why: &str,
+        client: C,
+        health: Option<TcpListener>,
+        shutdown: &mut Shutdown,
+    ) -> anyhow::Result<(C, Option<TcpListener>)>
+    where
+        C: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    {
+        use front::health::Lent;
+        let (client, health) = (Lent::new(client)?, health.map(Lent::new).transpose()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let said = format!("{why}; fetching a member's snapshot in its place");
+        let refused = front::health::serve_refused(
+            client.share(),
+            health.as_ref().map(Lent::share),
+            said,
+            self.metrics.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        );
+        let refused = tokio::spawn(refused);
+        let fetched = tokio::select! {
+            () = shutdown.as_mut() => None,
+            fetched = peer::refetch::refetch(&self.config.data_dir, damaged, self.peers) => Some(fetched),
+        };
+        let _ = stop.send(());
+        refused.await??;
+        let Some((from, replaced)) = fetched else {
+            anyhow::bail!("stopped before a member's snapshot replaced the damaged one: {why}");
+        };
+        tracing::info!(
+            from,
+            index = replaced.index,
+            removed = replaced.removed,
+            "a member's snapshot replaced the damaged one: opening the storage again"
+        );
+        self.metrics.storage_refused.set(0);
+        let client = client.take().context("the client port is still lent")?;
+        let health = match health {
+            Some(health) => Some(health.take().context("the health port is still lent")?),
+            None => None,
+        };
+        Ok((client, health))
+    }
 }
 
 /// openraft's configuration for `config`.

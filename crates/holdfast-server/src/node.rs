@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_store::{Durable, NodeId, SharedState, TypeConfig};
+use holdfast_store::{Durable, NodeId, SharedState, SnapshotPiece, SnapshotSource, TypeConfig};
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -30,7 +30,8 @@ use crate::leader::{self, Leader};
 use crate::metrics::Metrics;
 use crate::peer;
 use crate::peer::client::Peers;
-use crate::peer::protocol::{ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer};
+use crate::peer::codec::SNAPSHOT_CHUNK_BYTES;
+use crate::peer::protocol::{ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, SnapshotFetch};
 use crate::random::Random;
 use crate::route::{self, Router};
 
@@ -51,6 +52,8 @@ pub struct Node {
     route: Arc<Router>,
     peers: Arc<Peers>,
     purges: Arc<Purges>,
+    /// The current snapshot, for peers whose own is damaged (`None`: a store without snapshot files).
+    snapshots: Option<SnapshotSource>,
     bugs: Bugs,
 }
 
@@ -75,6 +78,8 @@ pub struct Parts {
     pub queue_hold: Duration,
     /// How far the node purges its log (shared with its Raft network, which tells it of snapshots sent).
     pub purges: Arc<Purges>,
+    /// The store's current snapshot, as peers fetch it (`None`: a store without snapshot files).
+    pub snapshots: Option<SnapshotSource>,
     pub bugs: Bugs,
 }
 
@@ -97,6 +102,7 @@ impl Node {
             rng_seed,
             queue_hold,
             purges,
+            snapshots,
             bugs,
         } = parts;
         let random = Arc::new(Random::new(rng_seed));
@@ -145,7 +151,7 @@ impl Node {
             load,
             bugs,
         }));
-        Node { id, raft, state, committed_index, api, events, elections, leader, route, peers, purges, bugs }
+        Node { id, raft, state, committed_index, api, events, elections, leader, route, peers, purges, snapshots, bugs }
     }
 
     /// The peer connections, which a TLS reload resets.
@@ -222,5 +228,27 @@ impl peer::server::Handler for Node {
 
     fn pre_vote(&self, asked: &PreVote) -> PreVoteAnswer {
         self.elections.answer_pre_vote(asked)
+    }
+
+    async fn fetch_snapshot(&self, asked: SnapshotFetch) -> Result<SnapshotPiece, NodeError> {
+        let Some(source) = &self.snapshots else {
+            return Err(NodeError::Unavailable("this node keeps no snapshot files".into()));
+        };
+        let through = asked.through;
+        match source.piece(through, asked.offset, SNAPSHOT_CHUNK_BYTES as usize).await {
+            Ok(Some(piece)) => Ok(piece),
+            Ok(None) => {
+                // None stored covers that far: build one now if this node applied that far (openraft
+                // builds one at a time), for the asker's next try.
+                let applied = self.raft.metrics().borrow().last_applied.map_or(0, |id| id.index);
+                if applied >= through {
+                    let _ = self.raft.trigger().snapshot().await;
+                }
+                let detail =
+                    format!("no snapshot here covers the log through {through} yet (applied through {applied})");
+                Err(NodeError::Unavailable(detail))
+            }
+            Err(e) => Err(NodeError::Unavailable(format!("reading the current snapshot: {e}"))),
+        }
     }
 }

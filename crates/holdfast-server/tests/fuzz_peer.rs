@@ -27,7 +27,7 @@ use holdfast_server::peer::codec::{
     self, Call, Received, FRAME_GROWTH_BYTES, HELLO, MESSAGE_BYTES_MAX, READ_BUFFER_BYTES,
 };
 use holdfast_server::peer::protocol::{
-    ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, Query, QueryReply, Request, Written,
+    ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, Query, QueryReply, Request, SnapshotFetch, Written,
 };
 use holdfast_store::codec::element_bytes_max;
 use holdfast_store::{NodeId, Response, TypeConfig};
@@ -134,6 +134,7 @@ fn request_bodies() -> Vec<Vec<u8>> {
             },
         ),
         codec::request(Call::PreVote, &PreVote { candidate: 2, term: 3, last_log_id: Some(log_id(2, 30)) }),
+        codec::request(Call::FetchSnapshot, &SnapshotFetch { through: 30, offset: 8 << 20 }),
     ];
     let token = Token(77);
     let writes = vec![
@@ -454,6 +455,7 @@ fn encoded(received: &Received) -> Vec<u8> {
         Received::Snapshot(rpc) => (Call::Snapshot, bincode::serialize(rpc)),
         Received::Forward(forwarded) => (Call::Forward, bincode::serialize(forwarded)),
         Received::PreVote(asked) => (Call::PreVote, bincode::serialize(asked)),
+        Received::FetchSnapshot(asked) => (Call::FetchSnapshot, bincode::serialize(asked)),
     };
     [&codec::request(call, &())[4..], &body.unwrap()[..]].concat()
 }

@@ -19,6 +19,8 @@
 //!   file operation through the `fs` seam, so that a test file system that loses what was not synced can
 //!   stand in for the real one.
 //! - `convert`: reading a directory of an older format, whose records were in sled.
+//! - `refetched`: a damaged snapshot replaced by a peer's ([`replace_snapshot`]), and a node's current
+//!   snapshot read by the piece for such a peer ([`SnapshotSource`]).
 //! - `snapshot`: [`SnapshotData`], a snapshot's bytes as openraft moves them, in a file or in memory,
 //!   and their encoding and decoding as a stream.
 //! - `memory`: the memory store ([`open_memory`]), the same behaviour and contract on a [`MemDisk`].
@@ -127,6 +129,7 @@ mod log_store;
 mod machine;
 pub mod memory;
 mod records;
+mod refetched;
 mod runtime;
 mod sealed;
 mod snapshot;
@@ -147,6 +150,7 @@ pub use error::StoreError;
 pub use log_store::LogStore;
 pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
 use records::RecordsFile;
+pub use refetched::{recorded_snapshot, replace_snapshot, Replaced, SnapshotPiece, SnapshotSource};
 pub use runtime::{seed_thread_rng, Runtime};
 pub use snapshot::SnapshotData;
 pub use state_machine::{SnapshotBuilder, StateMachineStore};

@@ -143,6 +143,11 @@ impl<S: SnapshotStore> Machine<S> {
         self.state.clone()
     }
 
+    /// Where the current snapshot is kept.
+    pub(crate) fn snapshots(&self) -> &S {
+        &self.snapshots
+    }
+
     fn progress(&self) -> Result<Progress, StoreError> {
         Ok(self.progress.lock().map_err(|_| StoreError::Poisoned)?.clone())
     }

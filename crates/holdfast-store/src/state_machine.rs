@@ -10,6 +10,7 @@ use crate::durable::Durable;
 use crate::fs::{Fs, Open};
 use crate::machine::{Machine, Meta, Replace, Restored, SnapshotStore};
 use crate::records::{RecordsFile, StoredSnapshot};
+use crate::refetched::SnapshotSource;
 use crate::runtime::blocking;
 use crate::snapshot::{self, SnapshotData, Summary};
 use crate::{ApplyObserver, SharedState, StoreError};
@@ -54,6 +55,12 @@ impl StateMachineStore {
         self.machine.state()
     }
 
+    /// The current snapshot, as peers whose own is damaged fetch it.
+    pub fn source(&self) -> SnapshotSource {
+        let snapshots = self.machine.snapshots();
+        SnapshotSource::new(snapshots.fs.clone(), snapshots.records.clone(), &snapshots.dir)
+    }
+
     /// Restores the lock state and progress from the stored snapshot, if there is one, and removes the
     /// files in `dir` that are not the stored snapshot's (left by a crash).
     pub(crate) fn open(
@@ -81,6 +88,32 @@ impl StateMachineStore {
         };
         Ok(Self { machine: Arc::new(Machine::open(snapshots, restored, observer, durable, covered)?) })
     }
+}
+
+/// Makes `meta` and `bytes` (of `summary`) the snapshot `records` name, in `dir`, durably, in place of the
+/// one they named (damaged: see the `refetched` module); removes that one's file, and any other.
+pub(crate) async fn replace_stored(
+    fs: Arc<dyn Fs>,
+    records: RecordsFile,
+    dir: &Path,
+    meta: &Meta,
+    bytes: Vec<u8>,
+    summary: Summary,
+) -> Result<(), StoreError> {
+    crate::fs::create_dirs(fs.as_ref(), dir).map_err(StoreError::SnapshotFile)?;
+    let stored = records.get().snapshot;
+    let next = remove_other_files(fs.as_ref(), dir, stored.as_ref().map(|s| s.name.as_str()))?;
+    let observer = Arc::new(crate::NoObserver);
+    let snapshots = DiskSnapshots {
+        fs,
+        records,
+        dir: dir.to_owned(),
+        next: AtomicU64::new(next),
+        observer,
+        io: Default::default(),
+    };
+    snapshots.save(meta, SnapshotData::in_memory(bytes), summary, Replace::Always).await?;
+    Ok(())
 }
 
 /// Removes every file in `dir` but `keep`: snapshots built or received but never saved, or saved and then

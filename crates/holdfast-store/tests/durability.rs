@@ -664,3 +664,113 @@ async fn the_vote_is_kept_in_its_own_file_and_a_damaged_one_refuses_the_open() -
     assert!(refused.contains(&file.display().to_string()), "{refused}");
     Ok(())
 }
+
+/// Node `dir`'s store after `entries` were appended and the first `through` of them applied and snapshot,
+/// with the snapshot's file then damaged (a bit flipped): the open refuses it.
+async fn damaged_after(dir: &Path, entries: &[openraft::Entry<holdfast_store::TypeConfig>], through: usize) -> Result {
+    {
+        let (mut log, mut sm) = open_quiet(dir)?;
+        log.blocking_append(entries.to_vec()).await?;
+        sm.apply(entries[..through].to_vec()).await?;
+        sm.get_snapshot_builder().await.build_snapshot().await?;
+    }
+    let [name] = &snapshot_files(dir)?[..] else { panic!("one snapshot file") };
+    let path = dir.join("snapshots").join(name);
+    let mut bytes = std::fs::read(&path)?;
+    let at = bytes.len() / 2;
+    bytes[at] ^= 1;
+    std::fs::write(&path, &bytes)?;
+    let refused = open_quiet(dir).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.starts_with("the stored snapshot is corrupt: "), "{refused}");
+    Ok(())
+}
+
+/// A peer's store that applied `entries` and snapshot them: its snapshot, whole, as it serves it.
+async fn peer_snapshot(
+    entries: &[openraft::Entry<holdfast_store::TypeConfig>],
+) -> Result<holdfast_store::SnapshotPiece> {
+    let dir = tempfile::tempdir()?;
+    let (_log, mut sm) = open_quiet(dir.path())?;
+    sm.apply(entries.to_vec()).await?;
+    sm.get_snapshot_builder().await.build_snapshot().await?;
+    let through = entries.last().expect("entries").log_id.index;
+    assert!(sm.source().piece(through + 1, 0, usize::MAX).await?.is_none(), "it covers no more than it applied");
+    let head = sm.source().piece(through, 0, 10).await?.expect("a snapshot through the last entry");
+    let tail = sm.source().piece(through, 10, usize::MAX).await?.expect("the same snapshot");
+    assert_eq!((head.bytes.len(), head.meta.clone(), head.len), (10, tail.meta.clone(), tail.len));
+    Ok(holdfast_store::SnapshotPiece { bytes: [head.bytes, tail.bytes].concat(), ..head })
+}
+
+/// A damaged snapshot replaced by a peer's that covers more of the log, which the damaged node's log holds
+/// (the same entry at its last index): the log is kept whole, entries after the snapshot included, and the
+/// store opens to the peer's state, re-applying its committed log after it.
+#[tokio::test]
+async fn a_peers_snapshot_replaces_a_damaged_one_keeping_a_log_that_holds_its_last_entry() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![
+        membership(0, 0),
+        blank(1, 1),
+        acquire(1, 2, "alpha", "a", 1),
+        acquire(1, 3, "beta", "b", 2),
+        acquire(1, 4, "gamma", "c", 3),
+        acquire(1, 5, "delta", "d", 4),
+    ];
+    damaged_after(dir.path(), &entries, 3).await?;
+    let piece = peer_snapshot(&entries[..5]).await?;
+    let replaced = holdfast_store::replace_snapshot(dir.path(), &piece.meta, piece.bytes, piece.len, piece.crc).await?;
+    assert_eq!(replaced, holdfast_store::Replaced { index: 4, removed: 0 });
+    assert_eq!(snapshot_files(dir.path())?.len(), 1, "the damaged file is gone");
+
+    let (mut log, mut sm) = open_quiet(dir.path())?;
+    assert_eq!(sm.applied_state().await?.0, Some(log_id(1, 4)));
+    assert_eq!(log.try_get_log_entries(..).await?, entries, "the log is whole");
+    log.save_committed(Some(log_id(1, 5))).await?;
+    StorageHelper::new(&mut log, &mut sm).get_initial_state().await?;
+    assert_eq!(state_bytes(&sm), model(&entries).snapshot());
+    Ok(())
+}
+
+/// A damaged snapshot replaced by a peer's whose last entry the damaged node's log does not hold (another
+/// term's entry at that index, never committed): the log is emptied, and openraft's start purges it through
+/// the snapshot, so the node's log is the committed one.
+#[tokio::test]
+async fn a_peers_snapshot_past_a_log_that_does_not_hold_its_last_entry_empties_the_log() -> Result {
+    let dir = tempfile::tempdir()?;
+    let ours = vec![membership(0, 0), blank(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(1, 3, "lost", "x", 9)];
+    damaged_after(dir.path(), &ours, 2).await?;
+    let theirs =
+        vec![membership(0, 0), blank(1, 1), acquire(1, 2, "alpha", "a", 1), blank(2, 3), acquire(2, 4, "b", "b", 2)];
+    let piece = peer_snapshot(&theirs).await?;
+    let replaced = holdfast_store::replace_snapshot(dir.path(), &piece.meta, piece.bytes, piece.len, piece.crc).await?;
+    assert_eq!(replaced, holdfast_store::Replaced { index: 4, removed: 4 });
+
+    let (mut log, mut sm) = open_quiet(dir.path())?;
+    assert!(log.try_get_log_entries(..).await?.is_empty(), "the log was emptied");
+    StorageHelper::new(&mut log, &mut sm).get_initial_state().await?;
+    let after = log.get_log_state().await?;
+    assert_eq!((after.last_purged_log_id, after.last_log_id), (Some(log_id(2, 4)), Some(log_id(2, 4))));
+    assert_eq!(state_bytes(&sm), model(&theirs).snapshot());
+    Ok(())
+}
+
+/// A peer's snapshot that covers less of the log than the damaged one, or whose bytes are not those it
+/// sent the length and CRC of, is refused and changes nothing: the store still refuses to open.
+#[tokio::test]
+async fn an_older_or_changed_peer_snapshot_is_refused_and_changes_nothing() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![membership(0, 0), blank(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(1, 3, "beta", "b", 2)];
+    damaged_after(dir.path(), &entries, 3).await?;
+    let before = snapshot_files(dir.path())?;
+
+    let older = peer_snapshot(&entries[..2]).await?;
+    let refused = holdfast_store::replace_snapshot(dir.path(), &older.meta, older.bytes, older.len, older.crc).await;
+    assert!(refused.err().is_some_and(|e| e.to_string().contains("covers less of the log")));
+    let newer = peer_snapshot(&entries).await?;
+    let refused =
+        holdfast_store::replace_snapshot(dir.path(), &newer.meta, newer.bytes, newer.len, newer.crc ^ 1).await;
+    assert!(refused.err().is_some_and(|e| e.to_string().contains("where it sent")));
+
+    assert_eq!(snapshot_files(dir.path())?, before);
+    assert!(open_quiet(dir.path()).is_err(), "still damaged");
+    Ok(())
+}

@@ -144,15 +144,16 @@ pub async fn watch_raft(api: Arc<NodeApi>, health: HealthReporter, mut shutdown:
 /// `holdfast_storage_refused 1`; every other request 503 problem+json pointing there. The node takes no part in
 /// the cluster: its peer port is not served, so its peers find it down. On the client port, and on the
 /// health port if there is one.
-pub async fn serve_refused<C>(
+pub async fn serve_refused<C, H>(
     client: C,
-    health: Option<tokio::net::TcpListener>,
+    health: Option<H>,
     why: String,
     metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()>
 where
     C: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    H: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     metrics.storage_refused.set(1);
     let why = Arc::new(why);
@@ -195,6 +196,44 @@ where
         server.await.map_err(std::io::Error::other)??;
     }
     Ok(())
+}
+
+/// A listener lent to a server that stops before the node's own starts (the health of a node that fetches
+/// a replacement for its damaged snapshot, [`serve_refused`]): it accepts through a shared handle, and
+/// [`Lent::take`] gives the listener back once that server is gone.
+pub struct Lent<L> {
+    inner: Arc<tokio::sync::Mutex<L>>,
+    addr: std::net::SocketAddr,
+}
+
+impl<L: axum::serve::Listener<Addr = std::net::SocketAddr>> Lent<L> {
+    pub fn new(listener: L) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        Ok(Lent { inner: Arc::new(tokio::sync::Mutex::new(listener)), addr })
+    }
+
+    /// Another handle on the same listener.
+    pub fn share(&self) -> Self {
+        Lent { inner: self.inner.clone(), addr: self.addr }
+    }
+
+    /// The listener, once every other handle is gone.
+    pub fn take(self) -> Option<L> {
+        Arc::try_unwrap(self.inner).ok().map(tokio::sync::Mutex::into_inner)
+    }
+}
+
+impl<L: axum::serve::Listener<Addr = std::net::SocketAddr>> axum::serve::Listener for Lent<L> {
+    type Io = L::Io;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        self.inner.lock().await.accept().await
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
 }
 
 /// Sends `state` (`READY=1`, `STOPPING=1`) to systemd's notification socket, if the service manager gave

@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::protocol::{ForwardRequest, PreVote};
+use super::protocol::{ForwardRequest, PreVote, SnapshotFetch};
 
 /// Largest peer message: a snapshot chunk ([`SNAPSHOT_CHUNK_BYTES`]) plus its envelope, with room to spare.
 pub const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -67,10 +67,14 @@ pub enum Call {
     /// Whether the peer would vote for this node now, asked before it campaigns.
     /// A build without it closes the connection on this call, which the asker takes for a refusal.
     PreVote,
+    /// A piece of the peer's current snapshot, for a node whose own is damaged. A build without it closes
+    /// the connection on this call, which the asker takes for a peer that cannot serve it.
+    FetchSnapshot,
 }
 
 impl Call {
-    const ALL: [Call; 5] = [Call::Append, Call::Vote, Call::Snapshot, Call::Forward, Call::PreVote];
+    const ALL: [Call; 6] =
+        [Call::Append, Call::Vote, Call::Snapshot, Call::Forward, Call::PreVote, Call::FetchSnapshot];
 
     fn byte(self) -> u8 {
         match self {
@@ -79,6 +83,7 @@ impl Call {
             Call::Snapshot => 3,
             Call::Forward => 4,
             Call::PreVote => 5,
+            Call::FetchSnapshot => 6,
         }
     }
 
@@ -145,6 +150,8 @@ pub enum Received {
     Forward(ForwardRequest),
     /// [`Call::PreVote`].
     PreVote(PreVote),
+    /// [`Call::FetchSnapshot`].
+    FetchSnapshot(SnapshotFetch),
 }
 
 /// Decodes a request frame's body, as [`read_frame`] read it: the call's byte, then its bincode. An error
@@ -159,6 +166,7 @@ pub fn decode_request(request: &[u8]) -> io::Result<Received> {
         Some(Call::Snapshot) => Received::Snapshot(decode(body)?),
         Some(Call::Forward) => Received::Forward(decode(body)?),
         Some(Call::PreVote) => Received::PreVote(decode(body)?),
+        Some(Call::FetchSnapshot) => Received::FetchSnapshot(decode(body)?),
         None => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown call {call}"))),
     })
 }
@@ -266,7 +274,7 @@ mod tests {
             assert_eq!(Call::from_byte(call.byte()), Some(call));
         }
         assert_eq!(Call::from_byte(0), None);
-        assert_eq!(Call::from_byte(6), None);
+        assert_eq!(Call::from_byte(7), None);
     }
 
     #[tokio::test]

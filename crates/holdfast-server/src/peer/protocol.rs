@@ -236,3 +236,12 @@ pub struct PreVote {
 pub struct PreVoteAnswer {
     pub granted: bool,
 }
+
+/// What a node whose stored snapshot is damaged asks a peer for: the piece at `offset` of the peer's
+/// current snapshot, if it covers the log through index `through` (the damaged one's). Answered with a
+/// `Result<holdfast_store::SnapshotPiece, NodeError>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotFetch {
+    pub through: u64,
+    pub offset: u64,
+}

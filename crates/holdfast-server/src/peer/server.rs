@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_store::{NodeId, TypeConfig};
+use holdfast_store::{NodeId, SnapshotPiece, TypeConfig};
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::{Stream, StreamExt};
 
 use super::codec::{self, encode_into, Received, READ_BUFFER_BYTES};
-use super::protocol::{ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer};
+use super::protocol::{ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, SnapshotFetch};
 
 /// A connection's buffers that grew past this (for a snapshot chunk) are let go after the call.
 const BUFFER_KEPT_BYTES: usize = 1 << 20;
@@ -46,6 +46,8 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = io::Result<Result<ForwardReply, NodeError>>> + Send;
     /// Whether this node would vote for the asker now.
     fn pre_vote(&self, asked: &PreVote) -> PreVoteAnswer;
+    /// A piece of this node's current snapshot, for a peer whose own is damaged.
+    fn fetch_snapshot(&self, asked: SnapshotFetch) -> impl Future<Output = Result<SnapshotPiece, NodeError>> + Send;
 }
 
 /// Serves peer connections from `incoming` with `handler` until `stop` changes; then closes them all.
@@ -98,6 +100,7 @@ async fn answer_calls(handler: &impl Handler, io: impl AsyncRead + AsyncWrite + 
             Received::Snapshot(rpc) => encode_into(&mut answer, &handler.snapshot(rpc).await),
             Received::Forward(forwarded) => encode_into(&mut answer, &handler.forward(forwarded).await?),
             Received::PreVote(asked) => encode_into(&mut answer, &handler.pre_vote(&asked)),
+            Received::FetchSnapshot(asked) => encode_into(&mut answer, &handler.fetch_snapshot(asked).await),
         }
         codec::write_frame(&mut io, &mut answer).await?;
         for buf in [&mut request, &mut answer] {

@@ -1,0 +1,121 @@
+//! A node whose stored snapshot is damaged fetches a peer's current snapshot in its place, before it
+//! starts: piece by piece ([`Call::FetchSnapshot`]), from each member in turn, until one serves one that
+//! covers at least the log the damaged one did; then holdfast-store's `replace_snapshot` checks and stores
+//! it (and says why that is safe). Until then the node takes part in nothing: it has no Raft to vote or
+//! answer with.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use holdfast_store::{NodeId, Replaced, SnapshotPiece, StoreError};
+use openraft::{BasicNode, SnapshotMeta};
+
+use super::client::Peers;
+use super::codec::Call;
+use super::protocol::{NodeError, SnapshotFetch};
+
+/// How long one piece may take to arrive.
+const PIECE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pause after the first round in which no member's snapshot was stored; it doubles after each such
+/// round, up to [`PAUSE_MAX`].
+const PAUSE_MIN: Duration = Duration::from_millis(250);
+/// The longest pause between rounds: a member whose snapshot cannot be stored here is not fetched from
+/// more often.
+const PAUSE_MAX: Duration = Duration::from_secs(10);
+/// How many times a fetch from one member starts over because that member's snapshot changed meanwhile
+/// (it builds one about every `--snapshot-every` entries) before the next member is asked.
+const RESTARTS_MAX: u32 = 3;
+
+/// A damaged snapshot, and the members to ask for one in its place.
+pub struct Damaged {
+    pub meta: SnapshotMeta<NodeId, BasicNode>,
+    /// The members the damaged snapshot knew and those the node was started with, but the node itself.
+    pub members: BTreeMap<NodeId, String>,
+}
+
+/// The snapshot recorded in `data_dir` and whom to ask for another, if `error` (the store's refusal to
+/// open) says its bytes are damaged or its file is missing and the node (`own`, started with `members`)
+/// has a member to ask. `None` for any other refusal, which a member's snapshot cannot mend (a damaged
+/// log, vote or records file, an unknown format, a snapshot file that cannot be read or written).
+pub fn damaged_snapshot(
+    error: &anyhow::Error,
+    data_dir: &Path,
+    own: NodeId,
+    members: &BTreeMap<NodeId, String>,
+) -> Option<Damaged> {
+    let snapshot = error.chain().any(|cause| match cause.downcast_ref::<StoreError>() {
+        Some(StoreError::SnapshotCorrupt(_)) => true,
+        Some(StoreError::SnapshotFile(e)) => e.kind() == std::io::ErrorKind::NotFound,
+        _ => false,
+    });
+    let meta = snapshot.then(|| holdfast_store::recorded_snapshot(data_dir).ok().flatten()).flatten()?;
+    let mut asked: BTreeMap<NodeId, String> =
+        meta.last_membership.membership().nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
+    asked.extend(members.iter().map(|(id, addr)| (*id, addr.clone())));
+    asked.remove(&own);
+    (!asked.is_empty()).then_some(Damaged { meta, members: asked })
+}
+
+/// Replaces the damaged snapshot in `data_dir` with a member's that covers at least as much of the log:
+/// asks every member in turn, round after round (pausing longer after each round that stored none, up to
+/// [`PAUSE_MAX`]), until one is fetched whole and stored. Runs until then; the caller bounds it (by the
+/// node's shutdown).
+pub async fn refetch(data_dir: &Path, damaged: &Damaged, peers: &Peers) -> (NodeId, Replaced) {
+    let through = damaged.meta.last_log_id.map_or(0, |id| id.index);
+    let mut pause = PAUSE_MIN;
+    loop {
+        for (&id, addr) in &damaged.members {
+            let fetched = match fetch_from(peers, id, addr, through).await {
+                Ok(piece) => piece,
+                Err(why) => {
+                    tracing::info!(peer = id, %why, "no snapshot from this member yet");
+                    continue;
+                }
+            };
+            let SnapshotPiece { meta, len, crc, bytes, .. } = fetched;
+            match holdfast_store::replace_snapshot(data_dir, &meta, bytes, len, crc).await {
+                Ok(replaced) => return (id, replaced),
+                Err(e) => tracing::warn!(peer = id, error = %e, "a member's snapshot did not replace the damaged one"),
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(PAUSE_MAX);
+    }
+}
+
+/// The whole of member `id`'s current snapshot, if it covers the log through `through`: its pieces, in
+/// order, of one snapshot (started over if the member's changes meanwhile).
+async fn fetch_from(peers: &Peers, id: NodeId, addr: &str, through: u64) -> Result<SnapshotPiece, String> {
+    let mut restarts = 0;
+    let mut whole: Option<SnapshotPiece> = None;
+    loop {
+        let offset = whole.as_ref().map_or(0, |whole| whole.bytes.len() as u64);
+        let asked = SnapshotFetch { through, offset };
+        let answer: Result<SnapshotPiece, NodeError> =
+            peers.call(id, addr, Call::FetchSnapshot, &asked, PIECE_TIMEOUT).await.map_err(|e| e.to_string())?;
+        let piece = answer.map_err(|e| e.to_string())?;
+        match &mut whole {
+            Some(whole) if whole.meta.snapshot_id == piece.meta.snapshot_id && piece.offset == offset => {
+                if piece.bytes.is_empty() {
+                    return Err(format!("an empty piece at byte {offset} of {}", whole.len));
+                }
+                whole.bytes.extend_from_slice(&piece.bytes);
+            }
+            Some(_) if restarts < RESTARTS_MAX => {
+                // Its snapshot changed under the fetch: start over with the new one.
+                restarts += 1;
+                whole = None;
+                continue;
+            }
+            Some(_) => return Err(format!("its snapshot changed {RESTARTS_MAX} times during the fetch")),
+            None if piece.offset == 0 => whole = Some(piece),
+            None => return Err(format!("a piece at byte {} where 0 was asked", piece.offset)),
+        }
+        let whole = whole.as_ref().expect("set above");
+        if whole.bytes.len() as u64 >= whole.len {
+            break;
+        }
+    }
+    Ok(whole.expect("the loop ends with a whole snapshot"))
+}

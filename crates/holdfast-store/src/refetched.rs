@@ -1,0 +1,179 @@
+//! A stored snapshot found damaged, replaced by a peer's: what the damaged node reads of its own records
+//! ([`recorded_snapshot`]), what a peer serves of its current snapshot ([`SnapshotSource`]), and the
+//! replacement itself ([`replace_snapshot`]).
+//!
+//! Why it is safe. A snapshot covers only applied, so committed, entries; a peer's snapshot through log id
+//! `S` holds the state every node reaches at `S`. The damaged node's log is left as it was when it holds
+//! `S` itself: its entries after `S` (which it may have acknowledged, and which a leader may count as
+//! matched) stay, and its last log id, which its votes compare, does not move. When its log does not hold
+//! `S` (shorter, or another entry at that index), every entry of it that the cluster committed lies below
+//! `S`'s index and is in the snapshot, and those after it were never committed: the log is emptied, as an
+//! install of a leader's snapshot past a follower's log does, and openraft's start purges it through `S`.
+//! No entry the node acknowledged and the cluster committed is lost, and a leader's matched index for it
+//! (below `S` then, since the leader holds `S`) does not go past its log. The log is emptied before the
+//! snapshot is saved: a crash between leaves the damaged snapshot recorded, and the next start fetches
+//! again, before the node takes part in anything.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::{BasicNode, LogId, SnapshotMeta};
+use serde::{Deserialize, Serialize};
+
+use crate::fs::{Fs, Open, RealFs};
+use crate::machine::Meta;
+use crate::records::RecordsFile;
+use crate::runtime::blocking;
+use crate::snapshot::Summary;
+use crate::{snapshot, state_machine, wal, NodeId, StoreError, FORMAT};
+
+/// A piece of a node's current snapshot, as a peer whose own is damaged fetches it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotPiece {
+    /// The snapshot's metadata: the same in every piece of one snapshot.
+    pub meta: SnapshotMeta<NodeId, BasicNode>,
+    /// The length of the snapshot's bytes, in all.
+    pub len: u64,
+    /// The CRC-32 of all of its bytes, as recorded with it.
+    pub crc: u32,
+    /// Where in the snapshot's bytes this piece begins.
+    pub offset: u64,
+    /// The piece's bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// A node's current snapshot, read by the piece for a peer; clones share the store.
+#[derive(Clone)]
+pub struct SnapshotSource {
+    fs: Arc<dyn Fs>,
+    records: RecordsFile,
+    dir: std::path::PathBuf,
+}
+
+impl SnapshotSource {
+    pub(crate) fn new(fs: Arc<dyn Fs>, records: RecordsFile, dir: &Path) -> Self {
+        Self { fs, records, dir: dir.to_owned() }
+    }
+
+    /// The log index through which the current snapshot covers the log (`None`: no snapshot stored).
+    pub fn index(&self) -> Option<u64> {
+        self.records.get().snapshot.and_then(|stored| stored.meta.last_log_id).map(|id| id.index)
+    }
+
+    /// Up to `max` bytes from `offset` of the current snapshot, if it covers the log through `through`;
+    /// `None` if none is stored or it covers less. Blocks on disk IO. A snapshot replaced meanwhile (its
+    /// file removed) is an error; asked again, the answer is of the new one.
+    pub async fn piece(&self, through: u64, offset: u64, max: usize) -> Result<Option<SnapshotPiece>, StoreError> {
+        blocking(|| self.read_piece(through, offset, max))
+    }
+
+    fn read_piece(&self, through: u64, offset: u64, max: usize) -> Result<Option<SnapshotPiece>, StoreError> {
+        let Some(stored) = self.records.get().snapshot else { return Ok(None) };
+        if stored.meta.last_log_id.is_none_or(|id| id.index < through) {
+            return Ok(None);
+        }
+        let file = self.fs.open(&self.dir.join(&stored.name), Open::Existing).map_err(StoreError::SnapshotFile)?;
+        let Summary { len, crc } = stored.summary;
+        let take = len.saturating_sub(offset).min(max as u64) as usize;
+        let mut bytes = vec![0; take];
+        file.read_exact_at(&mut bytes, offset).map_err(StoreError::SnapshotFile)?;
+        Ok(Some(SnapshotPiece { meta: stored.meta, len, crc, offset, bytes }))
+    }
+}
+
+/// The metadata of the snapshot recorded under `dir` (a node's data directory), read from the records
+/// alone: what a node whose snapshot's bytes are damaged fetches a replacement for (its log position) and
+/// from whom (its membership). `None` if no snapshot is recorded.
+pub fn recorded_snapshot(dir: &Path) -> Result<Option<SnapshotMeta<NodeId, BasicNode>>, StoreError> {
+    match RecordsFile::read(&RealFs, dir)? {
+        Some(records) if records.format == FORMAT => Ok(records.snapshot.map(|stored| stored.meta)),
+        Some(records) => Err(StoreError::Format { found: records.format, expected: FORMAT }),
+        None => Ok(None),
+    }
+}
+
+/// What [`replace_snapshot`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replaced {
+    /// The log index the new snapshot covers the log through.
+    pub index: u64,
+    /// How many entries were removed from the log, which did not hold the snapshot's last entry (see the
+    /// module docs); 0 if it did.
+    pub removed: u64,
+}
+
+/// Makes `meta` and `bytes` (`len` long, with CRC `crc`, as the peer recorded them) the current snapshot of
+/// the store under `dir`, in place of the one recorded there, which is damaged: checked (the bytes against
+/// their length and CRC, then as a lock state), then the log emptied if it does not hold the snapshot's
+/// last entry, then the snapshot stored durably. Refused, changing nothing, if the snapshot covers less
+/// of the log than the recorded one. Call it before the store is opened, which then finds the new snapshot.
+pub async fn replace_snapshot(
+    dir: &Path,
+    meta: &Meta,
+    bytes: Vec<u8>,
+    len: u64,
+    crc: u32,
+) -> Result<Replaced, StoreError> {
+    replace_on(Arc::new(RealFs), wal::SEGMENT_BYTES, dir, meta, bytes, Summary { len, crc }).await
+}
+
+/// [`replace_snapshot`] on the file system `fs`, with log segments of `segment_bytes`.
+pub(crate) async fn replace_on(
+    fs: Arc<dyn Fs>,
+    segment_bytes: u64,
+    dir: &Path,
+    meta: &Meta,
+    bytes: Vec<u8>,
+    sent: Summary,
+) -> Result<Replaced, StoreError> {
+    let Some(last) = meta.last_log_id else {
+        return Err(StoreError::SnapshotCorrupt("a peer's snapshot covers no log".into()));
+    };
+    let records = match RecordsFile::read(fs.as_ref(), dir)? {
+        Some(records) if records.format == FORMAT => records,
+        Some(records) => return Err(StoreError::Format { found: records.format, expected: FORMAT }),
+        None => return Err(StoreError::Records(format!("{} is missing", dir.join(crate::records::FILE).display()))),
+    };
+    if let Some(stored) = records.snapshot.as_ref().and_then(|stored| stored.meta.last_log_id) {
+        if last < stored {
+            return Err(StoreError::SnapshotCorrupt(format!(
+                "a peer's snapshot through {last} covers less of the log than the recorded one, through {stored}"
+            )));
+        }
+    }
+    let (_, summary) = blocking(|| snapshot::decode(&bytes[..], bytes.len() as u64))?;
+    if summary != sent {
+        return Err(StoreError::SnapshotCorrupt(format!(
+            "a peer's snapshot has {} bytes with CRC {:08x}, where it sent {} with CRC {:08x}",
+            summary.len, summary.crc, sent.len, sent.crc
+        )));
+    }
+    let committed = RecordsFile::read_committed(fs.as_ref(), dir)?;
+    let removed = blocking(|| empty_log_without(fs.clone(), segment_bytes, dir, records.purged, committed, last))?;
+    let records = RecordsFile::new(fs.clone(), dir, records, committed)?;
+    state_machine::replace_stored(fs, records, &dir.join(state_machine::DIR), meta, bytes, summary).await?;
+    Ok(Replaced { index: last.index, removed })
+}
+
+/// Empties the log under `dir` (its entries after `purged`) unless it holds the entry `last`, durably;
+/// answers how many entries it removed.
+fn empty_log_without(
+    fs: Arc<dyn Fs>,
+    segment_bytes: u64,
+    dir: &Path,
+    purged: Option<LogId<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+    last: LogId<NodeId>,
+) -> Result<u64, StoreError> {
+    let committed_index = committed.map_or(0, |committed| committed.index);
+    let wal = wal::Wal::open_on(fs, segment_bytes, &dir.join(wal::DIR), purged, committed_index)?;
+    let holds_last = wal.read(last.index, Some(last.index + 1))?.first().map(|entry| entry.log_id) == Some(last);
+    let first = purged.map_or(0, |purged| purged.index + 1);
+    match (holds_last, wal.last()) {
+        (false, Some(end)) if end.index >= first => {
+            wal.truncate(first)?;
+            Ok(end.index + 1 - first)
+        }
+        _ => Ok(0),
+    }
+}
