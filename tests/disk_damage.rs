@@ -1,10 +1,11 @@
-//! A node whose disk changed what it had synced, on a real 3-node cluster: the node finds the damage, says
-//! which file and where, and stays out rather than serve or cut what the cluster committed, until a
-//! member's snapshot replaces a damaged one of its own; the others keep serving, and no grant is lost.
+//! A node whose disk changed what it had synced, on a real 3-node cluster: the node finds the damage and
+//! says which file and where. A damaged log is cut there and the node votes only once it has caught up; a
+//! damaged snapshot is replaced by a member's; a damaged vote or records file keeps the node out. The
+//! others keep serving, and no grant is lost.
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{wait_for, Cluster, Grant, EXIT_BOUND};
+use crate::common::{wait_for, Cluster, Grant, ELECTION_BOUND, EXIT_BOUND};
 
 /// A cluster whose leader granted 40 locks named `PREFIX-N`, and one of its followers, stopped once it
 /// had applied them all and snapshot its state. The read through the follower applies there everything
@@ -105,27 +106,90 @@ fn newest_segment(data_dir: &Path) -> (PathBuf, usize) {
 }
 
 /// Eight bits flipped in the middle of a stopped follower's newest log segment, among entries the
-/// cluster committed and the follower had synced: restarted, the follower refuses to open its log, with an
-/// error naming the segment's file and the byte of the bad record, and stays out of the cluster saying so
-/// on `/readyz`; it cuts nothing (the file is as the test left it). Until it refused them, such bits were taken for a crash's torn tail: the log was
-/// cut there, the committed entries after it dropped, and openraft failed to start with no cause given.
-/// The two other nodes keep serving, every lock granted before is still held under its fence, and a new
-/// grant's fence is above them all.
+/// cluster committed and the follower had synced: restarted, the follower finds the bad record (where,
+/// until such bits were refused, they were taken for a crash's torn tail and the committed entries after
+/// it dropped without a word), cuts its log there, naming the segment's file and the byte in its log, holds
+/// its votes until its log has caught up with its leader's, and rejoins: ready, holding every lock
+/// granted before under its fence; a new grant through it is fenced above them all.
 #[tokio::test]
-async fn a_follower_with_flipped_bits_among_committed_entries_stays_out_naming_the_file_and_byte() {
-    let (mut cluster, leader, follower, grants) = stopped_follower_after_grants("damage").await;
+async fn a_follower_with_flipped_bits_among_committed_entries_cuts_its_log_there_and_catches_up() {
+    let (mut cluster, _leader, follower, grants) = stopped_follower_after_grants("damage").await;
     let (segment, written) = newest_segment(cluster.data_dir(follower));
-    let bytes = flip(&segment, |_| written / 2);
+    flip(&segment, |_| written / 2);
 
-    let refused = refusal(&mut cluster, follower, "has a bad record at byte", &segment).await;
-    assert!(refused.contains("were committed"), "the error says why it is not a torn tail: {refused}");
-    assert_eq!(std::fs::read(&segment).expect("read the segment again"), bytes, "the follower cut nothing");
-
-    let other = cluster.other_than(&[leader, follower]);
-    cluster.holds(other, &grants).await;
+    cluster.restart(follower).await;
+    let cut = log_line(&cluster, follower, "cut the damaged raft log");
+    let name = segment.file_name().expect("a file name").to_string_lossy().into_owned();
+    assert!(cut.contains("has a bad record at byte") && cut.contains(&name), "the log names file and byte: {cut}");
+    log_line(&cluster, follower, "this node votes again");
+    assert_eq!(cluster.metric(follower, "holdfast_storage_catching_up").await, Some(0.0));
+    cluster.holds(follower, &grants).await;
     let newest = grants.iter().map(|grant| grant.fence).max().expect("grants");
-    let after = Grant::from_reply(&cluster.acquire(other, "damage-after", "later", "60s").await, "an acquire after");
+    let after = Grant::from_reply(&cluster.acquire(follower, "damage-after", "later", "60s").await, "an acquire after");
     assert!(after.fence > newest, "fence {} after {newest}", after.fence);
+}
+
+/// Grants the cluster committed while one follower was down, so that only the leader and the other
+/// follower held them; that follower's disk then damaged them. With the leader down, the two others could
+/// elect a leader without those grants (the damaged one, whose cut log is still longer than the other's)
+/// and lose them. The damaged follower, its log cut, grants no vote and does not campaign until its log has
+/// caught up with a leader's: it says so on `/readyz`, the other follower's pre-votes keep failing, and no
+/// leader is elected; once the old leader is back, it leads, the damaged follower catches up, and every
+/// grant is held through every node.
+#[tokio::test]
+async fn a_follower_whose_damaged_log_was_cut_grants_no_vote_until_it_caught_up() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let behind = cluster.other_than(&[leader]);
+    let damaged = cluster.other_than(&[leader, behind]);
+    cluster.stop(behind);
+    let mut grants = Vec::new();
+    for i in 0..40 {
+        let reply = cluster.acquire(leader, &format!("gate-{i}"), "holder", "300s").await;
+        grants.push(Grant::from_reply(&reply, "an acquire with one follower down"));
+    }
+    cluster.get(damaged, "/v1/locks/gate-39").await.ok("a read through the follower that will be damaged");
+    cluster.stop(damaged);
+    let (segment, written) = newest_segment(cluster.data_dir(damaged));
+    flip(&segment, |_| written * 3 / 4);
+    cluster.stop(leader);
+
+    cluster.respawn(behind);
+    cluster.respawn(damaged);
+    let name = segment.file_name().expect("a file name").to_string_lossy().into_owned();
+    wait_for(EXIT_BOUND, "the damaged follower to say it catches up", async || {
+        match cluster.try_get(damaged, "/readyz").await {
+            Ok(reply)
+                if reply.status == 503
+                    && reply.body.as_str().is_some_and(|body| body.contains("catching up") && body.contains(&name)) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let lost = "holdfast_raft_pre_votes_lost_total";
+    let before = cluster.metric(behind, lost).await.unwrap_or(0.0);
+    wait_for(ELECTION_BOUND, "two more pre-votes lost by the follower that was behind", async || {
+        match cluster.metric(behind, lost).await.unwrap_or(0.0) {
+            now if now >= before + 2.0 => Ok(()),
+            now => Err(format!("{now} lost, {before} before")),
+        }
+    })
+    .await;
+    for id in [behind, damaged] {
+        let view = cluster.cluster_info(id).await;
+        assert!(view["leader"].is_null(), "node {id} follows no leader while the damaged one catches up: {view}");
+    }
+    assert_eq!(cluster.metric(damaged, "holdfast_storage_catching_up").await, Some(1.0));
+
+    cluster.respawn(leader);
+    cluster.wait_ready(damaged).await;
+    assert_eq!(cluster.metric(damaged, "holdfast_storage_catching_up").await, Some(0.0));
+    for id in [leader, behind, damaged] {
+        cluster.holds(id, &grants).await;
+    }
 }
 
 /// The snapshot file of a stopped follower with bits flipped in its middle: restarted, the follower finds

@@ -188,6 +188,9 @@ pub struct Storage<LS, SM> {
     /// The current snapshot, as members whose own is damaged fetch it (`None`: a store without snapshot
     /// files).
     pub snapshots: Option<holdfast_store::SnapshotSource>,
+    /// The cut of the store's damaged log, if it has not caught up since (`None` too for a store that cuts
+    /// nothing).
+    pub recovering: Option<holdfast_store::Recovering>,
 }
 
 /// Node `id`'s storage on disk under `data_dir`, as [`run`] opens it: the leader's own entries go to its
@@ -208,6 +211,7 @@ pub fn disk_storage(
         durable: log.durable(),
         disk: Some(log.disk()),
         snapshots: Some(machine.source()),
+        recovering: log.recovering()?,
         log,
         machine,
     })
@@ -260,7 +264,8 @@ where
     let mut shutdown: Shutdown = Box::pin(shutdown);
     let opening = Opening { config: &config, events: &events, metrics: &metrics, peers: &peers };
     let (storage, client, health) = opening.open(&mut storage, client, health, &mut shutdown).await?;
-    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, disk, snapshots } = storage;
+    let Storage { log: log_store, machine: sm_store, state, committed_index, durable, disk, snapshots, recovering } =
+        storage;
     let purges = purge::Purges::new(config.snapshot_every_entries.min(1_000));
     let network = Network {
         peers: peers.clone(),
@@ -288,6 +293,7 @@ where
         queue_hold: config.queue_hold,
         purges,
         snapshots,
+        recovering,
         bugs: config.bugs,
     };
     let node = Arc::new(Node::new(config.id, parts));
@@ -317,8 +323,11 @@ impl Opening<'_> {
     /// Opens the node's storage with `storage`, the node's events observing it. A store that refuses to
     /// open keeps the node out of the cluster, up and saying why where probes and operators look (on
     /// `/readyz`, on `client` and `health`), until `shutdown`, and then fails: a restart would find the
-    /// same. One refused for a damaged snapshot does so only until a member's has replaced it
-    /// (`peer::refetch`), and is then opened again.
+    /// same. But where the node has members to turn to: a damaged log is cut at the damage and opened
+    /// again (the node then holds its votes until it caught up: `election::Elections::catch_up`), and a
+    /// damaged snapshot keeps it out only until a member's has replaced it (`peer::refetch`). Both act on
+    /// the disk store in `config.data_dir`; a store elsewhere (the simulation's) has no records there, and
+    /// nothing is mended.
     async fn open<LS, SM, C>(
         &self,
         storage: &mut impl FnMut(Arc<dyn holdfast_store::ApplyObserver>) -> anyhow::Result<Storage<LS, SM>>,
@@ -329,7 +338,7 @@ impl Opening<'_> {
     where
         C: axum::serve::Listener<Addr = std::net::SocketAddr>,
     {
-        let mut refetched = false;
+        let (mut refetched, mut cut) = (false, false);
         loop {
             let e = match storage(self.events.clone()) {
                 Ok(storage) => return Ok((storage, client, health)),
@@ -337,6 +346,15 @@ impl Opening<'_> {
             };
             let why = format!("{e:#}");
             let Config { id, data_dir, members, .. } = self.config;
+            if !cut && peer::refetch::damaged_log(&e, data_dir, *id, members) {
+                tracing::error!(error = %why, "the raft log is damaged: cutting it there; this node grants no vote until its log has caught up with its leader's");
+                match holdfast_store::cut_damaged_log(data_dir).await {
+                    Ok(what) => tracing::warn!(cut = %what, "cut the damaged raft log; opening the storage again"),
+                    Err(e) => tracing::error!(error = %e, "cannot cut the damaged raft log"),
+                }
+                cut = true;
+                continue;
+            }
             let damaged = peer::refetch::damaged_snapshot(&e, data_dir, *id, members).filter(|_| !refetched);
             let Some(damaged) = damaged else {
                 tracing::error!(error = %why, "the storage refused to open: this node stays out of the cluster and says why on /readyz");

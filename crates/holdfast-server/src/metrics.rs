@@ -169,6 +169,7 @@ pub struct Metrics {
     pub disk_full: Gauge,
     pub disk_stalled: Gauge,
     pub storage_refused: Gauge,
+    pub storage_catching_up: Gauge,
 
     // The lock state, read when scraped.
     pub locks_held: Gauge,
@@ -232,6 +233,7 @@ impl Metrics {
             disk_full: Gauge::default(),
             disk_stalled: Gauge::default(),
             storage_refused: Gauge::default(),
+            storage_catching_up: Gauge::default(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
             sessions: Gauge::default(),
@@ -352,6 +354,12 @@ impl Metrics {
             "1 while this node's storage refuses to open (damage found, an unknown format): the node serves \
              nothing but its health and metrics, and says why on /readyz",
             self.storage_refused.clone(),
+        );
+        storage.register(
+            "catching_up",
+            "1 while this node's log, cut where its disk damaged it, has not caught up with the leader's: the \
+             node grants no vote until it has, and says so on /readyz",
+            self.storage_catching_up.clone(),
         );
     }
 
@@ -486,6 +494,7 @@ mod tests {
             "holdfast_storage_disk_full 0",
             "holdfast_storage_disk_stalled 0",
             "holdfast_storage_refused 0",
+            "holdfast_storage_catching_up 0",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");

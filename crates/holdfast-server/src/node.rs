@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_store::{Durable, NodeId, SharedState, SnapshotPiece, SnapshotSource, TypeConfig};
+use holdfast_store::{Durable, NodeId, Recovering, SharedState, SnapshotPiece, SnapshotSource, TypeConfig};
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -31,7 +31,7 @@ use crate::metrics::Metrics;
 use crate::peer;
 use crate::peer::client::Peers;
 use crate::peer::codec::SNAPSHOT_CHUNK_BYTES;
-use crate::peer::protocol::{ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, SnapshotFetch};
+use crate::peer::protocol::{ForwardReply, ForwardRequest, LogEnd, NodeError, PreVote, PreVoteAnswer, SnapshotFetch};
 use crate::random::Random;
 use crate::route::{self, Router};
 
@@ -52,9 +52,15 @@ pub struct Node {
     route: Arc<Router>,
     peers: Arc<Peers>,
     purges: Arc<Purges>,
-    /// The current snapshot, for peers whose own is damaged (`None`: a store without snapshot files).
-    snapshots: Option<SnapshotSource>,
+    mending: Mending,
     bugs: Bugs,
+}
+
+/// What mends damaged data: this node's current snapshot, for peers whose own is damaged (`None`: a store
+/// without snapshot files), and the cut of its own damaged log while it has not caught up.
+struct Mending {
+    snapshots: Option<SnapshotSource>,
+    recovering: Option<Recovering>,
 }
 
 /// What a node is built from: its Raft and storage, and the settings of [`crate::Config`] its parts take.
@@ -80,6 +86,9 @@ pub struct Parts {
     pub purges: Arc<Purges>,
     /// The store's current snapshot, as peers fetch it (`None`: a store without snapshot files).
     pub snapshots: Option<SnapshotSource>,
+    /// The cut of the store's damaged log, if it has not caught up since: the node holds its votes until
+    /// it has.
+    pub recovering: Option<Recovering>,
     pub bugs: Bugs,
 }
 
@@ -103,11 +112,14 @@ impl Node {
             queue_hold,
             purges,
             snapshots,
+            recovering,
             bugs,
         } = parts;
         let random = Arc::new(Random::new(rng_seed));
         let elections =
             Arc::new(Elections::new(id, raft.clone(), peers.clone(), durable, random.clone(), metrics.clone(), bugs));
+        // Before the peer port is served: no vote may be granted with a cut log.
+        elections.hold(recovering.as_ref().map(|recovering| recovering.cut.clone()));
         let appender = Arc::new(Appender::new(raft.clone(), state.clone(), elections.clone(), metrics.clone(), clock));
         let auth = Auth::new(auth);
         let load = Arc::new(Load::new(limits.overload_delay, limits.overload_busy));
@@ -151,7 +163,8 @@ impl Node {
             load,
             bugs,
         }));
-        Node { id, raft, state, committed_index, api, events, elections, leader, route, peers, purges, snapshots, bugs }
+        let mending = Mending { snapshots, recovering };
+        Node { id, raft, state, committed_index, api, events, elections, leader, route, peers, purges, mending, bugs }
     }
 
     /// The peer connections, which a TLS reload resets.
@@ -178,6 +191,10 @@ impl Node {
         let (purges, raft, stop_purges) = (self.purges.clone(), self.raft.clone(), stop.clone());
         let purging = tokio::spawn(async move { purges.run(raft, stop_purges).await });
         let mut tasks = vec![keeper, confirmer, pings, watch, probe, purging];
+        if let Some(recovering) = self.mending.recovering.clone() {
+            let (elections, stop_catch_up) = (self.elections.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move { elections.catch_up(recovering, stop_catch_up).await }));
+        }
         if let Some(disk) = self.api.disk().cloned() {
             let (leader, stop_disk) = (self.leader.clone(), stop.clone());
             tasks.push(tokio::spawn(async move { leader.run_disk_watch(disk, stop_disk).await }));
@@ -196,6 +213,10 @@ impl peer::server::Handler for Node {
     }
 
     async fn vote(&self, rpc: VoteRequest<NodeId>) -> Result<VoteResponse<NodeId>, RaftError<NodeId>> {
+        if self.elections.votes_held().is_some() {
+            tracing::info!(candidate = %rpc.vote, "refused a vote: this node's cut log has not caught up");
+            return Ok(self.elections.refused_vote());
+        }
         let (candidate, last) = (rpc.vote, rpc.last_log_id);
         let voted = self.raft.vote(rpc).await;
         if let Ok(voted) = &voted {
@@ -230,8 +251,18 @@ impl peer::server::Handler for Node {
         self.elections.answer_pre_vote(asked)
     }
 
+    fn log_end(&self) -> LogEnd {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        LogEnd {
+            leader: m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id),
+            term: m.vote.leader_id().term,
+            last_index: m.last_log_index.unwrap_or(0),
+        }
+    }
+
     async fn fetch_snapshot(&self, asked: SnapshotFetch) -> Result<SnapshotPiece, NodeError> {
-        let Some(source) = &self.snapshots else {
+        let Some(source) = &self.mending.snapshots else {
             return Err(NodeError::Unavailable("this node keeps no snapshot files".into()));
         };
         let through = asked.through;

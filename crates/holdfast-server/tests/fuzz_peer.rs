@@ -135,6 +135,7 @@ fn request_bodies() -> Vec<Vec<u8>> {
         ),
         codec::request(Call::PreVote, &PreVote { candidate: 2, term: 3, last_log_id: Some(log_id(2, 30)) }),
         codec::request(Call::FetchSnapshot, &SnapshotFetch { through: 30, offset: 8 << 20 }),
+        codec::request(Call::LogEnd, &()),
     ];
     let token = Token(77);
     let writes = vec![
@@ -456,6 +457,7 @@ fn encoded(received: &Received) -> Vec<u8> {
         Received::Forward(forwarded) => (Call::Forward, bincode::serialize(forwarded)),
         Received::PreVote(asked) => (Call::PreVote, bincode::serialize(asked)),
         Received::FetchSnapshot(asked) => (Call::FetchSnapshot, bincode::serialize(asked)),
+        Received::LogEnd => (Call::LogEnd, bincode::serialize(&())),
     };
     [&codec::request(call, &())[4..], &body.unwrap()[..]].concat()
 }

@@ -20,7 +20,8 @@
 //!   stand in for the real one.
 //! - `convert`: reading a directory of an older format, whose records were in sled.
 //! - `refetched`: a damaged snapshot replaced by a peer's ([`replace_snapshot`]), and a node's current
-//!   snapshot read by the piece for such a peer ([`SnapshotSource`]).
+//!   snapshot read by the piece for such a peer ([`SnapshotSource`]); a damaged log cut at the damage
+//!   ([`cut_damaged_log`]), its node not voting until it caught up ([`Recovering`]).
 //! - `snapshot`: [`SnapshotData`], a snapshot's bytes as openraft moves them, in a file or in memory,
 //!   and their encoding and decoding as a stream.
 //! - `memory`: the memory store ([`open_memory`]), the same behaviour and contract on a [`MemDisk`].
@@ -50,6 +51,8 @@
 //!   at open); `records.new` while they are replaced (see the `records` module).
 //! - `committed`: the last committed log id, written in place.
 //! - `vote`: the vote (see the `vote` module); `vote.new` while one is saved.
+//! - `recovering`: only after the log was cut at damage, until the node caught up (see the `refetched`
+//!   module); `recovering.new` while it is written.
 //! - `reserve`: disk space held while there is room, and given back when the disk fills up (see the
 //!   `disk` module).
 //! - sled's files (`db`, `conf`, `blobs/`): the records of formats 1 to 4, read once when such a directory
@@ -150,7 +153,9 @@ pub use error::StoreError;
 pub use log_store::LogStore;
 pub use memory::{open_memory, MemDisk, MemLogStore, MemStateMachine};
 use records::RecordsFile;
-pub use refetched::{recorded_snapshot, replace_snapshot, Replaced, SnapshotPiece, SnapshotSource};
+pub use refetched::{
+    cut_damaged_log, recorded_snapshot, replace_snapshot, Recovering, Replaced, SnapshotPiece, SnapshotSource,
+};
 pub use runtime::{seed_thread_rng, Runtime};
 pub use snapshot::SnapshotData;
 pub use state_machine::{SnapshotBuilder, StateMachineStore};

@@ -91,6 +91,12 @@ impl LogStore {
         self
     }
 
+    /// The cut of this store's damaged log, if its node has not caught up since ([`crate::cut_damaged_log`]):
+    /// until it has, the node must not vote.
+    pub fn recovering(&self) -> Result<Option<crate::Recovering>, StoreError> {
+        crate::Recovering::read(self.fs.clone(), &self.dir)
+    }
+
     /// How far this node's log is durable.
     pub fn durable(&self) -> Durable {
         self.durable.clone()

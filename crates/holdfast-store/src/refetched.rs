@@ -1,8 +1,20 @@
-//! A stored snapshot found damaged, replaced by a peer's: what the damaged node reads of its own records
-//! ([`recorded_snapshot`]), what a peer serves of its current snapshot ([`SnapshotSource`]), and the
-//! replacement itself ([`replace_snapshot`]).
+//! Damaged data replaced by a member's: a stored snapshot found damaged, replaced by a peer's (what the
+//! damaged node reads of its own records, [`recorded_snapshot`]; what a peer serves of its current snapshot,
+//! [`SnapshotSource`]; the replacement itself, [`replace_snapshot`]); and a log found damaged, cut at the
+//! damage ([`cut_damaged_log`]), to be filled again from the leader by Raft.
 //!
-//! Why it is safe. A snapshot covers only applied, so committed, entries; a peer's snapshot through log id
+//! Why a damaged log may be cut. The entries after the damage may include some this node acknowledged and
+//! the cluster committed with its acknowledgement. Without them, a vote of this node could elect a
+//! candidate that lacks them, and they would be lost. So the cut is recorded first, durably (the
+//! `recovering` file, [`Recovering`]), and while it is recorded the node grants no vote or pre-vote and
+//! does not campaign: its server learns the last log index of a leader whose term is at least that of
+//! the node's own vote (a leader of that term or later holds every entry the node could have acknowledged
+//! and the cluster committed), waits until its own log reaches it, and only then removes the file
+//! ([`Recovering::caught_up`]). openraft 0.9 lets a follower's log go back below what its leader matched
+//! with the `loosen-follower-log-revert` feature, which the workspace turns on: the leader then searches
+//! for the follower's end again instead of asserting.
+//!
+//! Why replacing a snapshot is safe. A snapshot covers only applied, so committed, entries; a peer's snapshot through log id
 //! `S` holds the state every node reaches at `S`. The damaged node's log is left as it was when it holds
 //! `S` itself: its entries after `S` (which it may have acknowledged, and which a leader may count as
 //! matched) stay, and its last log id, which its votes compare, does not move. When its log does not hold
@@ -24,6 +36,7 @@ use crate::fs::{Fs, Open, RealFs};
 use crate::machine::Meta;
 use crate::records::RecordsFile;
 use crate::runtime::blocking;
+use crate::sealed;
 use crate::snapshot::Summary;
 use crate::{snapshot, state_machine, wal, NodeId, StoreError, FORMAT};
 
@@ -176,4 +189,87 @@ fn empty_log_without(
         }
         _ => Ok(0),
     }
+}
+
+/// The file of a store whose damaged log was cut, while its node has not caught up since.
+const RECOVERING: &str = "recovering";
+
+/// What the `recovering` file holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Cut {
+    /// What was cut where.
+    what: String,
+}
+
+/// A store whose damaged log was cut ([`cut_damaged_log`]), while its node has not caught up since: it
+/// must not vote (see the module docs).
+#[derive(Clone)]
+pub struct Recovering {
+    fs: Arc<dyn Fs>,
+    dir: std::path::PathBuf,
+    /// What was cut where.
+    pub cut: String,
+}
+
+impl std::fmt::Debug for Recovering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recovering").field("dir", &self.dir).field("cut", &self.cut).finish()
+    }
+}
+
+impl Recovering {
+    /// Whether the store under `dir` cut its log and has not caught up since: its `recovering` file. A
+    /// damaged one counts: the node must still not vote.
+    pub(crate) fn read(fs: Arc<dyn Fs>, dir: &Path) -> Result<Option<Recovering>, StoreError> {
+        let cut = match sealed::read::<Cut>(fs.as_ref(), dir, RECOVERING) {
+            Ok(None) => return Ok(None),
+            Ok(Some(Cut { what })) => what,
+            Err(damaged @ sealed::Failed::Damaged(_)) => format!("unknown ({damaged})"),
+            Err(e) => return Err(StoreError::Records(e.to_string())),
+        };
+        Ok(Some(Recovering { fs, dir: dir.to_owned(), cut }))
+    }
+
+    /// The node's log reached what its leader held when it asked: it may vote again. Removes the file,
+    /// durably.
+    pub async fn caught_up(&self) -> Result<(), StoreError> {
+        blocking(|| {
+            let path = self.dir.join(RECOVERING);
+            match self.fs.remove(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            self.fs.sync_dir(&self.dir)
+        })
+        .map_err(|e| StoreError::Records(format!("removing {}: {e}", self.dir.join(RECOVERING).display())))
+    }
+}
+
+/// Cuts the log of the store under `dir` at its first damage (see the `wal` module's `cut_at_damage`),
+/// after recording, durably, that its node must not vote until it has caught up ([`Recovering`]) and
+/// resetting its saved commit to none (the log may now end before it). Answers what was cut where, or
+/// that the log ended before the saved commit with nothing damaged. Call it before the store is opened,
+/// which then opens the log as cut and reports the store as recovering.
+pub async fn cut_damaged_log(dir: &Path) -> Result<String, StoreError> {
+    cut_on(Arc::new(RealFs), dir).await
+}
+
+/// [`cut_damaged_log`] on the file system `fs`.
+pub(crate) async fn cut_on(fs: Arc<dyn Fs>, dir: &Path) -> Result<String, StoreError> {
+    let records = match RecordsFile::read(fs.as_ref(), dir)? {
+        Some(records) if records.format == FORMAT => records,
+        Some(records) => return Err(StoreError::Format { found: records.format, expected: FORMAT }),
+        None => return Err(StoreError::Records(format!("{} is missing", dir.join(crate::records::FILE).display()))),
+    };
+    blocking(|| {
+        let before = Cut { what: "the log was being cut at its damage".into() };
+        sealed::replace(fs.as_ref(), dir, RECOVERING, &before).map_err(|e| StoreError::Records(e.to_string()))?;
+        let purged = records.purged;
+        RecordsFile::new(fs.clone(), dir, records, None)?.sync_committed();
+        let what = wal::cut_at_damage(fs.as_ref(), &dir.join(wal::DIR), purged)?
+            .unwrap_or_else(|| "nothing was damaged, but the log ended before the saved commit".into());
+        let cut = Cut { what: what.clone() };
+        sealed::replace(fs.as_ref(), dir, RECOVERING, &cut).map_err(|e| StoreError::Records(e.to_string()))?;
+        Ok(what)
+    })
 }

@@ -249,6 +249,62 @@ fn scan(fs: &dyn Fs, seq: u64, path: PathBuf) -> Result<(Segment, Option<LogId<N
     Ok((Segment { seq, path, file, first, records }, last, torn))
 }
 
+/// Cuts the log under `dir` (of a store that purged through `purged`) at its first damage: a bad record
+/// before the last segment's end or in the last segment, a segment that does not follow the one before, or
+/// one before the last with bytes but no first record. The records before the damage stay; the segment
+/// holding it is cut at the bad record (or removed, when none of it is good), and every later segment is
+/// removed, durably. Answers what was cut where (`None`: nothing was damaged). An intact record that does
+/// not decode is an error, as at open: nothing is cut. Blocks on disk IO.
+pub(crate) fn cut_at_damage(
+    fs: &dyn Fs,
+    dir: &Path,
+    purged: Option<LogId<NodeId>>,
+) -> Result<Option<String>, StoreError> {
+    let mut seqs: Vec<u64> = fs
+        .list(dir)
+        .map_err(StoreError::Io)?
+        .into_iter()
+        .filter_map(|name| name.to_string_lossy().strip_prefix("segment-").and_then(|s| s.parse().ok()))
+        .collect();
+    seqs.sort_unstable();
+    let mut last = None::<LogId<NodeId>>;
+    let mut cut = None;
+    for (i, &seq) in seqs.iter().enumerate() {
+        let (segment, segment_last, torn) = scan(fs, seq, segment_path(dir, seq))?;
+        let path = segment.path.display().to_string();
+        let follows = match (last, segment.first) {
+            (Some(before), Some(first)) => may_follow(before.index, first, purged.map(|p| p.index)),
+            _ => true,
+        };
+        let is_last = i + 1 == seqs.len();
+        if !follows {
+            cut = Some((i, 0, format!("{path} does not follow the segment before it")));
+        } else if segment.first.is_none() && !is_last && first_written_byte(segment.file.as_ref())?.is_some() {
+            cut = Some((i, 0, format!("{path} has no record at its start but bytes after it")));
+        } else if torn {
+            cut = Some((i, segment.end(), format!("{path} has a bad record at byte {}", segment.end())));
+        }
+        if cut.is_some() {
+            break;
+        }
+        last = segment_last.or(last);
+    }
+    let Some((at, keep, what)) = cut else { return Ok(None) };
+    // The later segments first, the highest first, so that a crash part-way leaves a prefix of the log.
+    for &seq in seqs[at + 1..].iter().rev() {
+        fs.remove(&segment_path(dir, seq)).map_err(StoreError::Io)?;
+    }
+    let damaged = segment_path(dir, seqs[at]);
+    if keep == 0 {
+        fs.remove(&damaged).map_err(StoreError::Io)?;
+    } else {
+        let file = fs.open(&damaged, Open::Existing).map_err(StoreError::Io)?;
+        file.set_len(keep).and_then(|()| file.sync_all()).map_err(StoreError::Io)?;
+    }
+    fs.sync_dir(dir).map_err(StoreError::Io)?;
+    Ok(Some(what))
+}
+
 impl Wal {
     /// Opens the log under `dir` (creating it), given the last purged log id: a gap between two segments
     /// is allowed only where every entry before it was purged.

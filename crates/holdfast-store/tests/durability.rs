@@ -774,3 +774,43 @@ async fn an_older_or_changed_peer_snapshot_is_refused_and_changes_nothing() -> R
     assert!(open_quiet(dir.path()).is_err(), "still damaged");
     Ok(())
 }
+
+/// A log with bits flipped among entries it recorded as committed refuses the open; cut at the damage
+/// (`cut_damaged_log`), it opens with the entries before the bad record and none after, no saved commit,
+/// and the cut recorded (`LogStore::recovering`, naming the file and byte) until the node caught up.
+#[tokio::test]
+async fn a_damaged_log_cut_at_the_damage_opens_as_recovering_until_caught_up() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries: Vec<_> = (1..=40).map(|i| acquire(1, i, &format!("lock-{i}"), "owner", u128::from(i))).collect();
+    {
+        let (mut log, _sm) = open_quiet(dir.path())?;
+        log.blocking_append(entries.clone()).await?;
+        log.save_committed(Some(log_id(1, 40))).await?;
+        assert!(log.recovering()?.is_none());
+    }
+    let segments = dir.path().join("raft-log");
+    let [segment] = &std::fs::read_dir(&segments)?.map(|e| Ok(e?.path())).collect::<Result<Vec<_>>>()?[..] else {
+        panic!("one segment")
+    };
+    let mut bytes = std::fs::read(segment)?;
+    let written = bytes.iter().rposition(|&b| b != 0).expect("bytes written") + 1;
+    bytes[written / 2] ^= 0xff;
+    std::fs::write(segment, &bytes)?;
+    let refused = open_quiet(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.starts_with("the raft log is corrupt: "), "{refused}");
+
+    let what = holdfast_store::cut_damaged_log(dir.path()).await?;
+    assert!(what.contains("has a bad record at byte") && what.contains("segment-"), "{what}");
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    let kept = log.try_get_log_entries(..).await?;
+    assert!(!kept.is_empty() && kept.len() < 40, "{} entries kept", kept.len());
+    assert_eq!(kept, entries[..kept.len()], "the entries before the damage, as they were");
+    assert_eq!(log.read_committed().await?, None);
+    let recovering = log.recovering()?.expect("the cut is recorded");
+    assert_eq!(recovering.cut, what);
+    recovering.caught_up().await?;
+    assert!(log.recovering()?.is_none(), "caught up, the record is gone");
+    drop(log);
+    assert!(open_quiet(dir.path())?.0.recovering()?.is_none());
+    Ok(())
+}

@@ -115,6 +115,12 @@ impl Api {
                 ));
             }
         }
+        if let Some(cut) = self.elections.votes_held() {
+            return Err(format!(
+                "catching up: this node's log was cut where its disk damaged it ({cut}); it grants no vote until \
+                 its log reaches its leader's"
+            ));
+        }
         let leader = self.elections.leader();
         let metrics = self.raft.metrics();
         let m = metrics.borrow();

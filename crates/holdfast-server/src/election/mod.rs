@@ -6,6 +6,7 @@
 //!
 //! Imports only `peer` (pre-votes go to peers) and the leaves.
 
+mod catch_up;
 pub mod core;
 
 use std::collections::BTreeSet;
@@ -36,6 +37,9 @@ pub struct Elections {
     durable: Durable,
     random: Arc<Random>,
     metrics: Arc<Metrics>,
+    /// While this node's damaged log, cut, has not caught up: what was cut where. It then grants no vote
+    /// or pre-vote and does not campaign (see `catch_up`).
+    held: Mutex<Option<String>>,
     bugs: Bugs,
 }
 
@@ -67,7 +71,7 @@ impl Elections {
         let lease = Duration::from_millis(config.election_timeout_max);
         let look = Duration::from_millis((config.heartbeat_interval / 4).max(1));
         let core = Mutex::new(Election::new(id, Instant::now(), lease, look));
-        Elections { id, raft, core, peers, durable, random, metrics, bugs }
+        Elections { id, raft, core, peers, durable, random, metrics, held: Mutex::default(), bugs }
     }
 
     fn core(&self) -> MutexGuard<'_, Election> {
@@ -168,8 +172,18 @@ impl Elections {
         self.act(actions);
     }
 
-    /// Answers a peer's [`PreVote`] ([`Election::pre_vote_asked`]).
+    /// Why this node grants no vote and does not campaign, if it does not: its damaged log was cut (what
+    /// was cut where) and has not caught up (see `catch_up`).
+    pub fn votes_held(&self) -> Option<String> {
+        self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Answers a peer's [`PreVote`] ([`Election::pre_vote_asked`]); refused while votes are held.
     pub fn answer_pre_vote(&self, asked: &PreVote) -> PreVoteAnswer {
+        if self.votes_held().is_some() {
+            tracing::debug!(candidate = asked.candidate, "refused a pre-vote: this node's cut log has not caught up");
+            return PreVoteAnswer { granted: false };
+        }
         let role = self.role();
         let (answer, actions) = self.core().pre_vote_asked(Instant::now(), role, asked);
         let (candidate, term, granted) = (asked.candidate, asked.term, answer.granted);
@@ -196,7 +210,7 @@ impl Elections {
                 match action {
                     Action::LookAt(at) => next_look = at,
                     Action::AskPreVotes(asked) => {
-                        let won = self.pre_vote(asked).await;
+                        let won = self.votes_held().is_none() && self.pre_vote(asked).await;
                         if !won {
                             self.metrics.pre_votes_lost.inc();
                             tracing::debug!(
@@ -228,6 +242,9 @@ impl Elections {
 
     /// Carries out `actions` that campaign, each in a task of its own: a campaign waits for openraft's core.
     fn act(&self, actions: Vec<Action>) {
+        if self.votes_held().is_some() {
+            return;
+        }
         for action in actions {
             let raft = self.raft.clone();
             match action {

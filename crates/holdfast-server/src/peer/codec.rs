@@ -70,11 +70,14 @@ pub enum Call {
     /// A piece of the peer's current snapshot, for a node whose own is damaged. A build without it closes
     /// the connection on this call, which the asker takes for a peer that cannot serve it.
     FetchSnapshot,
+    /// Whether the peer leads, in which term, and its log's last index: what a node whose damaged log was
+    /// cut catches up to before it votes again. A build without it closes the connection on this call.
+    LogEnd,
 }
 
 impl Call {
-    const ALL: [Call; 6] =
-        [Call::Append, Call::Vote, Call::Snapshot, Call::Forward, Call::PreVote, Call::FetchSnapshot];
+    const ALL: [Call; 7] =
+        [Call::Append, Call::Vote, Call::Snapshot, Call::Forward, Call::PreVote, Call::FetchSnapshot, Call::LogEnd];
 
     fn byte(self) -> u8 {
         match self {
@@ -84,6 +87,7 @@ impl Call {
             Call::Forward => 4,
             Call::PreVote => 5,
             Call::FetchSnapshot => 6,
+            Call::LogEnd => 7,
         }
     }
 
@@ -152,6 +156,8 @@ pub enum Received {
     PreVote(PreVote),
     /// [`Call::FetchSnapshot`].
     FetchSnapshot(SnapshotFetch),
+    /// [`Call::LogEnd`] (its body is empty).
+    LogEnd,
 }
 
 /// Decodes a request frame's body, as [`read_frame`] read it: the call's byte, then its bincode. An error
@@ -167,6 +173,7 @@ pub fn decode_request(request: &[u8]) -> io::Result<Received> {
         Some(Call::Forward) => Received::Forward(decode(body)?),
         Some(Call::PreVote) => Received::PreVote(decode(body)?),
         Some(Call::FetchSnapshot) => Received::FetchSnapshot(decode(body)?),
+        Some(Call::LogEnd) => decode::<()>(body).map(|()| Received::LogEnd)?,
         None => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown call {call}"))),
     })
 }
@@ -274,7 +281,7 @@ mod tests {
             assert_eq!(Call::from_byte(call.byte()), Some(call));
         }
         assert_eq!(Call::from_byte(0), None);
-        assert_eq!(Call::from_byte(7), None);
+        assert_eq!(Call::from_byte(8), None);
     }
 
     #[tokio::test]

@@ -245,3 +245,12 @@ pub struct SnapshotFetch {
     pub through: u64,
     pub offset: u64,
 }
+
+/// A node's answer to [`super::codec::Call::LogEnd`]: whether it leads, the term of its vote, and the
+/// index of its log's last entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEnd {
+    pub leader: bool,
+    pub term: u64,
+    pub last_index: u64,
+}

@@ -36,25 +36,51 @@ pub struct Damaged {
 
 /// The snapshot recorded in `data_dir` and whom to ask for another, if `error` (the store's refusal to
 /// open) says its bytes are damaged or its file is missing and the node (`own`, started with `members`)
-/// has a member to ask. `None` for any other refusal, which a member's snapshot cannot mend (a damaged
-/// log, vote or records file, an unknown format, a snapshot file that cannot be read or written).
+/// has a member to ask. `None` for any other refusal.
 pub fn damaged_snapshot(
     error: &anyhow::Error,
     data_dir: &Path,
     own: NodeId,
     members: &BTreeMap<NodeId, String>,
 ) -> Option<Damaged> {
-    let snapshot = error.chain().any(|cause| match cause.downcast_ref::<StoreError>() {
-        Some(StoreError::SnapshotCorrupt(_)) => true,
-        Some(StoreError::SnapshotFile(e)) => e.kind() == std::io::ErrorKind::NotFound,
+    let snapshot = store_error(error).is_some_and(|e| match e {
+        StoreError::SnapshotCorrupt(_) => true,
+        StoreError::SnapshotFile(e) => e.kind() == std::io::ErrorKind::NotFound,
         _ => false,
     });
     let meta = snapshot.then(|| holdfast_store::recorded_snapshot(data_dir).ok().flatten()).flatten()?;
-    let mut asked: BTreeMap<NodeId, String> =
-        meta.last_membership.membership().nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
-    asked.extend(members.iter().map(|(id, addr)| (*id, addr.clone())));
-    asked.remove(&own);
-    (!asked.is_empty()).then_some(Damaged { meta, members: asked })
+    let members = members_besides(own, members, Some(&meta));
+    (!members.is_empty()).then_some(Damaged { meta, members })
+}
+
+/// Whether `error` (the store's refusal to open) says the Raft log is damaged, and the node (`own`, started
+/// with `members`, its data in `data_dir`) has a member whose leader can fill its log again once it is cut
+/// at the damage (holdfast-store's `cut_damaged_log`).
+pub fn damaged_log(error: &anyhow::Error, data_dir: &Path, own: NodeId, members: &BTreeMap<NodeId, String>) -> bool {
+    if !store_error(error).is_some_and(|e| matches!(e, StoreError::LogCorrupt(_))) {
+        return false;
+    }
+    let recorded = holdfast_store::recorded_snapshot(data_dir).ok().flatten();
+    !members_besides(own, members, recorded.as_ref()).is_empty()
+}
+
+/// The store's error in `error`'s chain, if any.
+fn store_error(error: &anyhow::Error) -> Option<&StoreError> {
+    error.chain().find_map(|cause| cause.downcast_ref::<StoreError>())
+}
+
+/// The members `snapshot`'s membership knew and those the node was started with (`members`), but the node
+/// itself (`own`).
+fn members_besides(
+    own: NodeId,
+    members: &BTreeMap<NodeId, String>,
+    snapshot: Option<&SnapshotMeta<NodeId, BasicNode>>,
+) -> BTreeMap<NodeId, String> {
+    let known = snapshot.into_iter().flat_map(|meta| meta.last_membership.membership().nodes());
+    let mut all: BTreeMap<NodeId, String> = known.map(|(id, node)| (*id, node.addr.clone())).collect();
+    all.extend(members.iter().map(|(id, addr)| (*id, addr.clone())));
+    all.remove(&own);
+    all
 }
 
 /// Replaces the damaged snapshot in `data_dir` with a member's that covers at least as much of the log:

@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::{Stream, StreamExt};
 
 use super::codec::{self, encode_into, Received, READ_BUFFER_BYTES};
-use super::protocol::{ForwardReply, ForwardRequest, NodeError, PreVote, PreVoteAnswer, SnapshotFetch};
+use super::protocol::{ForwardReply, ForwardRequest, LogEnd, NodeError, PreVote, PreVoteAnswer, SnapshotFetch};
 
 /// A connection's buffers that grew past this (for a snapshot chunk) are let go after the call.
 const BUFFER_KEPT_BYTES: usize = 1 << 20;
@@ -48,6 +48,8 @@ pub trait Handler: Send + Sync + 'static {
     fn pre_vote(&self, asked: &PreVote) -> PreVoteAnswer;
     /// A piece of this node's current snapshot, for a peer whose own is damaged.
     fn fetch_snapshot(&self, asked: SnapshotFetch) -> impl Future<Output = Result<SnapshotPiece, NodeError>> + Send;
+    /// Whether this node leads, in which term, and its log's last index.
+    fn log_end(&self) -> LogEnd;
 }
 
 /// Serves peer connections from `incoming` with `handler` until `stop` changes; then closes them all.
@@ -101,6 +103,7 @@ async fn answer_calls(handler: &impl Handler, io: impl AsyncRead + AsyncWrite + 
             Received::Forward(forwarded) => encode_into(&mut answer, &handler.forward(forwarded).await?),
             Received::PreVote(asked) => encode_into(&mut answer, &handler.pre_vote(&asked)),
             Received::FetchSnapshot(asked) => encode_into(&mut answer, &handler.fetch_snapshot(asked).await),
+            Received::LogEnd => encode_into(&mut answer, &handler.log_end()),
         }
         codec::write_frame(&mut io, &mut answer).await?;
         for buf in [&mut request, &mut answer] {
