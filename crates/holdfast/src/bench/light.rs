@@ -2,8 +2,9 @@
 //! generator is not what limits a run of hundreds of thousands of heartbeats a second.
 //!
 //! One task per connection owns its sessions' streams (raw `Locks.Session` calls): it opens them (`Open`,
-//! then `Acquire` of the session's own lock), then heartbeats all of them together every lease/4 and reads
-//! every stream's events. Each session's lease is kept by the client's rule: confirmed until the send
+//! then `Acquire` of the session's own lock), heartbeats all of them together every lease/4 from their
+//! open on (as the library's session task does, while the lock is still being taken too), and reads every
+//! stream's events. Each session's lease is kept by the client's rule: confirmed until the send
 //! instant of the last acknowledged heartbeat (or the `Open`) plus the lease. A session whose lease ran out
 //! by that clock, that was told `Lost`, or whose stream ended, counts as having lost its lock. What the
 //! library also does and this does not: resume on another node, reconnect, TLS and API keys.
@@ -17,7 +18,7 @@ use futures_util::stream::FuturesUnordered;
 use holdfast_proto::v1::{
     Close, EventKind, Heartbeat, LocksClient, Open, RequestKind, SessionAcquire, SessionEvent, SessionRequest,
 };
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{StreamExt, StreamMap};
 use tonic::Streaming;
@@ -59,6 +60,9 @@ struct Light {
     confirmed_until: Instant,
     /// How long the last acknowledged heartbeat took to be acknowledged.
     last_round_trip: Duration,
+    /// When its `Acquire` was sent, and its place among the sessions opened at once, until it was answered.
+    taking: Option<(Instant, OwnedSemaphorePermit)>,
+    /// Heartbeats no longer sent: its lock was lost, or could not be taken.
     lost: bool,
 }
 
@@ -86,8 +90,9 @@ pub async fn connection(
     let client = LocksClient::new(channel);
     let ids_start = ids.start;
     // Each session heartbeats from when it is open, not from when the connection's last one is.
-    let mut opens: FuturesUnordered<_> =
-        ids.map(|i| open(client.clone(), super::sessions::lock_name(run_id, i), lease, &opening, &tally)).collect();
+    let mut opens: FuturesUnordered<_> = ids
+        .map(|i| open(client.clone(), super::sessions::lock_name(run_id, i), lease, opening.clone(), &tally))
+        .collect();
     let mut sessions = Vec::new();
     let mut events = StreamMap::new();
     let period = lease / 4;
@@ -111,7 +116,10 @@ pub async fn connection(
             }
             Some((i, event)) = events.next() => match event.map(|e| e.kind) {
                 Ok(Some(EventKind::HeartbeatAck(ack))) => sessions[i].acknowledged(ack.seq, lease, &tally),
+                Ok(Some(EventKind::Acquired(_))) => sessions[i].took_lock(&tally),
                 Ok(Some(EventKind::Lost(_))) | Err(_) => lose(&mut sessions[i], &tally),
+                // Anything else answers the acquire: the lock was not taken.
+                Ok(Some(_)) if sessions[i].taking.is_some() => sessions[i].not_taken(&tally).await,
                 Ok(_) => {}
             },
             _ = stop.changed() => break,
@@ -128,7 +136,8 @@ pub async fn connection(
     let _ = tokio::time::timeout(Duration::from_secs(10), async { while events.next().await.is_some() {} }).await;
 }
 
-/// Sends heartbeat `seq` on every session still holding, and counts those whose lease ran out as lost.
+/// Sends heartbeat `seq` on every session still open (holding its lock or taking it), and counts those whose
+/// lease ran out as lost.
 fn beat_all(sessions: &mut [Light], seq: u64, tally: &Tally) {
     let now = Instant::now();
     for session in sessions.iter_mut().filter(|s| !s.lost) {
@@ -151,6 +160,22 @@ fn beat_all(sessions: &mut [Light], seq: u64, tally: &Tally) {
 }
 
 impl Light {
+    /// Its lock was taken: the session counts as opened.
+    fn took_lock(&mut self, tally: &Tally) {
+        if let Some((taking, _opening)) = self.taking.take() {
+            tally.lock.lock().unwrap().push(taking.elapsed());
+            tally.opened.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Its lock was not taken: counted as failed, and the session closed.
+    async fn not_taken(&mut self, tally: &Tally) {
+        self.taking = None;
+        self.lost = true;
+        tally.failures.fetch_add(1, Ordering::Relaxed);
+        let _ = self.tx.send(request(RequestKind::Close(Close {}))).await;
+    }
+
     /// Heartbeat `seq` was acknowledged: the lease holds until its send instant plus the lease.
     fn acknowledged(&mut self, seq: u64, lease: Duration, tally: &Tally) {
         while let Some(&(sent_seq, at)) = self.sent.front() {
@@ -174,15 +199,18 @@ fn lose(session: &mut Light, tally: &Tally) {
     }
 }
 
-/// Opens a session and takes its lock `name`; `None` (counted) if either failed or the open was refused.
+/// Opens a session and asks for its lock `name` (the answer comes on the stream it returns, which the
+/// connection's task reads while it heartbeats the session); `None` (counted) if the open failed or was
+/// refused.
 async fn open(
     mut client: LocksClient<tonic::transport::Channel>,
     name: String,
     lease: Duration,
-    opening: &Semaphore,
+    opening: Arc<Semaphore>,
     tally: &Tally,
 ) -> Option<(Light, Streaming<SessionEvent>)> {
-    let _permit = opening.acquire().await.ok()?;
+    // Held until the lock is taken, or not: an opener waits out its open and then its acquire.
+    let permit = opening.acquire_owned().await.ok()?;
     let (tx, rx) = mpsc::channel(16);
     let sent = Instant::now();
     let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
@@ -209,23 +237,15 @@ async fn open(
         Ok(_) => return failed(None).await,
     }
     tally.open.lock().unwrap().push(sent.elapsed());
-    let taking = Instant::now();
     let acquire = SessionAcquire { name, wait: false, value: Vec::new(), lock_delay_ms: 0, limit: 0 };
+    let taking = Instant::now();
     tx.send(request(RequestKind::Acquire(acquire))).await.ok()?;
-    loop {
-        match inbound.message().await {
-            Ok(Some(SessionEvent { kind: Some(EventKind::Acquired(_)) })) => break,
-            Ok(Some(SessionEvent { kind: Some(EventKind::HeartbeatAck(_)) })) => continue,
-            _ => return failed(None).await,
-        }
-    }
-    tally.lock.lock().unwrap().push(taking.elapsed());
-    tally.opened.fetch_add(1, Ordering::Relaxed);
     let light = Light {
         tx,
         sent: VecDeque::new(),
         confirmed_until: sent + lease,
         last_round_trip: Duration::ZERO,
+        taking: Some((taking, permit)),
         lost: false,
     };
     Some((light, inbound))
