@@ -210,8 +210,10 @@ impl Elections {
                 match action {
                     Action::LookAt(at) => next_look = at,
                     Action::AskPreVotes(asked) => {
-                        let won = self.votes_held().is_none() && self.pre_vote(asked).await;
-                        if !won {
+                        // A node whose votes are held asks no one: it does not campaign.
+                        let held = self.votes_held().is_some();
+                        let won = !held && self.pre_vote(asked).await;
+                        if !won && !held {
                             self.metrics.pre_votes_lost.inc();
                             tracing::debug!(
                                 "not campaigning: a majority of the voters still hears a leader, or holds a longer log"
@@ -241,6 +243,7 @@ impl Elections {
     }
 
     /// Carries out `actions` that campaign, each in a task of its own: a campaign waits for openraft's core.
+    /// None while this node's votes are held.
     fn act(&self, actions: Vec<Action>) {
         if self.votes_held().is_some() {
             return;
