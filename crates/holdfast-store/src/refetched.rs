@@ -14,17 +14,18 @@
 //! with the `loosen-follower-log-revert` feature, which the workspace turns on: the leader then searches
 //! for the follower's end again instead of asserting.
 //!
-//! Why replacing a snapshot is safe. A snapshot covers only applied, so committed, entries; a peer's snapshot through log id
-//! `S` holds the state every node reaches at `S`. The damaged node's log is left as it was when it holds
-//! `S` itself: its entries after `S` (which it may have acknowledged, and which a leader may count as
-//! matched) stay, and its last log id, which its votes compare, does not move. When its log does not hold
-//! `S` (shorter, or another entry at that index), every entry of it that the cluster committed lies below
-//! `S`'s index and is in the snapshot, and those after it were never committed: the log is emptied, as an
-//! install of a leader's snapshot past a follower's log does, and openraft's start purges it through `S`.
-//! No entry the node acknowledged and the cluster committed is lost, and a leader's matched index for it
-//! (below `S` then, since the leader holds `S`) does not go past its log. The log is emptied before the
-//! snapshot is saved: a crash between leaves the damaged snapshot recorded, and the next start fetches
-//! again, before the node takes part in anything.
+//! Why replacing a snapshot is safe. A snapshot covers only applied, so committed, entries; a peer's
+//! snapshot through log id `S` holds the state every node reaches at `S`. The damaged node's log is left as
+//! it was when it holds `S` itself: its entries after `S` (which it may have acknowledged, and which a
+//! leader may count as matched) stay, and its last log id, which its votes compare, does not move. When its
+//! log does not hold `S` (shorter, or another entry at that index), every entry of it that the cluster
+//! committed lies below `S`'s index and is in the snapshot, and those after it were never committed (nor
+//! can be: they follow an entry that lost to `S`'s): the log is emptied, as an install of a leader's
+//! snapshot past a follower's log does, and openraft's start purges it through `S`. No entry the node
+//! acknowledged and the cluster committed is lost, so no vote of it needs holding, and a leader's matched
+//! index for it (below `S` then, since the leader holds `S`) does not go past its log. The log is emptied
+//! before the snapshot is saved: a crash between leaves the damaged snapshot recorded, and the next start
+//! fetches again, before the node takes part in anything.
 
 use std::path::Path;
 use std::sync::Arc;
