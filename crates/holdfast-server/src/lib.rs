@@ -193,6 +193,20 @@ pub struct Storage<LS, SM> {
     pub recovering: Option<holdfast_store::Recovering>,
 }
 
+impl<LS, SM> Storage<LS, SM> {
+    /// Storage whose disk nobody watches and whose damage nobody mends (the simulation's, in memory or on
+    /// its crash file system): no disk, no snapshot files served to peers, no cut log.
+    pub fn unwatched(
+        log: LS,
+        machine: SM,
+        state: holdfast_store::SharedState,
+        committed_index: Arc<std::sync::atomic::AtomicU64>,
+        durable: holdfast_store::Durable,
+    ) -> Self {
+        Storage { log, machine, state, committed_index, durable, disk: None, snapshots: None, recovering: None }
+    }
+}
+
 /// Node `id`'s storage on disk under `data_dir`, as [`run`] opens it: the leader's own entries go to its
 /// followers while they are synced (see holdfast-store's `durable`).
 pub fn disk_storage(

@@ -605,16 +605,7 @@ async fn serve_node(config: Config, disk: Disk, registry: Registry) -> turmoil::
                 let (log, machine) = open_memory(&disk, observer);
                 let log = log.acknowledge_own_appends(id);
                 let (state, committed_index, durable) = (machine.state(), log.committed_index(), log.durable());
-                Ok(Storage {
-                    state,
-                    committed_index,
-                    durable,
-                    disk: None,
-                    snapshots: None,
-                    recovering: None,
-                    log,
-                    machine,
-                })
+                Ok(Storage::unwatched(log, machine, state, committed_index, durable))
             };
             holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
         }
@@ -623,16 +614,7 @@ async fn serve_node(config: Config, disk: Disk, registry: Registry) -> turmoil::
                 let (log, machine) = open_on_crash_fs(fs.clone(), std::path::Path::new(FILES_DIR), observer)?;
                 let log = log.acknowledge_own_appends(id);
                 let (state, committed_index, durable) = (machine.state(), log.committed_index(), log.durable());
-                Ok(Storage {
-                    state,
-                    committed_index,
-                    durable,
-                    disk: None,
-                    snapshots: None,
-                    recovering: None,
-                    log,
-                    machine,
-                })
+                Ok(Storage::unwatched(log, machine, state, committed_index, durable))
             };
             holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
         }
