@@ -2,12 +2,12 @@
 //!
 //! `cargo bench -p holdfast-core` prints the time per entry for the common entries: a grant on a free lock,
 //! a release, an acquire and release of one lock (a pair), a hand-over to the next waiter, a renew, a batch of 64 grants in one entry, and a snapshot of
-//! a large state.
+//! a large state; and a heartbeat's look at its session among 100,000.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use holdfast_core::{Acquire, Command, Entry, LockState, Token};
+use holdfast_core::{Acquire, Command, Entry, LockState, SecretDigest, SessionId, Token};
 
 const T0: u64 = 1_800_000_000_000;
 
@@ -143,5 +143,53 @@ fn apply(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply);
+/// A state with `n` sessions, each holding a lock of its own; their ids, drawn as a leader draws them
+/// (spread over the whole range), in an order unrelated to theirs.
+fn sessions(n: u64) -> (LockState, Vec<SessionId>) {
+    let mut state = LockState::new();
+    // A 64-bit mix of the counter: ids spread as random ones are, and the same every run.
+    let id_of = |i: u64| {
+        let mut x = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    };
+    let ids: Vec<SessionId> = (0..n).map(id_of).collect();
+    for (i, &id) in ids.iter().enumerate() {
+        let index = 2 * i as u64 + 1;
+        let open = Command::OpenSessionCapped {
+            id,
+            owner: format!("worker-{i}"),
+            lease_ms: 10_000,
+            secret: SecretDigest([7; 32]),
+            sessions_max: n,
+        };
+        state.apply(index, &Entry { at_ms: T0, cmd: open });
+        let mut take = acquire(format!("job-{i}"), u128::from(index) + 1, 0);
+        if let Command::Acquire(a) = &mut take.cmd {
+            a.session = Some(id);
+        }
+        state.apply(index + 1, &take);
+    }
+    // The heartbeats' order: every 7919th session in turn (a prime), unrelated to the ids' order.
+    let order = (0..n as usize).map(|i| ids[i * 7919 % n as usize]).collect();
+    (state, order)
+}
+
+fn heartbeats(c: &mut Criterion) {
+    let mut group = c.benchmark_group("heartbeat");
+    let (state, order) = sessions(100_000);
+    assert!(state.session_summary(order[0]).is_some_and(|(_, _, holds, _)| holds == 1));
+    group.throughput(Throughput::Elements(order.len() as u64));
+    group.bench_function("look at each of 100k sessions, as a heartbeat's answer does", |b| {
+        b.iter(|| {
+            for &id in &order {
+                black_box(state.session_summary(id));
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, apply, heartbeats);
 criterion_main!(benches);

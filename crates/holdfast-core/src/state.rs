@@ -446,13 +446,17 @@ struct Session {
 /// while a copy shares it; it also keeps the tree's nodes small (a million held locks at 85861e8: about
 /// 262 bytes a lock in all, against 294 in the ordered map used before and 361 with the locks inline;
 /// semaphores' list of holders added 32 bytes a lock, see docs/perf-notes/2026-12-04-semaphores-memory.md).
+/// Each session sits behind an [`Arc`] too: a tree's leaf holds its entries inline, and a heartbeat's
+/// answer looks its session up ([`LockState::session_summary`]), whose binary search in a leaf of 64
+/// session-sized entries touched a new cache line at nearly every step; in 16-byte entries, a look at each
+/// of 100,000 sessions takes 138-146 ns where it took 234 (`cargo bench -p holdfast-core -- heartbeat`).
 /// Serialized, they are the same bytes as the ordered maps they replaced.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
     #[serde(deserialize_with = "ordered::deserialize")]
     locks: OrdMap<String, Arc<Lock>>,
     #[serde(deserialize_with = "ordered::deserialize")]
-    sessions: OrdMap<SessionId, Session>,
+    sessions: OrdMap<SessionId, Arc<Session>>,
     /// API keys: tenant id to the key's hash and creation time; and the reverse.
     keys: BTreeMap<u64, ([u8; 32], u64)>,
     key_tenants: BTreeMap<[u8; 32], u64>,
@@ -673,7 +677,7 @@ mod before_values {
             };
             super::LockState {
                 locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
-                sessions: self.sessions.into_iter().collect(),
+                sessions: self.sessions.into_iter().map(|(id, session)| (id, Arc::new(session))).collect(),
                 keys: self.keys,
                 key_tenants: self.key_tenants,
                 now_ms: self.now_ms,
@@ -793,7 +797,7 @@ mod before_semaphores {
         pub(super) fn into_current(self, lock: impl Fn(L) -> Arc<Lock>) -> super::LockState {
             super::LockState {
                 locks: self.locks.into_iter().map(|(name, l)| (name, lock(l))).collect(),
-                sessions: self.sessions.into_iter().collect(),
+                sessions: self.sessions.into_iter().map(|(id, session)| (id, Arc::new(session))).collect(),
                 keys: self.keys,
                 key_tenants: self.key_tenants,
                 freed: self.freed.into_iter().collect(),
@@ -807,7 +811,7 @@ mod before_semaphores {
 }
 
 /// The sessions' secret digests, by session id in id order, as a snapshot encodes them after the state.
-struct SessionSecrets<'a>(&'a OrdMap<SessionId, Session>);
+struct SessionSecrets<'a>(&'a OrdMap<SessionId, Arc<Session>>);
 
 impl Serialize for SessionSecrets<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -1097,7 +1101,7 @@ impl LockState {
             }
         };
         if let Some(id) = a.session {
-            let session = self.sessions.get_mut(&id).expect("checked above");
+            let session = session_mut(&mut self.sessions, id).expect("checked above");
             assert!(session.claims.insert(a.name.clone()), "a new claim");
             session.holds += u32::from(matches!(outcome, Outcome::Granted(_)));
         }
@@ -1182,7 +1186,7 @@ impl LockState {
         let waiter = lock.waiters.remove(i).expect("position is in range");
         lock.revision = index;
         if let Some(id) = waiter.session {
-            self.sessions.get_mut(&id).expect("a claim's session is open").claims.remove(name);
+            session_mut(&mut self.sessions, id).expect("a claim's session is open").claims.remove(name);
         }
         applied.dropped.push((name.to_owned(), token));
         Outcome::Withdrawn
@@ -1216,7 +1220,7 @@ impl LockState {
             holds: 0,
             secret,
         };
-        self.sessions.insert(id, session);
+        self.sessions.insert(id, Arc::new(session));
         Outcome::SessionOpened { id }
     }
 
@@ -1308,7 +1312,7 @@ impl LockState {
         };
         applied.ended.push(Ended { name: name.to_owned(), fence, session });
         if let Some(id) = session {
-            let session = self.sessions.get_mut(&id).expect("a holder's session is open");
+            let session = session_mut(&mut self.sessions, id).expect("a holder's session is open");
             session.claims.remove(name);
             session.holds -= 1;
         }
@@ -1351,13 +1355,13 @@ impl LockState {
                 continue;
             }
             if let Some(id) = waiter.session.filter(|id| ending.contains(id)) {
-                self.sessions.get_mut(&id).expect("a waiter's session is open").claims.remove(name);
+                session_mut(&mut self.sessions, id).expect("a waiter's session is open").claims.remove(name);
                 applied.dropped.push((name.to_owned(), waiter.token));
                 continue;
             }
             let lease = match waiter.session {
                 Some(id) => {
-                    self.sessions.get_mut(&id).expect("a waiter's session is open").holds += 1;
+                    session_mut(&mut self.sessions, id).expect("a waiter's session is open").holds += 1;
                     Lease::Session(id)
                 }
                 None => Lease::Ttl { ttl_ms: waiter.ttl_ms, expires_at_ms: at.saturating_add(waiter.ttl_ms) },
@@ -1659,7 +1663,7 @@ impl LockState {
         if format != SNAPSHOT_FORMAT_WITHOUT_SECRETS {
             let secrets: BTreeMap<SessionId, SecretDigest> = bounded().deserialize_from(input)?;
             for (id, secret) in secrets {
-                let Some(session) = state.sessions.get_mut(&id) else {
+                let Some(session) = session_mut(&mut state.sessions, id) else {
                     return Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(format!(
                         "a secret for session {id}, which the snapshot does not have"
                     )))));
@@ -1670,7 +1674,7 @@ impl LockState {
         for (name, lock) in &state.locks {
             for id in lock.holders.iter().filter_map(|h| if let Lease::Session(id) = h.lease { Some(id) } else { None })
             {
-                let Some(session) = state.sessions.get_mut(&id) else {
+                let Some(session) = session_mut(&mut state.sessions, id) else {
                     return Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(format!(
                         "{name:?} is held by session {id}, which the snapshot does not have"
                     )))));
@@ -1748,6 +1752,11 @@ impl LockState {
     }
 }
 
+/// Session `id` of `sessions`, to change: copied first if a copy of the state (a snapshot's) shares it.
+fn session_mut(sessions: &mut OrdMap<SessionId, Arc<Session>>, id: SessionId) -> Option<&mut Session> {
+    sessions.get_mut(&id).map(Arc::make_mut)
+}
+
 fn grant_of(name: &str, h: &Holder) -> Grant {
     Grant {
         name: name.to_owned(),
@@ -1808,7 +1817,7 @@ mod tests {
         fn of(state: &'a LockState, lock: impl Fn(&'a Lock) -> L) -> Self {
             OrderedMaps {
                 locks: state.locks.iter().map(|(name, l)| (name, lock(l))).collect(),
-                sessions: state.sessions.iter().collect(),
+                sessions: state.sessions.iter().map(|(id, session)| (id, &**session)).collect(),
                 keys: &state.keys,
                 key_tenants: &state.key_tenants,
                 freed: state.freed.iter().collect(),
@@ -1930,7 +1939,7 @@ mod tests {
                     (name, (holder, waiters))
                 })
                 .collect(),
-            sessions: state.sessions.iter().collect(),
+            sessions: state.sessions.iter().map(|(id, session)| (id, &**session)).collect(),
             keys: &state.keys,
             key_tenants: &state.key_tenants,
             now_ms: state.now_ms,

@@ -883,6 +883,30 @@ fn session_acquire_is_granted_with_a_session_lease_and_asking_again_changes_noth
 }
 
 #[test]
+fn a_copy_of_the_state_keeps_its_sessions_as_they_were_while_the_state_changes_them() {
+    // A snapshot is written from a copy taken in an instant, sharing the sessions with the state that goes
+    // on applying: each change to a shared session must copy it first.
+    let mut state = LockState::new();
+    state.apply(1, &at(T0, open(7, "svc-a", 2_000)));
+    state.apply(2, &at(T0, session_acquire("job", "svc-a", tok(1), 7)));
+    state.apply(3, &at(T0, acquire("other", "worker", tok(2), 30_000, 0)));
+    let copy = state.clone();
+    let (bytes, view) = (copy.snapshot(), copy.session(7));
+    assert_eq!(view.as_ref().map(|v| (v.holds.len(), v.waits.len())), Some((1, 0)));
+    // The session waits for another lock, lets its own go, and closes.
+    state.apply(4, &at(T0 + 1, session_acquire("other", "svc-a", tok(3), 7)));
+    assert_eq!(state.session_summary(7).map(|(_, _, holds, waits)| (holds, waits)), Some((1, 1)));
+    state.apply(5, &at(T0 + 2, cancel("job", tok(1))));
+    assert_eq!(state.session_summary(7).map(|(_, _, holds, waits)| (holds, waits)), Some((0, 1)));
+    state.apply(6, &at(T0 + 3, close(7)));
+    assert_eq!(state.session(7), None);
+    assert_eq!(copy.session(7), view, "the copy's session is as it was");
+    assert_eq!(copy.snapshot(), bytes, "and so is all of the copy");
+    copy.check_invariants();
+    state.check_invariants();
+}
+
+#[test]
 fn session_try_lock_is_busy_a_session_waits_as_long_as_it_lives_and_asking_again_keeps_its_place() {
     let mut state = LockState::new();
     state.apply(1, &at(T0, acquire("job", "worker-1", tok(1), 30_000, 0)));
