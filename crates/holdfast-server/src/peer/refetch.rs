@@ -145,3 +145,88 @@ async fn fetch_from(peers: &Peers, id: NodeId, addr: &str, through: u64) -> Resu
     }
     Ok(whole.expect("the loop ends with a whole snapshot"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::net::TcpListener;
+
+    use super::super::codec::{self, Received};
+    use super::*;
+
+    /// Bytes in each piece the fake member serves: a snapshot of a few dozen bytes comes in several.
+    const PIECE: usize = 10;
+
+    /// A snapshot named `id` whose bytes are `len` bytes of `fill`.
+    fn snapshot(id: &str, len: usize, fill: u8) -> (SnapshotMeta<NodeId, BasicNode>, Vec<u8>) {
+        let meta = SnapshotMeta { snapshot_id: id.to_owned(), ..Default::default() };
+        (meta, vec![fill; len])
+    }
+
+    /// A member on the peer port that serves, for each `FetchSnapshot`, the piece at the offset asked of
+    /// `snapshots[n]` once it has answered `n` requests (the last one from then on), [`PIECE`] bytes at most.
+    /// Returns its address and the offsets it was asked for, in order.
+    async fn member(snapshots: Vec<(SnapshotMeta<NodeId, BasicNode>, Vec<u8>)>) -> (String, Arc<Mutex<Vec<u64>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        tokio::spawn(async move {
+            loop {
+                let (conn, _) = listener.accept().await.unwrap();
+                let (seen, snapshots) = (seen.clone(), snapshots.clone());
+                tokio::spawn(async move {
+                    let mut io = tokio::io::BufReader::new(conn);
+                    codec::hello(&mut io).await.unwrap();
+                    let mut buf = Vec::new();
+                    while let Some(Received::FetchSnapshot(fetch)) =
+                        codec::read_request(&mut io, &mut buf).await.unwrap()
+                    {
+                        let answered = {
+                            let mut seen = seen.lock().unwrap();
+                            seen.push(fetch.offset);
+                            seen.len() - 1
+                        };
+                        let (meta, bytes) = &snapshots[answered.min(snapshots.len() - 1)];
+                        let start = (fetch.offset as usize).min(bytes.len());
+                        let end = (start + PIECE).min(bytes.len());
+                        let piece: Result<SnapshotPiece, NodeError> = Ok(SnapshotPiece {
+                            meta: meta.clone(),
+                            len: bytes.len() as u64,
+                            crc: u32::from(bytes[0]),
+                            offset: fetch.offset,
+                            bytes: bytes[start..end].to_vec(),
+                        });
+                        let mut answer = vec![0; 4];
+                        codec::encode_into(&mut answer, &piece);
+                        codec::write_frame(&mut io, &mut answer).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, asked)
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_comes_whole_in_pieces_and_starts_over_when_the_member_replaces_it_meanwhile() {
+        let (first, second) = (snapshot("first", 25, 1), snapshot("second", 37, 2));
+        // The member builds a new snapshot after serving the first two pieces of the one it had.
+        let (addr, asked) = member(vec![first.clone(), first, second.clone()]).await;
+        let whole = fetch_from(&Peers::new(None, None), 2, &addr, 0).await.unwrap();
+        assert_eq!(whole.meta.snapshot_id, "second");
+        assert_eq!((whole.len, whole.bytes), (37, second.1.clone()), "every piece of the new one, in order");
+        assert_eq!(whole.crc, 2, "the length and checksum of the new one (checked when stored)");
+        assert_eq!(*asked.lock().unwrap(), [0, 10, 20, 0, 10, 20, 30], "started over at the change");
+    }
+
+    #[tokio::test]
+    async fn a_member_whose_snapshot_keeps_changing_is_left_for_the_next() {
+        // A new snapshot at every piece: the fetch starts over three times, then gives up on this member.
+        let snapshots = (0..10).map(|n| snapshot(&format!("s{n}"), 25, n)).collect();
+        let (addr, asked) = member(snapshots).await;
+        let failed = fetch_from(&Peers::new(None, None), 2, &addr, 0).await.unwrap_err();
+        assert!(failed.contains("changed 3 times"), "{failed}");
+        assert_eq!(*asked.lock().unwrap(), [0, 10, 0, 10, 0, 10, 0, 10]);
+    }
+}
