@@ -2,8 +2,8 @@
 # Compares holdfast builds on this machine: for each round, each build in turn gets a fresh local 3-node
 # cluster (separate processes on 127.0.0.1, fsync on) and the same `holdfast bench` workloads. On a small
 # virtual machine two fresh clusters of one build differ by up to ±15 %, so a change is judged over
-# alternating runs, and by the nodes' CPU time and context switches per operation, which are steadier
-# than rates.
+# alternating runs, and by the nodes' CPU time (and the leader's own) and context switches per operation,
+# which are steadier than rates.
 #
 #   cluster/compare.sh old=/tmp/holdfast-old new=target/release/holdfast
 #   ROUNDS=3 DURATION=8s WORKLOADS="uncontended-1 contended-8" cluster/compare.sh a=BIN b=BIN
@@ -82,6 +82,14 @@ fi
 ENDPOINTS=$(for i in 1 2 3; do printf '127.0.0.1:%s,' $((BASE_PORT + 100 * (i - 1))); done)
 ENDPOINTS=${ENDPOINTS%,}
 
+# The id of the leader.
+leader_id() {
+    local leader
+    leader=$(curl -sf "127.0.0.1:$BASE_PORT/v1/cluster" | jq -r '.leader // empty')
+    [[ -n $leader ]] || die "no leader"
+    echo "$leader"
+}
+
 # The client address of the leader.
 leader_endpoint() {
     local leader
@@ -119,6 +127,8 @@ cpu_ticks() {
     done
     echo "$total"
 }
+# CPU time (clock ticks) of process $1.
+cpu_ticks_of() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 # Each node thread's switches so far, one "TID COUNT" line each.
 switches_by_thread() {
     local pid status
@@ -155,6 +165,10 @@ for round in $(seq 1 "$ROUNDS"); do
             sessions) args=(sessions --sessions "$clients" --lease 2s --pids "$(node_pids | paste -sd,)") ;;
             esac
             ticks_before=$(cpu_ticks)
+            # The leader's own share: with a node per host its CPU bounds the rate, whichever node the
+            # clients talk to.
+            leader_pid=$(cat "$RUN_DIR/node$(leader_id)/pid")
+            leader_ticks_before=$(cpu_ticks_of "$leader_pid")
             switches_by_thread >"$RESULTS/switches-before"
             generator=$GENERATOR
             [[ $generator != each ]] || generator=${binaries[$label]}
@@ -166,23 +180,26 @@ for round in $(seq 1 "$ROUNDS"); do
                 p50_ms: .heartbeat_p50_ms_at_most, p99_ms: .heartbeat_p99_ms_at_most,
                 errors: ((.spurious_lost // 0) + (.expirations // 0))} else . end')
             ticks=$(($(cpu_ticks) - ticks_before))
+            leader_ticks=$(($(cpu_ticks_of "$leader_pid") - leader_ticks_before))
             switches_by_thread >"$RESULTS/switches-after"
             switches=$(switches_between "$RESULTS/switches-before" "$RESULTS/switches-after")
             echo "$out" | jq -c --arg build "$label" --arg workload "$workload" --argjson round "$round" \
-                --argjson ticks "$ticks" --argjson hz "$ticks_per_s" --argjson switches "$switches" \
+                --argjson ticks "$ticks" --argjson leader_ticks "$leader_ticks" --argjson hz "$ticks_per_s" \
+                --argjson switches "$switches" \
                 '{build: $build, workload: $workload, round: $round, rate: .rate_per_s, p50_ms: .p50_ms,
                   p99_ms: .p99_ms, errors: .errors, commands_per_entry: .commands_per_entry,
                   cpu_us_per_op: (if .ops > 0 then $ticks * 1e6 / $hz / .ops else null end),
+                  leader_cpu_us_per_op: (if .ops > 0 then $leader_ticks * 1e6 / $hz / .ops else null end),
                   switches_per_op: (if .ops > 0 then $switches / .ops else null end),
                   generator_us_per_op: .bench_cpu_us_per_op}' |
                 tee -a "$RESULTS/results.jsonl" |
-                jq -r '"\(.build) \(.workload) round \(.round): \(.rate // 0 | floor)/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, errors \(.errors), nodes \(.cpu_us_per_op // 0 | floor) us CPU and \(.switches_per_op // 0 | . * 10 | floor / 10) switches per op\(if .generator_us_per_op then ", generator \(.generator_us_per_op | floor) us CPU per op" else "" end)"'
+                jq -r '"\(.build) \(.workload) round \(.round): \(.rate // 0 | floor)/s, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms, errors \(.errors), nodes \(.cpu_us_per_op // 0 | floor) us CPU (leader \(.leader_cpu_us_per_op // 0 | floor)) and \(.switches_per_op // 0 | . * 10 | floor / 10) switches per op\(if .generator_us_per_op then ", generator \(.generator_us_per_op | floor) us CPU per op" else "" end)"'
         done
     done
 done
 
 echo "== per build and workload, over $ROUNDS rounds (min-max)"
 jq -rs 'group_by(.workload, .build)[] |
-    "\(.[0].workload) \(.[0].build): \(map(.rate // 0 | floor) | "\(min)-\(max)")/s, p50 \(map(.p50_ms) | "\(min)-\(max)") ms, nodes \(map(.cpu_us_per_op // 0 | floor) | "\(min)-\(max)") us CPU and \(map(.switches_per_op // 0 | . * 10 | floor / 10) | "\(min)-\(max)") switches per op"' \
+    "\(.[0].workload) \(.[0].build): \(map(.rate // 0 | floor) | "\(min)-\(max)")/s, p50 \(map(.p50_ms) | "\(min)-\(max)") ms, nodes \(map(.cpu_us_per_op // 0 | floor) | "\(min)-\(max)") us CPU (leader \(map(.leader_cpu_us_per_op // 0 | floor) | "\(min)-\(max)")) and \(map(.switches_per_op // 0 | . * 10 | floor / 10) | "\(min)-\(max)") switches per op"' \
     "$RESULTS/results.jsonl"
 echo "== results in $RESULTS"
