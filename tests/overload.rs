@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::common::Cluster;
 
-/// The nodes' share of one CPU, together: 5 ms in every 10 ms. A debug build's nodes admitted 12,800-13,900
+/// The nodes' share of one CPU, together: 5 ms in every 10 ms. A debug build's nodes admitted 12,800-17,200
 /// sessions of [`LEASE`] with it in runs of this test, fewer than [`SESSIONS_ASKED`]. A short period: a process past its quota is stopped
 /// until the period ends, and a long stop is a pause, not a slow CPU.
 const QUOTA_US: u64 = 5_000;
