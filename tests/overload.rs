@@ -12,8 +12,8 @@ use serde_json::Value;
 use crate::common::Cluster;
 
 /// The nodes' share of one CPU, together: 5 ms in every 10 ms. A debug build's nodes admitted 12,800-17,200
-/// sessions of [`LEASE`] with it in runs of this test, fewer than [`SESSIONS_ASKED`]. A short period: a process past its quota is stopped
-/// until the period ends, and a long stop is a pause, not a slow CPU.
+/// sessions of [`LEASE`] with it in runs of this test, fewer than [`SESSIONS_ASKED`]. A short period: a
+/// process past its quota is stopped until the period ends, and a long stop is a pause, not a slow CPU.
 const QUOTA_US: u64 = 5_000;
 const PERIOD_US: u64 = 10_000;
 /// Sessions asked for, with 3 s leases (a heartbeat every 750 ms each). Without the admission
