@@ -92,17 +92,13 @@ leader_id() {
 
 # The client address of the leader.
 leader_endpoint() {
-    local leader
-    leader=$(curl -sf "127.0.0.1:$BASE_PORT/v1/cluster" | jq -r '.leader // empty')
-    [[ -n $leader ]] || die "no leader"
-    echo "127.0.0.1:$((BASE_PORT + 100 * (leader - 1)))"
+    echo "127.0.0.1:$((BASE_PORT + 100 * ($(leader_id) - 1)))"
 }
 
 # The client address of a node that does not lead (the cluster has just elected its leader).
 follower_endpoint() {
     local leader id
-    leader=$(curl -sf "127.0.0.1:$BASE_PORT/v1/cluster" | jq -r '.leader // empty')
-    [[ -n $leader ]] || die "no leader to find a follower by"
+    leader=$(leader_id)
     for id in 1 2 3; do
         if [[ $id != "$leader" ]]; then
             echo "127.0.0.1:$((BASE_PORT + 100 * (id - 1)))"

@@ -119,7 +119,7 @@ pub async fn connection(
                 Ok(Some(EventKind::Acquired(_))) => sessions[i].took_lock(&tally),
                 Ok(Some(EventKind::Lost(_))) | Err(_) => lose(&mut sessions[i], &tally),
                 // Anything else answers the acquire: the lock was not taken.
-                Ok(Some(_)) if sessions[i].taking.is_some() => sessions[i].not_taken(&tally).await,
+                Ok(Some(_)) if sessions[i].taking.is_some() => sessions[i].not_taken(&tally),
                 Ok(_) => {}
             },
             _ = stop.changed() => break,
@@ -168,12 +168,14 @@ impl Light {
         }
     }
 
-    /// Its lock was not taken: counted as failed, and the session closed.
-    async fn not_taken(&mut self, tally: &Tally) {
+    /// Its lock was not taken: counted as failed, and the session closed. The close is sent from a task of
+    /// its own: a stream whose queue is full must not hold up the connection's other sessions.
+    fn not_taken(&mut self, tally: &Tally) {
         self.taking = None;
         self.lost = true;
         tally.failures.fetch_add(1, Ordering::Relaxed);
-        let _ = self.tx.send(request(RequestKind::Close(Close {}))).await;
+        let tx = self.tx.clone();
+        drop(tokio::spawn(async move { tx.send(request(RequestKind::Close(Close {}))).await }));
     }
 
     /// Heartbeat `seq` was acknowledged: the lease holds until its send instant plus the lease.
