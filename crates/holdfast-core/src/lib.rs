@@ -16,6 +16,7 @@
 mod claims;
 pub mod command;
 pub mod limits;
+mod sessions;
 pub mod state;
 
 pub use command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};

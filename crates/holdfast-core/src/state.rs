@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 use crate::claims::Claims;
 use crate::command::{Acquire, Command, Entry, Expire, SecretDigest, SessionId, SessionSecret, Token};
 use crate::limits;
+use crate::sessions::Sessions;
 
 /// How a hold stays alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -446,17 +447,18 @@ struct Session {
 /// while a copy shares it; it also keeps the tree's nodes small (a million held locks at 85861e8: about
 /// 262 bytes a lock in all, against 294 in the ordered map used before and 361 with the locks inline;
 /// semaphores' list of holders added 32 bytes a lock, see docs/perf-notes/2026-12-04-semaphores-memory.md).
-/// Each session sits behind an [`Arc`] too: a tree's leaf holds its entries inline, and a heartbeat's
-/// answer looks its session up ([`LockState::session_summary`]), whose binary search in a leaf of 64
-/// session-sized entries touched a new cache line at nearly every step; in 16-byte entries, a look at each
-/// of 100,000 sessions takes 138-146 ns where it took 234 (`cargo bench -p holdfast-core -- heartbeat`).
-/// Serialized, they are the same bytes as the ordered maps they replaced.
+/// Each session sits behind an [`Arc`] too (in `Sessions`): a tree's leaf holds its entries inline, and a
+/// look at a session ([`LockState::session_summary`]) searched session-sized entries, a new cache line at
+/// nearly every step; in 16-byte entries, a look at each of 100,000 sessions takes 138-146 ns where it
+/// took 234 (`cargo bench -p holdfast-core -- heartbeat`). The sessions each command changes are named
+/// ([`LockState::sessions_changed`]), so that a node can keep what a heartbeat's answer needs beside the
+/// session's deadline and look nothing up here for it. Serialized, they are the same bytes as the ordered
+/// maps they replaced.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockState {
     #[serde(deserialize_with = "ordered::deserialize")]
     locks: OrdMap<String, Arc<Lock>>,
-    #[serde(deserialize_with = "ordered::deserialize")]
-    sessions: OrdMap<SessionId, Arc<Session>>,
+    sessions: Sessions<Session>,
     /// API keys: tenant id to the key's hash and creation time; and the reverse.
     keys: BTreeMap<u64, ([u8; 32], u64)>,
     key_tenants: BTreeMap<[u8; 32], u64>,
@@ -483,14 +485,14 @@ pub struct LockState {
 /// Decoding the persistent maps as serde decodes ordered maps: entry by entry. (imbl's own decoder first
 /// reserves room for as many entries as the encoded length claims, so a corrupt length aborts the process
 /// instead of failing the decode.)
-mod ordered {
+pub(crate) mod ordered {
     use std::fmt;
     use std::marker::PhantomData;
 
     use imbl::{OrdMap, Vector};
     use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-    pub(super) fn deserialize<'de, D, K, V>(deserializer: D) -> Result<OrdMap<K, V>, D::Error>
+    pub(crate) fn deserialize<'de, D, K, V>(deserializer: D) -> Result<OrdMap<K, V>, D::Error>
     where
         D: Deserializer<'de>,
         K: Deserialize<'de> + Ord + Clone,
@@ -811,7 +813,7 @@ mod before_semaphores {
 }
 
 /// The sessions' secret digests, by session id in id order, as a snapshot encodes them after the state.
-struct SessionSecrets<'a>(&'a OrdMap<SessionId, Arc<Session>>);
+struct SessionSecrets<'a>(&'a Sessions<Session>);
 
 impl Serialize for SessionSecrets<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -917,6 +919,7 @@ impl LockState {
 
     /// Apply one command (not a batch) at the current index and time.
     fn apply_command(&mut self, cmd: &Command) -> Applied {
+        self.sessions.forget_changes();
         let mut applied = Applied::new(self.now_ms);
         let named = cmd.lock_name();
         // A name in a tenant's namespace is acted on only while the tenant's key exists: a write ordered
@@ -1101,7 +1104,7 @@ impl LockState {
             }
         };
         if let Some(id) = a.session {
-            let session = session_mut(&mut self.sessions, id).expect("checked above");
+            let session = self.sessions.get_mut(&id).expect("checked above");
             assert!(session.claims.insert(a.name.clone()), "a new claim");
             session.holds += u32::from(matches!(outcome, Outcome::Granted(_)));
         }
@@ -1186,7 +1189,7 @@ impl LockState {
         let waiter = lock.waiters.remove(i).expect("position is in range");
         lock.revision = index;
         if let Some(id) = waiter.session {
-            session_mut(&mut self.sessions, id).expect("a claim's session is open").claims.remove(name);
+            self.sessions.get_mut(&id).expect("a claim's session is open").claims.remove(name);
         }
         applied.dropped.push((name.to_owned(), token));
         Outcome::Withdrawn
@@ -1312,7 +1315,7 @@ impl LockState {
         };
         applied.ended.push(Ended { name: name.to_owned(), fence, session });
         if let Some(id) = session {
-            let session = session_mut(&mut self.sessions, id).expect("a holder's session is open");
+            let session = self.sessions.get_mut(&id).expect("a holder's session is open");
             session.claims.remove(name);
             session.holds -= 1;
         }
@@ -1355,13 +1358,13 @@ impl LockState {
                 continue;
             }
             if let Some(id) = waiter.session.filter(|id| ending.contains(id)) {
-                session_mut(&mut self.sessions, id).expect("a waiter's session is open").claims.remove(name);
+                self.sessions.get_mut(&id).expect("a waiter's session is open").claims.remove(name);
                 applied.dropped.push((name.to_owned(), waiter.token));
                 continue;
             }
             let lease = match waiter.session {
                 Some(id) => {
-                    session_mut(&mut self.sessions, id).expect("a waiter's session is open").holds += 1;
+                    self.sessions.get_mut(&id).expect("a waiter's session is open").holds += 1;
                     Lease::Session(id)
                 }
                 None => Lease::Ttl { ttl_ms: waiter.ttl_ms, expires_at_ms: at.saturating_add(waiter.ttl_ms) },
@@ -1530,9 +1533,22 @@ impl LockState {
         self.sessions.iter().map(|(id, s)| (*id, s.lease_ms))
     }
 
+    /// Every open session with its lease and how many locks it holds and waits for, as
+    /// [`LockState::session_summary`] counts them.
+    pub fn session_summaries(&self) -> impl Iterator<Item = (SessionId, u64, usize, usize)> + '_ {
+        self.sessions.iter().map(|(id, s)| (*id, s.lease_ms, s.holds as usize, s.claims.len() - s.holds as usize))
+    }
+
     /// Session `id`'s lease, if it is open.
     pub fn session_lease_ms(&self, id: SessionId) -> Option<u64> {
         self.sessions.get(&id).map(|s| s.lease_ms)
+    }
+
+    /// The sessions the last command applied opened, closed, or changed the claims of, each at least once
+    /// (for [`LockState::apply_each`]'s caller, which may keep what [`LockState::session_summary`] says of
+    /// them: a session it does not name still says the same).
+    pub fn sessions_changed(&self) -> &[SessionId] {
+        self.sessions.changed()
     }
 
     /// Session `id`'s owner, lease, and how many locks it holds and waits for, if it is open. Cheaper than
@@ -1663,7 +1679,7 @@ impl LockState {
         if format != SNAPSHOT_FORMAT_WITHOUT_SECRETS {
             let secrets: BTreeMap<SessionId, SecretDigest> = bounded().deserialize_from(input)?;
             for (id, secret) in secrets {
-                let Some(session) = session_mut(&mut state.sessions, id) else {
+                let Some(session) = state.sessions.get_mut(&id) else {
                     return Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(format!(
                         "a secret for session {id}, which the snapshot does not have"
                     )))));
@@ -1674,7 +1690,7 @@ impl LockState {
         for (name, lock) in &state.locks {
             for id in lock.holders.iter().filter_map(|h| if let Lease::Session(id) = h.lease { Some(id) } else { None })
             {
-                let Some(session) = session_mut(&mut state.sessions, id) else {
+                let Some(session) = state.sessions.get_mut(&id) else {
                     return Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(format!(
                         "{name:?} is held by session {id}, which the snapshot does not have"
                     )))));
@@ -1682,6 +1698,7 @@ impl LockState {
                 session.holds += 1;
             }
         }
+        state.sessions.forget_changes();
         Ok(state)
     }
 
@@ -1742,7 +1759,7 @@ impl LockState {
                 assert!(claims.entry(id).or_default().insert(name.clone()), "a session waits once per lock");
             }
         }
-        for (id, session) in &self.sessions {
+        for (id, session) in self.sessions.iter() {
             let found: Claims = claims.remove(id).unwrap_or_default().into_iter().collect();
             assert_eq!(found, session.claims, "session {id}'s claims match the locks");
             let holds = found.iter().filter(|name| self.locks[*name].session_place(*id).is_some()).count();
@@ -1750,11 +1767,6 @@ impl LockState {
         }
         assert!(claims.is_empty(), "every claimed session is open: {claims:?}");
     }
-}
-
-/// Session `id` of `sessions`, to change: copied first if a copy of the state (a snapshot's) shares it.
-fn session_mut(sessions: &mut OrdMap<SessionId, Arc<Session>>, id: SessionId) -> Option<&mut Session> {
-    sessions.get_mut(&id).map(Arc::make_mut)
 }
 
 fn grant_of(name: &str, h: &Holder) -> Grant {

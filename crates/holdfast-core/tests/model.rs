@@ -1266,8 +1266,47 @@ fn check_fences(
     Ok(())
 }
 
+/// What a node keeps of each session's summary (owner, lease, holds, waits) from the sessions each command
+/// says it changed ([`LockState::sessions_changed`]), as the lease keeper does; rebuilt whole from a
+/// restored state.
+#[derive(Default)]
+struct KeptSummaries(std::collections::BTreeMap<SessionId, (String, u64, usize, usize)>);
+
+impl KeptSummaries {
+    fn of(state: &LockState) -> Self {
+        let mut kept = KeptSummaries::default();
+        let ids: Vec<SessionId> = state.sessions().map(|(id, _)| id).collect();
+        kept.refresh(state, &ids);
+        kept
+    }
+
+    fn refresh(&mut self, state: &LockState, ids: &[SessionId]) {
+        for &id in ids {
+            match state.session_summary(id) {
+                Some((owner, lease_ms, holds, waits)) => self.0.insert(id, (owner.to_owned(), lease_ms, holds, waits)),
+                None => self.0.remove(&id),
+            };
+        }
+    }
+
+    /// Applies `entry` to a copy of `state`, refreshing after each of its commands.
+    fn follow(&mut self, state: &LockState, index: u64, entry: &Entry) {
+        let mut copy = state.clone();
+        copy.apply_each(index, entry, |state, _, _| self.refresh(state, state.sessions_changed()));
+    }
+
+    fn agree(&self, state: &LockState) -> Result<(), TestCaseError> {
+        for id in 1..=SESSIONS + 1 {
+            let summary = state.session_summary(id).map(|(owner, lease_ms, h, w)| (owner.to_owned(), lease_ms, h, w));
+            prop_assert_eq!(self.0.get(&id), summary.as_ref(), "the summary kept of session {}", id);
+        }
+        Ok(())
+    }
+}
+
 fn run(history: Vec<(u64, Op)>, seen: &mut Seen) -> Result<(), TestCaseError> {
     let mut real = LockState::new();
+    let mut kept = KeptSummaries::default();
     let mut model = Model::default();
     let (mut clock, mut index) = (T0, 0u64);
     let mut fence_max = 0u64;
@@ -1293,6 +1332,7 @@ fn run(history: Vec<(u64, Op)>, seen: &mut Seen) -> Result<(), TestCaseError> {
                 prop_assert_eq!(&restored, &real);
                 prop_assert_eq!(restored.snapshot(), bytes);
                 real = restored;
+                kept = KeptSummaries::of(&real);
                 compare(&real, &model)?;
                 continue;
             }
@@ -1302,8 +1342,10 @@ fn run(history: Vec<(u64, Op)>, seen: &mut Seen) -> Result<(), TestCaseError> {
         let entry = Entry { at_ms: clock, cmd: command(&model, clock, &op) };
         let before = model.clone();
         let expected = model.apply(index, &entry);
+        kept.follow(&real, index, &entry);
         let applied = real.apply(index, &entry);
         prop_assert_eq!(&applied, &expected, "entry {} {:?}", index, entry);
+        kept.agree(&real)?;
         check_fences(index, &applied, &mut fence_max, &mut fences)?;
         compare(&real, &model)?;
         seen.count(&entry.cmd, &before, &applied, &model);

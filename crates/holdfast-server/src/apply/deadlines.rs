@@ -27,11 +27,14 @@ use tokio::time::Instant;
 /// comes up, and [`Deadlines::settle`] moves it then to the deadline it finds: once a lease at most,
 /// however many heartbeats came in between. The map by key is a hash map: at 100,000 sessions a lookup in
 /// an ordered map (17 levels of comparisons, most of them cache misses) was 8 % of the leader's CPU.
-pub struct Deadlines<K> {
+///
+/// **A payload `P` beside each deadline**, for what the heartbeat that extends it answers with (a
+/// session's counts of holds and waits), so that its answer takes no other lookup.
+pub struct Deadlines<K, P = ()> {
     /// What the times below count from, in nanoseconds (before it, negative): a time in 8 bytes where an
     /// `Instant` takes 16, so that a session's deadline costs each node 40 bytes in the map by key, not 64.
     base: Instant,
-    by_key: HashMap<K, Deadline>,
+    by_key: HashMap<K, Deadline<P>>,
     /// Each key once, at its deadline's `queued` time.
     by_time: BTreeSet<(Nanos, K)>,
 }
@@ -39,17 +42,18 @@ pub struct Deadlines<K> {
 /// A time as nanoseconds after [`Deadlines::base`], or a duration in nanoseconds.
 type Nanos = i64;
 
-/// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]), its lease, and
-/// where it stands in the time order (`queued`, never after `at`).
+/// One key's deadline: its tag, when it runs out (as set; see [`Deadlines::effective`]), its lease, where
+/// it stands in the time order (`queued`, never after `at`), and its payload.
 #[derive(Debug, Clone, Copy)]
-struct Deadline {
+struct Deadline<P> {
     tag: u64,
     at: Nanos,
     lease: Nanos,
     queued: Nanos,
+    payload: P,
 }
 
-impl<K> Default for Deadlines<K> {
+impl<K, P> Default for Deadlines<K, P> {
     fn default() -> Self {
         Deadlines { base: Instant::now(), by_key: HashMap::new(), by_time: BTreeSet::new() }
     }
@@ -60,16 +64,16 @@ fn nanos(duration: Duration) -> Nanos {
     Nanos::try_from(duration.as_nanos()).unwrap_or(Nanos::MAX)
 }
 
-impl<K: Clone + Ord + Hash> Deadlines<K> {
-    /// Deadlines for `items` (key, tag, lease), each a full lease after `now`. Built whole rather than
-    /// key by key: the time order is sorted once and built in bulk, faster for a million keys than
+impl<K: Clone + Ord + Hash, P: Copy> Deadlines<K, P> {
+    /// Deadlines for `items` (key, tag, lease, payload), each a full lease after `now`. Built whole rather
+    /// than key by key: the time order is sorted once and built in bulk, faster for a million keys than
     /// inserting them one by one.
-    pub fn of(items: impl IntoIterator<Item = (K, u64, Duration)>, now: Instant) -> Self {
-        let by_key: HashMap<K, Deadline> = items
+    pub fn of(items: impl IntoIterator<Item = (K, u64, Duration, P)>, now: Instant) -> Self {
+        let by_key: HashMap<K, Deadline<P>> = items
             .into_iter()
-            .map(|(key, tag, lease)| {
+            .map(|(key, tag, lease, payload)| {
                 let (lease, at) = (nanos(lease), nanos(lease));
-                (key, Deadline { tag, at, lease, queued: at })
+                (key, Deadline { tag, at, lease, queued: at, payload })
             })
             .collect();
         let by_time = by_key.iter().map(|(key, deadline)| (deadline.queued, key.clone())).collect();
@@ -84,11 +88,20 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
         }
     }
 
-    /// `key` (tagged `tag`) runs out a full `lease` after `now`.
-    pub fn set(&mut self, key: &K, tag: u64, now: Instant, lease: Duration) {
+    /// `key` (tagged `tag`) runs out a full `lease` after `now`, and carries `payload`.
+    pub fn set(&mut self, key: &K, tag: u64, now: Instant, lease: Duration, payload: P) {
         let (lease, now) = (nanos(lease), self.since_base(now));
         let at = now.saturating_add(lease);
-        self.place(key, Deadline { tag, at, lease, queued: at });
+        self.place(key, Deadline { tag, at, lease, queued: at, payload });
+    }
+
+    /// Replaces `key`'s payload; false if it has no deadline.
+    pub fn set_payload(&mut self, key: &K, payload: P) -> bool {
+        self.by_key.get_mut(key).map(|deadline| deadline.payload = payload).is_some()
+    }
+
+    pub fn contains(&self, key: &K) -> bool {
+        self.by_key.contains_key(key)
     }
 
     /// The keys that have a deadline, in no particular order.
@@ -97,7 +110,7 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
     }
 
     /// Gives `key` `deadline`, in the time order at `deadline.queued`.
-    fn place(&mut self, key: &K, deadline: Deadline) {
+    fn place(&mut self, key: &K, deadline: Deadline<P>) {
         if let Some(old) = self.by_key.insert(key.clone(), deadline) {
             self.by_time.remove(&(old.queued, key.clone()));
         }
@@ -106,26 +119,25 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
 
     /// When `deadline` runs out, counting the last promotion (at `floor`, after the base): at the floor
     /// plus its lease if that is later.
-    fn effective(deadline: &Deadline, floor: Option<Nanos>) -> Nanos {
+    fn effective(deadline: &Deadline<P>, floor: Option<Nanos>) -> Nanos {
         match floor {
             Some(floor) => deadline.at.max(floor.saturating_add(deadline.lease)),
             None => deadline.at,
         }
     }
 
-    /// Moves `key`'s deadline to `now + lease` if it has not passed by `now` (counting the last promotion,
-    /// at `floor`). False if it passed or `key` has none: once passed, the leader may already be expiring
-    /// it.
-    /// Its place in the time order stays (see [`Deadlines`]).
-    pub fn extend(&mut self, key: &K, now: Instant, lease: Duration, floor: Option<Instant>) -> bool {
-        let (now, lease, floor) = (self.since_base(now), nanos(lease), floor.map(|f| self.since_base(f)));
-        let Some(deadline) = self.by_key.get_mut(key) else { return false };
+    /// Moves `key`'s deadline to a full lease (its own) after `now` if it has not passed by `now` (counting
+    /// the last promotion, at `floor`), and answers its payload. None if it passed or `key` has none: once
+    /// passed, the leader may already be expiring it. Its place in the time order stays (see [`Deadlines`]).
+    pub fn extend(&mut self, key: &K, now: Instant, floor: Option<Instant>) -> Option<P> {
+        let (now, floor) = (self.since_base(now), floor.map(|f| self.since_base(f)));
+        let deadline = self.by_key.get_mut(key)?;
         let at = Self::effective(deadline, floor);
         if at <= now {
-            return false;
+            return None;
         }
-        (deadline.at, deadline.lease) = (at.max(now.saturating_add(lease)), lease);
-        true
+        deadline.at = at.max(now.saturating_add(deadline.lease));
+        Some(deadline.payload)
     }
 
     /// Whether `key`'s deadline was set before `floor` (a promotion): it counts from a lease given earlier.
@@ -148,7 +160,7 @@ impl<K: Clone + Ord + Hash> Deadlines<K> {
     /// did pass.
     pub fn settle(&mut self, now: Instant, floor: Option<Instant>) {
         let (now, floor) = (self.since_base(now), floor.map(|f| self.since_base(f)));
-        let late: Vec<(K, Deadline)> = self
+        let late: Vec<(K, Deadline<P>)> = self
             .by_time
             .iter()
             .take_while(|(queued, _)| *queued <= now)
@@ -188,7 +200,7 @@ mod tests {
         let lease = Duration::from_secs(10);
         let mut deadlines: Deadlines<u32> = Deadlines::default();
         for key in 0..3 {
-            deadlines.set(&key, 7, t0, lease);
+            deadlines.set(&key, 7, t0, lease, ());
         }
         let floor = Some(t0 + Duration::from_secs(5));
         let now = t0 + Duration::from_secs(12);
@@ -213,20 +225,20 @@ mod tests {
     fn times_before_the_base_count_as_they_are() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut deadlines: Deadlines<u32> = Deadlines::of([(1, 0, s(10))], t0 + s(20));
+        let mut deadlines: Deadlines<u32> = Deadlines::of([(1, 0, s(2), ())], t0 + s(20));
         let floor = Some(t0 + s(15));
         assert!(deadlines.set_before(&1, t0 + s(21)), "a promotion after the rebuild");
         assert!(!deadlines.set_before(&1, t0 + s(15)), "the promotion before it");
         assert_eq!(deadlines.due(t0 + s(5)).count(), 0);
-        // Extended at 25 s for 2 s: the rebuild's lease still holds to 30 s, the floor's only to 25 s.
-        assert!(deadlines.extend(&1, t0 + s(25), s(2), floor));
+        // Extended at 21 s: the rebuild's lease held to 22 s (the floor's only to 17 s), its own runs to 23 s.
+        assert!(deadlines.extend(&1, t0 + s(21), floor).is_some());
         deadlines.settle(t0 + s(30), floor);
         assert_eq!(deadlines.due(t0 + s(30)).map(|(key, _)| *key).collect::<Vec<_>>(), [1]);
-        deadlines.set(&2, 0, t0 + s(1), s(10));
-        assert_eq!(deadlines.instant(deadlines.by_key[&1].at), t0 + s(30));
+        deadlines.set(&2, 0, t0 + s(1), s(10), ());
+        assert_eq!(deadlines.instant(deadlines.by_key[&1].at), t0 + s(23));
         deadlines.settle(t0 + s(11), None);
         assert_eq!(deadlines.due(t0 + s(11)).map(|(key, _)| *key).collect::<Vec<_>>(), [2], "set before its base");
-        assert!(!deadlines.extend(&2, t0 + s(11), s(10), None), "passed");
+        assert!(deadlines.extend(&2, t0 + s(11), None).is_none(), "passed");
     }
 
     #[test]
@@ -234,11 +246,11 @@ mod tests {
         let t0 = Instant::now();
         let (lease, s) = (Duration::from_secs(10), Duration::from_secs);
         let mut deadlines: Deadlines<u32> = Deadlines::default();
-        deadlines.set(&1, 0, t0, lease);
-        deadlines.set(&2, 0, t0, lease);
+        deadlines.set(&1, 0, t0, lease, ());
+        deadlines.set(&2, 0, t0, lease, ());
         // Extended three times: at 3, 6 and 9 s, so it runs out at 19 s.
         for at in [3, 6, 9] {
-            assert!(deadlines.extend(&1, t0 + s(at), lease, None));
+            assert!(deadlines.extend(&1, t0 + s(at), None).is_some());
         }
         assert_eq!(deadlines.by_time.len(), 2, "extensions leave the time order alone");
         let now = t0 + s(10);
@@ -247,11 +259,11 @@ mod tests {
         let queued = deadlines.by_time.iter().find(|(_, key)| *key == 1).map(|(at, _)| deadlines.instant(*at));
         assert_eq!(queued, Some(t0 + s(19)));
         // Ending it under its tag takes it from both orders, wherever it is queued.
-        assert!(deadlines.extend(&1, t0 + s(12), lease, None));
+        assert!(deadlines.extend(&1, t0 + s(12), None).is_some());
         deadlines.end(&1, 0);
         assert_eq!((deadlines.by_key.len(), deadlines.by_time.len()), (1, 1));
         // A deadline that passed is not revived, extended or not.
-        assert!(!deadlines.extend(&2, now, lease, None));
+        assert!(deadlines.extend(&2, now, None).is_none());
         let later = t0 + s(30);
         deadlines.settle(later, None);
         assert_eq!(deadlines.due(later).map(|(key, _)| *key).collect::<Vec<_>>(), [2]);

@@ -90,8 +90,8 @@ struct Inner {
     streams: BTreeMap<SessionId, NoteSender>,
     /// TTL holds and lock-delays by name and fence (a semaphore has several), tagged with the fence.
     holds: Deadlines<(String, u64)>,
-    /// Sessions, tagged 0.
-    sessions: Deadlines<SessionId>,
+    /// Sessions, tagged 0, with how many locks each holds and waits for.
+    sessions: Deadlines<SessionId, SessionCounts>,
     /// One-shot waiters by token, tagged 0, and the lock each waits for.
     waiters: Deadlines<Token>,
     waiter_names: BTreeMap<Token, String>,
@@ -116,7 +116,15 @@ struct Rebuilt {
     holds: Deadlines<(String, u64)>,
     waiters: Deadlines<Token>,
     waiter_names: BTreeMap<Token, String>,
-    sessions: Deadlines<SessionId>,
+    sessions: Deadlines<SessionId, SessionCounts>,
+}
+
+/// How many locks a session holds and waits for, as this node's state says: a heartbeat's answer.
+type SessionCounts = (u32, u32);
+
+/// `holds` and `waits` as [`SessionCounts`] (each at most [`limits::CLAIMS_PER_SESSION_MAX`]).
+fn counts(holds: usize, waits: usize) -> SessionCounts {
+    (u32::try_from(holds).unwrap_or(u32::MAX), u32::try_from(waits).unwrap_or(u32::MAX))
 }
 
 impl Rebuilt {
@@ -126,14 +134,18 @@ impl Rebuilt {
         let holds = Deadlines::of(
             ttl_holds
                 .chain(delays)
-                .map(|(name, fence, ms)| ((name.to_owned(), fence), fence, Duration::from_millis(ms))),
+                .map(|(name, fence, ms)| ((name.to_owned(), fence), fence, Duration::from_millis(ms), ())),
             now,
         );
         let waiter_names: BTreeMap<Token, String> =
             state.timed_waiters().map(|(name, token, _)| (token, name.to_owned())).collect();
-        let waiters = Deadlines::of(waiter_names.keys().map(|token| (*token, 0, WAITER_LEASE)), now);
-        let sessions =
-            Deadlines::of(state.sessions().map(|(id, lease_ms)| (id, 0, Duration::from_millis(lease_ms))), now);
+        let waiters = Deadlines::of(waiter_names.keys().map(|token| (*token, 0, WAITER_LEASE, ())), now);
+        let sessions = Deadlines::of(
+            state
+                .session_summaries()
+                .map(|(id, lease_ms, holds, waits)| (id, 0, Duration::from_millis(lease_ms), counts(holds, waits))),
+            now,
+        );
         Rebuilt { holds, waiters, waiter_names, sessions }
     }
 }
@@ -390,7 +402,7 @@ impl Events {
         let mut inner = self.lock();
         let (now, floor) = (Instant::now(), inner.floor);
         for token in tokens {
-            inner.waiters.extend(token, now, WAITER_LEASE, floor);
+            inner.waiters.extend(token, now, floor);
         }
     }
 
@@ -511,7 +523,7 @@ impl Events {
         for (name, fence, delay_ms) in &applied.delayed {
             // A lock-delay runs out as a TTL hold does: a full delay on this node's clock from now (or from
             // its promotion), and not before its end by leader time.
-            inner.holds.set(&(name.clone(), *fence), *fence, now, Duration::from_millis(*delay_ms));
+            inner.holds.set(&(name.clone(), *fence), *fence, now, Duration::from_millis(*delay_ms), ());
         }
     }
 }
@@ -524,10 +536,16 @@ pub struct Extending<'a> {
 }
 
 impl Extending<'_> {
-    /// Extends session `id`'s lease to a full `lease_ms` from the clock's reading. False if its deadline
-    /// already passed: a due session may be in an `Expire` on its way, so it is not revived.
-    pub fn extend(&mut self, id: SessionId, lease_ms: u64) -> bool {
-        self.inner.sessions.extend(&id, self.now, Duration::from_millis(lease_ms), self.floor)
+    /// Extends session `id`'s lease to a full lease from the clock's reading, and answers how many locks
+    /// it holds and waits for. None if it is not open or its deadline already passed: a due session may
+    /// be in an `Expire` on its way, so it is not revived.
+    pub fn extend(&mut self, id: SessionId) -> Option<SessionCounts> {
+        self.inner.sessions.extend(&id, self.now, self.floor)
+    }
+
+    /// Whether session `id` is open.
+    pub fn is_open(&self, id: SessionId) -> bool {
+        self.inner.sessions.contains(&id)
     }
 }
 
@@ -560,7 +578,7 @@ impl ApplyObserver for Events {
             match grant.lease {
                 Lease::Ttl { ttl_ms, .. } => {
                     let key = (grant.name.clone(), grant.fence);
-                    inner.holds.set(&key, grant.fence, now, Duration::from_millis(ttl_ms));
+                    inner.holds.set(&key, grant.fence, now, Duration::from_millis(ttl_ms), ());
                 }
                 Lease::Session(id) => {
                     if let Some(tx) = inner.streams.get(&id) {
@@ -585,24 +603,21 @@ impl ApplyObserver for Events {
         }
         if let (Some((a, _)), Outcome::Queued { .. }) = (cmd.acquire(), &applied.outcome) {
             if a.session.is_none() {
-                inner.waiters.set(&a.token, 0, now, WAITER_LEASE);
+                inner.waiters.set(&a.token, 0, now, WAITER_LEASE, ());
                 inner.waiter_names.insert(a.token, a.name.clone());
             }
         }
-        match applied.outcome {
-            Outcome::SessionOpened { id } => {
-                let lease_ms = state.session_lease_ms(id).expect("an opened session is open");
-                inner.sessions.set(&id, 0, now, Duration::from_millis(lease_ms));
-            }
-            Outcome::SessionClosed { id } => inner.sessions.end(&id, 0),
-            Outcome::Expired { sessions, .. } if sessions > 0 => {
-                let gone: Vec<SessionId> =
-                    inner.sessions.keys().copied().filter(|id| state.session_lease_ms(*id).is_none()).collect();
-                for id in gone {
-                    inner.sessions.end(&id, 0);
+        // The sessions' deadlines and counts follow the state: a session opened gets a full lease, one
+        // closed or expired leaves, and one whose claims changed has them counted again.
+        for &id in state.sessions_changed() {
+            match state.session_summary(id) {
+                Some((_, lease_ms, holds, waits)) => {
+                    if !inner.sessions.set_payload(&id, counts(holds, waits)) {
+                        inner.sessions.set(&id, 0, now, Duration::from_millis(lease_ms), counts(holds, waits));
+                    }
                 }
+                None => inner.sessions.end(&id, 0),
             }
-            _ => {}
         }
     }
 
@@ -684,6 +699,34 @@ mod tests {
             wait_ms,
             session,
         })
+    }
+
+    /// A heartbeat is answered from the keeper alone: the session's counts of holds and waits follow every
+    /// entry that changes them, and a session closed or expired is not extended.
+    #[test]
+    fn a_heartbeat_answers_the_counts_of_the_state_as_applied() {
+        let events = Events::default();
+        let mut state = LockState::new();
+        let (one, two): (SessionId, SessionId) = (9, 10);
+        for (index, id) in [(1, one), (2, two)] {
+            let secret = holdfast_core::SessionSecret(Token(id.into())).digest();
+            apply(&events, &mut state, index, Command::OpenSession { id, owner: "s".into(), lease_ms: 2_000, secret });
+        }
+        let counts = |id| events.extending().extend(id);
+        assert_eq!((counts(one), counts(two)), (Some((0, 0)), Some((0, 0))));
+        apply(&events, &mut state, 3, acquire_by("a", Token(1), 0, Some(one)));
+        apply(&events, &mut state, 4, acquire_by("a", Token(2), 60_000, Some(two)));
+        apply(&events, &mut state, 5, acquire_by("b", Token(3), 0, Some(two)));
+        assert_eq!((counts(one), counts(two)), (Some((1, 0)), Some((1, 1))));
+        // Let go (a session's release is a cancel), "a" goes to the second session.
+        apply(&events, &mut state, 6, Command::Cancel { name: "a".into(), token: Token(1) });
+        assert_eq!((counts(one), counts(two)), (Some((0, 0)), Some((2, 0))));
+        apply(&events, &mut state, 7, Command::CloseSession { id: two });
+        assert_eq!((counts(one), counts(two)), (Some((0, 0)), None));
+        let expire = holdfast_core::Expire { sessions: vec![one], ..Default::default() };
+        apply(&events, &mut state, 8, Command::Expire(expire));
+        assert_eq!(counts(one), None);
+        assert!(!events.extending().is_open(one));
     }
 
     /// The names of the TTL holds the keeper finds run out now (leader time far ahead of every TTL).
@@ -809,7 +852,7 @@ mod tests {
                 // The broken variant acts on the follower's stale deadlines.
                 assert_eq!(due_holds(&events, &state), ["a"]);
                 assert_eq!(due_waiters(&events, &state), [waiter]);
-                assert!(!events.extending().extend(session, 2_000));
+                assert!(events.extending().extend(session).is_none());
                 continue;
             }
             assert!(due_holds(&events, &state).is_empty(), "a full TTL from the promotion");
@@ -819,7 +862,10 @@ mod tests {
             apply(&events, &mut state, 4, acquire("b", None));
             tokio::time::advance(Duration::from_millis(499)).await;
             assert!(due_holds(&events, &state).is_empty());
-            assert!(events.extending().extend(session, 2_000), "the session's lease from the promotion has not passed");
+            assert!(
+                events.extending().extend(session).is_some(),
+                "the session's lease from the promotion has not passed"
+            );
             tokio::time::advance(Duration::from_millis(1)).await;
             assert_eq!(due_holds(&events, &state), ["a"], "a TTL after the promotion");
             tokio::time::advance(Duration::from_millis(500)).await;

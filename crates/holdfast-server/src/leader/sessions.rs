@@ -50,16 +50,15 @@ impl Leader {
         // session can have closed meanwhile.
         let mut applied = None;
         // A few hundred under each read of the state: applies wait no longer than that for a large batch.
+        // The keeper's sessions and their counts follow the state as each entry is applied, under the
+        // state's write lock: read under its read lock, they are the state's.
         for ids in ids.chunks(EXTENDED_UNDER_ONE_READ) {
             let state = crate::state::read(&self.state);
             applied.get_or_insert(state.applied_index());
             // Extended from now, after the client sent the heartbeat: the client, counting its lease from
             // when it sent it, never believes in a lease longer than the leader's.
             let mut extending = self.events.extending();
-            extended.extend(ids.iter().map(|&id| {
-                let (_, lease_ms, holds, waits) = state.session_summary(id)?;
-                extending.extend(id, lease_ms).then_some((holds as u32, waits as u32))
-            }));
+            extended.extend(ids.iter().map(|&id| extending.extend(id)));
         }
         // Acknowledged only once a quorum round begun after the heartbeats arrived confirms this node still
         // leads: a deposed leader's extension is worthless, so it must not be acknowledged.
@@ -75,10 +74,7 @@ impl Leader {
         if applied == Some(state.applied_index()) {
             return Ok(extended);
         }
-        Ok(ids
-            .iter()
-            .zip(extended)
-            .map(|(&id, counts)| counts.filter(|_| state.session_lease_ms(id).is_some()))
-            .collect())
+        let extending = self.events.extending();
+        Ok(ids.iter().zip(extended).map(|(&id, counts)| counts.filter(|_| extending.is_open(id))).collect())
     }
 }
