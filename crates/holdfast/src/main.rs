@@ -515,10 +515,10 @@ enum LogFormat {
 /// frames, protobuf messages, log entries) from several threads, and glibc's allocator took about a sixth
 /// of the machine's CPU under load (see docs/perf-notes/2026-12-01-log-files-and-mimalloc.md).
 ///
-/// Built without transparent huge pages (the `no_thp` feature; `MIMALLOC_ALLOW_THP=1` turns them back on):
-/// with them, where the kernel grants them on request (`madvise`, Debian's default), a 2 MiB page was
-/// resident as soon as a byte of it was touched. An idle node held 60 MiB instead of 19, and one holding
-/// 100,000 sessions 264 MiB instead of 215, with no rate measurably lower without them
+/// Built without transparent huge pages (the `no_thp` feature: mimalloc turns them off for the process;
+/// `MIMALLOC_ALLOW_THP=1` leaves them on): with them, on a kernel that grants them when asked (`madvise`),
+/// a 2 MiB page was resident as soon as a byte of it was touched. An idle node held 59 MiB instead of 19, and one holding
+/// 100,000 sessions 256-261 MiB instead of 208-212, with no rate measurably lower without them
 /// (docs/perf-notes/2026-12-07-a-heartbeat-without-a-lookup.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
