@@ -32,7 +32,8 @@ use tokio::time::Instant;
 /// session's counts of holds and waits), so that its answer takes no other lookup.
 pub struct Deadlines<K, P = ()> {
     /// What the times below count from, in nanoseconds (before it, negative): a time in 8 bytes where an
-    /// `Instant` takes 16, so that a session's deadline costs each node 40 bytes in the map by key, not 64.
+    /// `Instant` takes 16, so that a session's deadline costs each node 48 bytes in the map by key with its
+    /// counts, not 72.
     base: Instant,
     by_key: HashMap<K, Deadline<P>>,
     /// Each key once, at its deadline's `queued` time.
