@@ -112,7 +112,7 @@ FIGURES='
       us_per_heartbeat: (if $acked > 0 then .cpu[$l].cpu_seconds / $acked * 1e6 else null end),
       mib_holding: [.memory[].rss_bytes_holding / 1048576],
       mib_peak: [.memory[].rss_bytes_peak / 1048576],
-      kib_per_session: [range(0; 3) as $i | (.memory[$i].rss_bytes_holding - .rss_bytes_idle[$i]) / .opened / 1024],
+      kib_per_session: [range(0; 3) as $i | (.memory[$i].rss_bytes_holding - .rss_bytes_idle[$i]) / ([.opened, 1] | max) / 1024],
       leader: .leader, leader_changed: (.leader != .leader_after)
     }
   | . + {kib_per_session_leader: .kib_per_session[$l]}
@@ -130,7 +130,7 @@ for round in $(seq "$ROUNDS"); do
         sessions=${size%%:*} lease=${size#*:}
         echo "sessions.sh: round $round, $sessions sessions, $lease leases" >&2
         run "$sessions" "$lease"
-        tail -n 1 "$RESULTS/results.jsonl" | jq -r "$FIGURES"' | "  \(.opened) open in \(.open_s * 10 | round / 10) s, lost \(.lost), expired \(.expired), \(.acked_per_s | round)/\(.due_per_s | round) heartbeats/s; nodes \(.nodes_cores * 100 | round / 100) cores (leader \(.leader_cores * 100 | round / 100), \(.us_per_heartbeat * 100 | round / 100) µs a heartbeat), generator \(.generator_cores * 100 | round / 100); \(.kib_per_session_leader * 100 | round / 100) KiB a session on the leader; at most \(.mib_peak | max | round) MiB"' >&2
+        tail -n 1 "$RESULTS/results.jsonl" | jq -r "$FIGURES"' | "  \(.opened) open in \(.open_s * 10 | round / 10) s, lost \(.lost), expired \(.expired), \(.acked_per_s | round)/\(.due_per_s | round) heartbeats/s; nodes \(.nodes_cores * 100 | round / 100) cores (leader \(.leader_cores * 100 | round / 100), \((.us_per_heartbeat // 0) * 100 | round / 100) µs a heartbeat), generator \(.generator_cores * 100 | round / 100); \(.kib_per_session_leader * 100 | round / 100) KiB a session on the leader; at most \(.mib_peak | max | round) MiB"' >&2
     done
 done
 
@@ -145,7 +145,7 @@ jq -r "$FIGURES"' | def f(n): . * n | round / n;
     "\(.lost), \(.expired)",
     "\(.acked_per_s | round) / \(.due_per_s | round) per s",
     "\(.nodes_cores | f(100)) (\(.leader_cores | f(100)))",
-    "\(.us_per_heartbeat | f(100)) µs" + (if .leader_changed then " (the leader changed)" else "" end),
+    "\(.us_per_heartbeat // 0 | f(100)) µs" + (if .leader_changed then " (the leader changed)" else "" end),
     "\(.generator_cores | f(100))",
     "\(.kib_per_session_leader | f(100)) KiB (\(.kib_per_session | kib))",
     "\(.mib_holding | [min, max] | mib) MiB (\(.mib_peak | [min, max] | mib))",
