@@ -105,7 +105,9 @@ impl<K: Clone + Ord + Hash, P: Copy> Deadlines<K, P> {
         self.by_key.contains_key(key)
     }
 
-    /// The keys that have a deadline, in no particular order.
+    /// The keys that have a deadline, in no particular order (for tests: the keeper follows the state's
+    /// changes, not its own keys).
+    #[cfg(test)]
     pub fn keys(&self) -> impl Iterator<Item = &K> + '_ {
         self.by_key.keys()
     }
