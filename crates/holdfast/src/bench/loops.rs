@@ -60,18 +60,19 @@ pub async fn uncontended(client: &Client, run_id: u32, clients: usize, duration:
 
 /// Every client's session wants one lock and lets go as soon as it holds it, until `duration` is over.
 pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: Duration) -> Report {
+    let name = format!("bench-{run_id:08x}-contended");
+    let opened = futures_util::future::join_all((0..clients).map(|_| open_session(client))).await;
     let window = Window::start(duration, "hand-overs");
     let (counters, deadline) = (window.counters.clone(), window.deadline);
     let handoffs = Arc::new(HandOffs::default());
     let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (client, counters, handoffs) = (client.clone(), counters.clone(), handoffs.clone());
+    for session in opened {
+        let Some(session) = session else {
+            counters.add_error();
+            continue;
+        };
+        let (counters, handoffs, name) = (counters.clone(), handoffs.clone(), name.clone());
         tasks.push(tokio::spawn(async move {
-            let name = format!("bench-{run_id:08x}-contended");
-            let Ok(session) = client.session(Duration::from_secs(5)).await else {
-                counters.add_error();
-                return;
-            };
             while Instant::now() < deadline {
                 let wait = deadline.saturating_duration_since(Instant::now());
                 let Ok(held) = session.lock(name.clone(), Some(wait)).await else { break };
@@ -89,6 +90,28 @@ pub async fn contended(client: &Client, run_id: u32, clients: usize, duration: D
     }
     let samples = handoffs.samples();
     finish("contended", "contended hand-over", "handovers/s", clients, &window, &samples)
+}
+
+/// How long a session's opening is retried while a node refuses it as overloaded.
+const OPEN_RETRIED_FOR: Duration = Duration::from_secs(10);
+
+/// A session with a 5 s lease, opened before the run's window. A node refuses new sessions for a second
+/// or two after its workers were busy (`--overload-busy`), as they are after the workload before: the
+/// opening is retried then, as a client of a busy cluster would, and any other failure is told on stderr.
+async fn open_session(client: &Client) -> Option<holdfast_client::Session> {
+    let give_up = Instant::now() + OPEN_RETRIED_FOR;
+    loop {
+        match client.session(Duration::from_secs(5)).await {
+            Ok(session) => return Some(session),
+            Err(Error::LimitReached(why)) if why.starts_with("overloaded") && Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                eprintln!("could not open a session: {e}");
+                return None;
+            }
+        }
+    }
 }
 
 /// Every client asks about one lock that another client holds, in a loop until `duration` is over: with
