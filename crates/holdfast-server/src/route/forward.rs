@@ -22,13 +22,13 @@ use crate::peer::protocol::{
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
 
 impl Router {
-    pub(super) async fn through_leader(&self, request: ForwardRequest) -> Result<ForwardReply, NodeError> {
+    pub(super) async fn through_leader(&self, request: &ForwardRequest) -> Result<ForwardReply, NodeError> {
         self.through_leader_within(request, REQUEST_TIMEOUT).await
     }
 
     pub(super) async fn through_leader_within(
         &self,
-        request: ForwardRequest,
+        request: &ForwardRequest,
         timeout: Duration,
     ) -> Result<ForwardReply, NodeError> {
         let deadline = Instant::now() + timeout;
@@ -44,7 +44,7 @@ impl Router {
                 // would otherwise carry the larger of the two inline wherever it is served, for as long as
                 // it waits (a session's stream waits for its close like this). One allocation a request.
                 Some(leader) if leader == self.elections.id() => Box::pin(self.leader.serve(request.clone())).await,
-                Some(leader) => Box::pin(self.forward(leader, &request, deadline)).await,
+                Some(leader) => Box::pin(self.forward(leader, request, deadline)).await,
                 None => Err(NodeError::NotLeader { leader: None }),
             };
             // Not for a refusal (a limit, bad input): the leader served that.
@@ -172,7 +172,7 @@ impl Router {
     }
 
     pub(super) async fn write_alone(&self, request: Request) -> Result<Written, NodeError> {
-        match self.through_leader(ForwardRequest::Write(request)).await? {
+        match self.through_leader(&ForwardRequest::Write(request)).await? {
             ForwardReply::Written(written) => Ok(written),
             other => Err(NodeError::Unavailable(format!("the leader answered a write with {other:?}"))),
         }
@@ -182,11 +182,18 @@ impl Router {
     /// leader answered "not the leader" was not proposed, and goes again on its own.
     pub(super) async fn forward_writes(&self, requests: Vec<Request>) -> Vec<Result<Written, NodeError>> {
         let count = requests.len();
-        let error = match self.through_leader(ForwardRequest::Writes(requests.clone())).await {
+        let batch = ForwardRequest::Writes(requests);
+        let error = match self.through_leader(&batch).await {
             Ok(ForwardReply::Writes(results)) if results.len() == count => {
+                if !results.iter().any(|result| matches!(result, Err(NodeError::NotLeader { .. }))) {
+                    return results;
+                }
+                let ForwardRequest::Writes(requests) = batch else { unreachable!("made a batch of writes above") };
                 let answers = requests.into_iter().zip(results).map(|(request, result)| async move {
                     match result {
-                        Err(NodeError::NotLeader { .. }) => self.write_alone(request).await,
+                        // Boxed: a lone write's future is a kilobyte, and every write of the batch would
+                        // carry one inline while the batch's answers are joined.
+                        Err(NodeError::NotLeader { .. }) => Box::pin(self.write_alone(request)).await,
                         result => result,
                     }
                 });
@@ -203,7 +210,7 @@ impl Router {
 
     /// One barrier through the leader, its answer given `count` times.
     pub(super) async fn forward_barrier(&self, count: usize) -> Vec<Result<u64, NodeError>> {
-        let index = match self.through_leader(ForwardRequest::Barrier).await {
+        let index = match self.through_leader(&ForwardRequest::Barrier).await {
             Ok(ForwardReply::Barrier(index)) => Ok(index),
             Ok(other) => Err(NodeError::Unavailable(format!("the leader answered a barrier with {other:?}"))),
             Err(e) => Err(e),
@@ -212,7 +219,7 @@ impl Router {
     }
 
     pub(super) async fn heartbeat_alone(&self, id: SessionId) -> Result<HeartbeatReply, NodeError> {
-        match self.through_leader(ForwardRequest::Heartbeat(id)).await? {
+        match self.through_leader(&ForwardRequest::Heartbeat(id)).await? {
             ForwardReply::Heartbeat(reply) => Ok(reply),
             other => Err(NodeError::Unavailable(format!("the leader answered a heartbeat with {other:?}"))),
         }
@@ -240,7 +247,7 @@ impl Router {
             } else {
                 ForwardRequest::Heartbeats(ids.clone())
             };
-            match self.through_leader(request).await {
+            match self.through_leader(&request).await {
                 Ok(ForwardReply::Heartbeats(replies)) if replies.len() == count => {
                     return replies.into_iter().map(Ok).collect()
                 }

@@ -156,7 +156,7 @@ impl Router {
     /// against 111,000-170,000 from the leader (docs/perf-notes/2026-12-03-follower-reads-and-hand-over-time.md).
     pub async fn read(self: &Arc<Self>, query: Query) -> Result<QueryReply, NodeError> {
         if self.elections.is_leader() {
-            return match self.through_leader(ForwardRequest::Read(query)).await? {
+            return match self.through_leader(&ForwardRequest::Read(query)).await? {
                 crate::peer::protocol::ForwardReply::Read(reply) => Ok(reply),
                 other => Err(NodeError::Unavailable(format!("the leader answered a read with {other:?}"))),
             };
@@ -283,12 +283,12 @@ impl Router {
 
     /// Adds node `id` at peer address `addr` through the leader; see [`ForwardRequest::AddMember`].
     pub async fn add(&self, id: NodeId, addr: String) -> Result<(), NodeError> {
-        self.through_leader_within(ForwardRequest::AddMember { id, addr }, MEMBERSHIP_TIMEOUT).await.map(|_| ())
+        self.through_leader_within(&ForwardRequest::AddMember { id, addr }, MEMBERSHIP_TIMEOUT).await.map(|_| ())
     }
 
     /// Removes node `id` through the leader.
     pub async fn remove(&self, id: NodeId) -> Result<(), NodeError> {
-        self.through_leader_within(ForwardRequest::RemoveMember { id }, MEMBERSHIP_TIMEOUT).await.map(|_| ())
+        self.through_leader_within(&ForwardRequest::RemoveMember { id }, MEMBERSHIP_TIMEOUT).await.map(|_| ())
     }
 
     /// Tells the leader, every [`WAITER_PING`] until `shutdown`, which one-shot waiters still wait on this
@@ -302,7 +302,7 @@ impl Router {
             }
             let tokens = self.events.waiting_here();
             if !tokens.is_empty() {
-                if let Err(e) = self.through_leader(ForwardRequest::StillWaiting(tokens)).await {
+                if let Err(e) = self.through_leader(&ForwardRequest::StillWaiting(tokens)).await {
                     tracing::debug!(%e, "could not tell the leader which requests still wait");
                 }
             }
@@ -342,7 +342,7 @@ impl Router {
         if self.batches.start_asking() {
             let router = self.clone();
             tokio::spawn(async move {
-                let _ = router.through_leader(ForwardRequest::Heartbeats(Vec::new())).await;
+                let _ = router.through_leader(&ForwardRequest::Heartbeats(Vec::new())).await;
                 router.batches.done_asking();
             });
         }
