@@ -36,12 +36,6 @@ ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-5s}
 ETCD=${ETCD:-1}
 RESULTS=$ANY_NODE_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
-REPORT_ONLY=0
-if [[ ${1:-} == --report ]]; then
-    [[ -f ${2:-}/results.jsonl ]] || echo "any-node.sh: --report takes a results directory" >&2
-    [[ -f ${2:-}/results.jsonl ]] || exit 1
-    RESULTS=$2 REPORT_ONLY=1
-fi
 HOLDFAST_WORKLOADS="uncontended-1@follower@http uncontended-64@http uncontended-64@leader@http contended-8@http
     uncontended-64@follower uncontended-64@leader contended-8@follower contended-8@leader"
 ETCD_WORKLOADS="uncontended-1 uncontended-64 contended-8"
@@ -51,6 +45,11 @@ die() {
     exit 1
 }
 
+REPORT_ONLY=0
+if [[ ${1:-} == --report ]]; then
+    [[ -f ${2:-}/results.jsonl ]] || die "--report takes the results directory of an earlier run"
+    RESULTS=$2 REPORT_ONLY=1
+fi
 command -v jq >/dev/null || die "jq is needed"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS=$ROUNDS is not a positive number"
 [[ $ETCD == 0 || $ETCD == 1 ]] || die "ETCD=$ETCD: 0 or 1"
