@@ -103,11 +103,11 @@ async fn open_session(client: &Client) -> Option<holdfast_client::Session> {
     loop {
         match client.session(Duration::from_secs(5)).await {
             Ok(session) => return Some(session),
-            Err(Error::LimitReached(why)) if why.starts_with("overloaded") && Instant::now() < give_up => {
+            Err(e) if super::refused_as_overloaded(&e) && Instant::now() < give_up => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => {
-                eprintln!("could not open a session: {e}");
+                super::note(format!("could not open a session: {e}"));
                 return None;
             }
         }

@@ -495,9 +495,9 @@ async fn open_all(clients: &[Client], run_id: u32, args: &SessionsArgs, started:
                 let t = Instant::now();
                 let session = match clients[i / per].session(lease).await {
                     Ok(session) => session,
-                    Err(holdfast_client::Error::LimitReached(detail)) if detail.starts_with("overloaded") => {
+                    Err(e) if super::refused_as_overloaded(&e) => {
                         if out.refused == 0 {
-                            note(format!("the cluster refused a session: {detail}"));
+                            note(format!("the cluster refused a session: {e}"));
                         }
                         out.refused += 1;
                         // As a client that honours the refusal would: the refused node is not asked again
