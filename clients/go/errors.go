@@ -31,6 +31,10 @@ var (
 	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrLimitReached: a server limit was reached (queue full, too many locks, sessions or claims).
 	ErrLimitReached = errors.New("limit reached")
+	// ErrOverloaded: the node, or the leader, refused new load (a session, a one-shot acquire) while it
+	// served the sessions it has late, or (a new session) while its workers had no room to spare; nothing
+	// changed. Unlike a limit, it passes: try again after a pause, or through another node.
+	ErrOverloaded = errors.New("overloaded")
 	// ErrUnavailable: no endpoint answered within the retry bounds, or the cluster had no leader in time.
 	// For a write the outcome is unknown.
 	ErrUnavailable = errors.New("unavailable")
@@ -138,6 +142,8 @@ func fromProblem(code codes.Code, problem, detail string) *Error {
 	case slug == "queue-full", slug == "too-many-locks", slug == "too-many-sessions",
 		slug == "too-many-claims", slug == "too-many-changes":
 		e.Kind = ErrLimitReached
+	case slug == "overloaded":
+		e.Kind = ErrOverloaded
 	case strings.HasPrefix(slug, "invalid-"), slug == "session-hold":
 		e.Kind = ErrInvalidArgument
 	case slug == "unauthenticated":

@@ -31,6 +31,7 @@ func TestStatusesMapToErrorsAsInTheRustClient(t *testing.T) {
 		{codes.NotFound, "urn:holdfast:session-gone", ErrSessionLost},
 		{codes.ResourceExhausted, "urn:holdfast:queue-full", ErrLimitReached},
 		{codes.ResourceExhausted, "urn:holdfast:too-many-claims", ErrLimitReached},
+		{codes.ResourceExhausted, "urn:holdfast:overloaded", ErrOverloaded},
 		{codes.Unavailable, "urn:holdfast:unavailable", ErrUnavailable},
 		{codes.Unauthenticated, "urn:holdfast:unauthenticated", ErrUnauthenticated},
 		{codes.Internal, "urn:holdfast:internal", ErrProtocol},

@@ -63,6 +63,12 @@ class LimitReached(HoldfastError):
     """A server limit was reached (queue full, too many locks, sessions or claims); nothing changed."""
 
 
+class Overloaded(HoldfastError):
+    """The node, or the leader, refused new load (a session, a one-shot acquire) while it served the sessions
+    it has late, or (a new session) while its workers had no room to spare; nothing changed. Unlike a limit,
+    it passes: try again after a pause, or through another node. Not retried by this client."""
+
+
 class LimitMismatch(HoldfastError):
     """The lock is held or waited for under another limit than the acquire gave; nothing changed."""
 
@@ -113,6 +119,8 @@ def error_from_problem(code: Optional[grpc.StatusCode], problem: Optional[str], 
         return Unavailable(detail)
     if slug in ("queue-full", "too-many-locks", "too-many-sessions", "too-many-claims", "too-many-changes"):
         return LimitReached(detail)
+    if slug == "overloaded":
+        return Overloaded(detail)
     if slug is not None and (slug.startswith("invalid-") or slug == "session-hold"):
         return InvalidArgument(detail)
     if slug == "unauthenticated":

@@ -27,6 +27,7 @@ C = grpc.StatusCode
         (C.UNAUTHENTICATED, "urn:holdfast:unauthenticated", holdfast.Unauthenticated),
         (C.FAILED_PRECONDITION, "urn:holdfast:compacted", holdfast.Compacted),
         (C.RESOURCE_EXHAUSTED, "urn:holdfast:too-many-changes", holdfast.LimitReached),
+        (C.RESOURCE_EXHAUSTED, "urn:holdfast:overloaded", holdfast.Overloaded),
         (C.RESOURCE_EXHAUSTED, "urn:holdfast:watch-behind", holdfast.Unavailable),
         (C.INTERNAL, "urn:holdfast:internal", holdfast.ProtocolError),
     ],

@@ -36,6 +36,11 @@ pub enum Error {
     /// A server limit was reached (queue full, too many locks, sessions or claims); nothing changed.
     #[error("limit reached: {0}")]
     LimitReached(String),
+    /// The node, or the leader, refused new load (a session, a one-shot acquire) while it served the
+    /// sessions it has late, or (a new session) while its workers had no room to spare; nothing changed.
+    /// Unlike a limit, it passes: try again after a pause, or through another node.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
     /// No endpoint answered within the retry bounds, or the cluster had no leader in time. For a write the
     /// outcome is unknown: it may or may not have happened.
     #[error("unavailable: {0}")]
@@ -105,6 +110,7 @@ impl Error {
             Some("compacted") => return Error::Compacted(detail.to_owned()),
             Some("limit-mismatch") => return Error::LimitMismatch(detail.to_owned()),
             Some("too-many-changes") => return Error::LimitReached(detail.to_owned()),
+            Some("overloaded") => return Error::Overloaded(detail.to_owned()),
             // A watch stream that fell behind its node ended: nothing is wrong but the pace; resume.
             Some("watch-behind") => return Error::Unavailable(detail.to_owned()),
             Some(
@@ -206,6 +212,7 @@ mod tests {
             (Code::NotFound, "urn:holdfast:session-gone", Error::SessionLost),
             (Code::ResourceExhausted, "urn:holdfast:queue-full", Error::LimitReached("bad".into())),
             (Code::ResourceExhausted, "urn:holdfast:too-many-claims", Error::LimitReached("bad".into())),
+            (Code::ResourceExhausted, "urn:holdfast:overloaded", Error::Overloaded("bad".into())),
             (Code::Unavailable, "urn:holdfast:unavailable", Error::Unavailable("bad".into())),
             (Code::Internal, "urn:holdfast:internal", Error::Protocol("Internal: bad".into())),
         ];
@@ -277,6 +284,10 @@ mod tests {
             Error::LimitReached("max 1024".into())
         );
         assert_eq!(
+            Error::from_problem(None, Some("urn:holdfast:overloaded"), "busy workers"),
+            Error::Overloaded("busy workers".into())
+        );
+        assert_eq!(
             Error::from_problem(None, Some("urn:holdfast:invalid-name"), "bad name"),
             Error::InvalidArgument("bad name".into())
         );
@@ -289,7 +300,15 @@ mod tests {
     #[test]
     fn only_unavailable_is_retried() {
         assert!(Error::Unavailable("x".into()).is_retryable());
-        for e in [Error::NotFound, Error::Busy { holder: None }, Error::Timeout, Error::SessionLost, Error::NotHolder] {
+        for e in [
+            Error::NotFound,
+            Error::Busy { holder: None },
+            Error::Timeout,
+            Error::SessionLost,
+            Error::NotHolder,
+            // Sent elsewhere at once, a refused load would only move: the caller backs off.
+            Error::Overloaded("x".into()),
+        ] {
             assert!(!e.is_retryable(), "{e:?}");
         }
     }

@@ -263,12 +263,6 @@ fn note(text: impl AsRef<str>) {
     eprintln!("  {}", text.as_ref());
 }
 
-/// Whether `e` is a node's refusal of new load as overloaded (`--overload-delay`, `--overload-busy`): the
-/// client reports it as a limit reached, its detail naming it.
-fn refused_as_overloaded(e: &holdfast_client::Error) -> bool {
-    matches!(e, holdfast_client::Error::LimitReached(detail) if detail.starts_with("overloaded"))
-}
-
 /// A random id so that runs do not collide on lock names.
 fn rand_id() -> u32 {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos());

@@ -13,7 +13,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// The lock is held by someone else (with `--no-wait`) or the wait ran out; `-E` changes it, as flock's.
 pub const EXIT_BUSY: u8 = 75;
-/// The cluster could not be reached (no endpoint answered within the retry bounds).
+/// The cluster could not be reached (no endpoint answered within the retry bounds), or refused new load as
+/// overloaded: either passes, and the same call may succeed later.
 pub const EXIT_UNREACHABLE: u8 = 69;
 /// The lock was lost while the command ran; the command was terminated.
 pub const EXIT_LOST: u8 = 70;
@@ -199,7 +200,7 @@ fn exit_code(status: std::io::Result<ExitStatus>) -> u8 {
 fn report(e: &ClientError) -> u8 {
     eprintln!("holdfast: {e}");
     match e {
-        ClientError::Unavailable(_) => EXIT_UNREACHABLE,
+        ClientError::Unavailable(_) | ClientError::Overloaded(_) => EXIT_UNREACHABLE,
         _ => EXIT_USAGE,
     }
 }

@@ -495,7 +495,7 @@ async fn open_all(clients: &[Client], run_id: u32, args: &SessionsArgs, started:
                 let t = Instant::now();
                 let session = match clients[i / per].session(lease).await {
                     Ok(session) => session,
-                    Err(e) if super::refused_as_overloaded(&e) => {
+                    Err(e @ holdfast_client::Error::Overloaded(_)) => {
                         if out.refused == 0 {
                             note(format!("the cluster refused a session: {e}"));
                         }
