@@ -33,8 +33,9 @@ use crate::{NodeId, StoreError};
 pub(crate) struct Synced {
     /// The log id of the last entry durable on disk: every entry of the log up to it is.
     pub(crate) last: Option<LogId<NodeId>>,
-    /// Whether entries after `last` were acknowledged before their sync (a leader's own). While none
-    /// are, every entry the log holds is durable.
+    /// Whether entries after `last` are written and wait for the log's own thread to sync them: a
+    /// leader's own, acknowledged before their sync, or a follower's synced aside, acknowledged after.
+    /// While none are, every entry the log holds is durable.
     pub(crate) pending: bool,
     /// Why a sync failed, once one did: the log's durability is unknown from then on.
     pub(crate) failed: Option<Arc<str>>,
@@ -73,8 +74,8 @@ impl Durable {
         }
     }
 
-    /// Waits until this node's log is durable through `index`: at once when no entry waits for its sync
-    /// (every append a follower's, or all synced).
+    /// Waits until this node's log is durable through `index`: at once when no entry waits for the log's
+    /// own thread to sync it (every append synced in place, or all synced).
     pub(crate) async fn reached(&self, index: u64) -> Result<(), StoreError> {
         let mut rx = self.rx.clone();
         let mut asked = false;

@@ -74,11 +74,13 @@
 //!
 //! Each of these is on disk before the call acknowledges it:
 //!
-//! - appended entries: written and `fdatasync`ed, on the calling thread, before the append callback fires
-//!   (and before `append` returns); except, in a store opened for it
-//!   ([`LogStore::acknowledge_own_appends`]), a leader's own entries, which are written, acknowledged, and
-//!   synced by the log's own thread; the `durable` module ([`Durable`]) says what then waits for that
-//!   sync (apply, the commit index a leader sends, the saved `committed`) and why that is safe;
+//! - appended entries: written and `fdatasync`ed before the append callback fires (and before `append`
+//!   returns): on the calling thread, or, while the node's observer asks for it
+//!   ([`ApplyObserver::sync_aside`]), by the log's own thread while the caller awaits it; except, in a store
+//!   opened for it ([`LogStore::acknowledge_own_appends`]), a leader's own entries, which are written,
+//!   acknowledged, and synced by the log's own thread; the `durable` module ([`Durable`]) says what then
+//!   waits for that sync (apply, the commit index a leader sends, the saved `committed`) and why that is
+//!   safe;
 //! - a truncation: later segment files deleted and the directory synced, the segment holding the first
 //!   removed entry cut and synced, before `truncate` returns;
 //! - a purge: the purge point in `records` first (replaced durably), then the segment files it covers
@@ -205,6 +207,13 @@ pub trait ApplyObserver: Send + Sync + 'static {
     /// The node's current snapshot is now the one of the log up to `index`, `bytes` long: built here,
     /// installed from the leader, or found at start. Called without the state's lock held.
     fn snapshot_stored(&self, _index: u64, _bytes: u64) {}
+    /// Whether the node's append as a follower is synced by the log's own thread, acknowledged once
+    /// durable, rather than in place on the calling worker thread. A node says yes while many clients'
+    /// calls wait on it, so that its worker passes their answers on during the sync; in place (the
+    /// default) costs no thread wake-ups. Asked once per append.
+    fn sync_aside(&self) -> bool {
+        false
+    }
 }
 
 /// An observer that ignores every change: for tests and tools that only need the storage.

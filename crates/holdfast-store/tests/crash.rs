@@ -4,6 +4,8 @@
 //! removed comes back, and the node restarts to the state its log and snapshot say. A third of the runs are
 //! a leader's, whose own entries are acknowledged when written and synced later (by a task here, a thread
 //! in a node): there what the store reported durable must survive, and nothing may have acted on the rest.
+//! Another third are a follower's that syncs most appends aside (by that task), as a node with many
+//! clients' writes waiting does, acknowledging each once durable.
 //!
 //! `HOLDFAST_CRASH_SEEDS=N` runs N seeds (default 500); a soak by hand runs thousands.
 
@@ -11,12 +13,14 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{acquire, blank, log_id, model, receive, snapshot_bytes};
+use holdfast_core::{Applied, LockState};
 use holdfast_store::testing::{open_on_crash_fs, CrashFs};
-use holdfast_store::{LogStore, NoObserver, NodeId, StateMachineStore, TypeConfig};
+use holdfast_store::{ApplyObserver, LogStore, NoObserver, NodeId, StateMachineStore, TypeConfig};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{
@@ -30,6 +34,26 @@ const DIR: &str = "/store";
 
 fn open(fs: &Arc<CrashFs>) -> Result<(LogStore, StateMachineStore), holdfast_store::StoreError> {
     open_on_crash_fs(fs.clone(), Path::new(DIR), Arc::new(NoObserver))
+}
+
+/// An observer that has three in four of a follower's appends synced aside, as a node with many clients'
+/// writes waiting does, so that a run mixes both ways; it remembers its last answer.
+#[derive(Default)]
+struct MostlyAside {
+    asked: AtomicU64,
+    last: AtomicBool,
+}
+
+impl ApplyObserver for MostlyAside {
+    fn applied(&self, _state: &LockState, _index: u64, _cmd: &holdfast_core::Command, _applied: &Applied) {}
+
+    fn restored(&self, _state: &LockState) {}
+
+    fn sync_aside(&self) -> bool {
+        let aside = self.asked.fetch_add(1, Ordering::SeqCst) % 4 != 3;
+        self.last.store(aside, Ordering::SeqCst);
+        aside
+    }
 }
 
 /// A fresh store on a file system of its own for every test of the suite; the file system is the guard.
@@ -74,6 +98,8 @@ struct Acked {
 #[derive(Debug, Clone)]
 enum Op {
     Append(Vec<Entry<TypeConfig>>),
+    /// An append synced aside (see [`MostlyAside`]).
+    AppendAside(Vec<Entry<TypeConfig>>),
     Vote(Vote<NodeId>),
     Truncate(u64),
     Purge(u64),
@@ -190,10 +216,15 @@ async fn crash_run(seed: u64, lying: bool) -> Result<Option<Op>, String> {
     let fs = Arc::new(CrashFs::new(seed, lying));
     let mut acked = Acked { term: 1, leader: seed.is_multiple_of(3), ..Default::default() };
     let leader = acked.leader;
+    let aside = Arc::new(MostlyAside::default());
     let open =
         |fs: &Arc<CrashFs>| open(fs).map(|(log, sm)| (if leader { log.acknowledge_own_appends(1) } else { log }, sm));
     {
-        let (mut log, mut sm) = open(&fs).map_err(|e| format!("first open: {e}"))?;
+        let (mut log, mut sm) = match seed % 3 {
+            1 => open_on_crash_fs(fs.clone(), Path::new(DIR), aside.clone()),
+            _ => open(&fs),
+        }
+        .map_err(|e| format!("first open: {e}"))?;
         // A Raft log starts at index 0 (the initial membership's entry, here a blank one).
         let first = blank(0, 0);
         log.blocking_append([first.clone()]).await.map_err(|e| format!("first append: {e}"))?;
@@ -215,6 +246,9 @@ async fn crash_run(seed: u64, lying: bool) -> Result<Option<Op>, String> {
                 break;
             }
         }
+    }
+    if let (Some(Op::Append(entries)), true) = (&acked.dying, aside.last.load(Ordering::SeqCst)) {
+        acked.dying = Some(Op::AppendAside(entries.clone()));
     }
     fs.crash();
     let (mut log, mut sm) = open(&fs).map_err(|e| format!("the open after the crash: {e}"))?;
@@ -247,7 +281,9 @@ async fn check(acked: &Acked, log: &mut LogStore, sm: &mut StateMachineStore) ->
     let expected: BTreeMap<u64, _> =
         acked.log.iter().filter(|(i, _)| Some(**i) > purged && **i <= durable).map(|(i, e)| (*i, e.clone())).collect();
     let in_flight: BTreeMap<u64, _> = match &dying {
-        Some(Op::Append(entries)) => entries.iter().map(|e| (e.log_id.index, e.clone())).collect(),
+        Some(Op::Append(entries) | Op::AppendAside(entries)) => {
+            entries.iter().map(|e| (e.log_id.index, e.clone())).collect()
+        }
         _ => BTreeMap::new(),
     };
     for (i, entry) in &found {
@@ -317,7 +353,7 @@ async fn a_power_cut_at_any_file_operation_loses_nothing_the_store_acknowledged(
     // The runs cut the power in the middle of every kind of operation.
     assert_eq!(
         cut_in.into_iter().collect::<Vec<_>>(),
-        ["Append", "Build", "Install", "Other", "Purge", "Truncate", "Vote"]
+        ["Append", "AppendAside", "Build", "Install", "Other", "Purge", "Truncate", "Vote"]
     );
 }
 

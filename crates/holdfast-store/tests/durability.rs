@@ -296,6 +296,52 @@ async fn a_leaders_own_appends_are_synced_in_the_background_and_applied_once_dur
     Ok(())
 }
 
+/// Asks for every follower append to be synced aside, as a node with many clients' writes waiting does, and
+/// notes the thread each sync ran on.
+#[derive(Default)]
+struct Aside {
+    synced_on: std::sync::Mutex<Vec<Option<String>>>,
+}
+
+impl holdfast_store::ApplyObserver for Aside {
+    fn applied(&self, _: &holdfast_core::LockState, _: u64, _: &holdfast_core::Command, _: &holdfast_core::Applied) {}
+
+    fn restored(&self, _state: &holdfast_core::LockState) {}
+
+    fn flushed(&self, _took: Duration) {
+        let thread = std::thread::current().name().map(str::to_owned);
+        self.synced_on.lock().unwrap().push(thread);
+    }
+
+    fn sync_aside(&self) -> bool {
+        true
+    }
+}
+
+/// A follower's append synced aside is written at once, synced by the log's own thread (not the caller's),
+/// and acknowledged only once durable; it survives a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_append_synced_aside_is_acknowledged_once_durable() -> Result {
+    let dir = tempfile::tempdir()?;
+    let entries = vec![blank(1, 1), acquire(1, 2, "alpha", "a", 1), acquire(1, 3, "beta", "b", 2)];
+    {
+        let aside = Arc::new(Aside::default());
+        let (log, _sm) = until_unlocked(|| open(dir.path(), aside.clone()))?;
+        let mut log = log.acknowledge_own_appends(1);
+        let durable = log.durable();
+        // Node 2 leads: the entries are a follower's.
+        log.save_vote(&Vote::new_committed(1, 2)).await?;
+        aside.synced_on.lock().unwrap().clear();
+        log.blocking_append(entries.clone()).await?;
+        assert_eq!(durable.last(), Some(log_id(1, 3)), "durable when acknowledged");
+        let synced_on = aside.synced_on.lock().unwrap().clone();
+        assert_eq!(synced_on, [Some("holdfast-log-sync".to_owned())], "synced by the log's own thread");
+    }
+    let (mut log, _sm) = open_quiet(dir.path())?;
+    assert_eq!(log.try_get_log_entries(..).await?, entries);
+    Ok(())
+}
+
 /// Regression: sled 0.34's `flush_async` never completes once about eight flushes are in flight in
 /// one process (spacejam/sled#1241, #1308). Sixteen stores flushing at once, as a process running
 /// several nodes does, must all finish. The stores run on a thread of their own so that a hang fails

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::deadlines::Deadlines;
 use super::notes::NoteSender;
 pub use super::notes::{Notes, SessionNote};
+use super::waiting::Waiting;
 use crate::faults::Bugs;
 use crate::metrics::{self, Metrics};
 
@@ -70,6 +71,8 @@ pub struct Events {
     /// new leader keeps each TTL hold's stamped end (and each lock-delay's) plus the bound and its own
     /// election, instead of giving them a full lease from its promotion.
     max_clock_skew: Option<Duration>,
+    /// Clients' writes waiting here for the leader: with many, a follower syncs its appends aside.
+    waiting: Waiting,
 }
 
 #[derive(Default)]
@@ -177,7 +180,13 @@ impl Inner {
 impl Events {
     pub fn new(metrics: Arc<Metrics>, bugs: Bugs, max_clock_skew: Option<Duration>) -> Self {
         let urgent_commit = tokio::sync::watch::channel(0).0;
-        Events { inner: Mutex::default(), metrics, snapshot: Mutex::default(), urgent_commit, bugs, max_clock_skew }
+        let (inner, snapshot, waiting) = Default::default();
+        Events { inner, metrics, snapshot, urgent_commit, bugs, max_clock_skew, waiting }
+    }
+
+    /// The clients' writes waiting on this node for the leader.
+    pub fn waiting(&self) -> &Waiting {
+        &self.waiting
     }
 
     /// Marks the commit of the entry at `index` as one a follower may be waiting for: a lock handed over
@@ -623,6 +632,10 @@ impl ApplyObserver for Events {
 
     fn flushed(&self, took: Duration) {
         self.metrics.fsync.observe(took.as_secs_f64());
+    }
+
+    fn sync_aside(&self) -> bool {
+        self.waiting.many()
     }
 
     fn snapshot_stored(&self, index: u64, bytes: u64) {

@@ -4,6 +4,7 @@
 //!   deadlines the leader acts on, and the commits a follower may be waiting for.
 //! - [`deadlines`]: those deadlines, ordered by time, with an O(1) promotion.
 //! - [`notes`]: what a session's stream hears of its session ([`notes::Notes`]).
+//! - [`waiting`]: the clients' writes waiting on this node, which decide where a follower syncs.
 //!
 //! [`wait_applied`] is how everything above waits for an entry to be applied here. Imports only the
 //! leaves.
@@ -11,6 +12,7 @@
 pub mod deadlines;
 pub mod events;
 pub mod notes;
+pub mod waiting;
 
 use holdfast_store::{SharedState, TypeConfig};
 use openraft::Raft;

@@ -131,7 +131,11 @@ impl Router {
     /// (docs/perf-notes/2026-12-03-sessions-through-a-follower.md). A write is never sent twice: a
     /// batch whose connection breaks leaves each of its writes with an unknown outcome, as a lone write's
     /// would.
+    ///
+    /// Each write waiting here is counted: with many, this node syncs its appends as a follower aside
+    /// ([`crate::apply::waiting`]).
     pub async fn write(self: &Arc<Self>, request: Request) -> Result<Written, NodeError> {
+        let _waiting = self.events.waiting().count();
         if !self.writes_in_batches() {
             // Boxed: a lone write's future is a kilobyte, and a batched one, the common case, would carry it.
             return Box::pin(self.write_alone(request)).await;
