@@ -102,7 +102,8 @@ class _Session:
     def open(self) -> None:
         """Opens the session through the first endpoint that answers, within the client's retry bounds
         (`MAX_ATTEMPTS`, `RETRY_TIMEOUT_S`); raises `Unavailable` if none did, or if the open took more
-        than half the lease, and the server's refusal (`InvalidArgument`, `LimitReached`) as it comes."""
+        than half the lease, and the server's refusal (`InvalidArgument`, `LimitReached`, `Overloaded`) as
+        it comes."""
         lease_ms = ms(self._lease_s, "lease")
         start = time.monotonic()
         first = self._client._preferred

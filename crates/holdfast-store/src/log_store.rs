@@ -146,8 +146,8 @@ impl LogStore {
                 // A write that found no room changed nothing; a sync that did has failed for good.
                 Err(StoreError::Io(e)) if is_no_space(&e) && !self.wal.failed() => self.disk.no_space(),
                 Err(e) => return Err(e),
-                Ok(Appended::Durable) => return Ok(()),
-                Ok(Appended::SyncingThrough(last)) => return self.durable.reached(last).await,
+                Ok(Appended::Acknowledged) => return Ok(()),
+                Ok(Appended::OnceDurableThrough(last)) => return self.durable.reached(last).await,
             }
         }
     }
@@ -157,14 +157,14 @@ impl LogStore {
         if log::own_leader_append(self.own, vote.as_ref(), entries) {
             // Written now, synced by the log's own thread: see `acknowledge_own_appends`.
             self.wal.append_unsynced(entries, &self.observer)?;
-            return Ok(Appended::Durable);
+            return Ok(Appended::Acknowledged);
         }
         // A follower's. openraft's core, the only caller, waits for the sync in any case.
         if let (true, Some(last)) = (self.observer.sync_aside(), entries.last()) {
             // Many clients' calls wait on this node: written now and synced by the log's own thread, the worker
             // meanwhile passing their answers on; acknowledged once durable.
             self.wal.append_unsynced(entries, &self.observer)?;
-            return Ok(Appended::SyncingThrough(last.log_id.index));
+            return Ok(Appended::OnceDurableThrough(last.log_id.index));
         }
         // In place, blocking this worker thread for one write and one fdatasync: handing the sync to another
         // thread costs a thread wake-up each way per append, and where the worker has nothing else to do
@@ -174,7 +174,7 @@ impl LogStore {
         let started = std::time::Instant::now();
         self.wal.append(entries)?;
         self.observer.flushed(started.elapsed());
-        Ok(Appended::Durable)
+        Ok(Appended::Acknowledged)
     }
 
     async fn purge_flushed(&self, upto: LogId<NodeId>) -> Result<(), StoreError> {
@@ -198,12 +198,13 @@ impl LogStore {
     }
 }
 
-/// How far an append went when [`LogStore::append_now`] returned.
+/// When an append that [`LogStore::append_now`] made may be acknowledged.
 enum Appended {
-    /// Durable, or a leader's own, acknowledged before its sync (see [`LogStore::acknowledge_own_appends`]).
-    Durable,
-    /// Written; the log's own thread syncs it, and it is acknowledged once durable through this index.
-    SyncingThrough(u64),
+    /// Now: it is durable, or it is a leader's own, acknowledged before its sync (see
+    /// [`LogStore::acknowledge_own_appends`]).
+    Acknowledged,
+    /// Once the log is durable through this index: it is written, and the log's own thread syncs it.
+    OnceDurableThrough(u64),
 }
 
 crate::log::raft_log_reader!(LogStore);
