@@ -659,10 +659,19 @@ async fn an_overloaded_node_refuses_new_sessions_and_acquires_and_serves_the_ses
     cluster.get(leader, &path).await.assert_problem(404, "not-found", "the refused acquire's lock");
     // A new session is refused, with what to do; the session already there resumes on the node.
     let refused = match client.session(LEASE).await {
-        Err(holdfast_client::Error::LimitReached(detail)) => detail,
+        Err(holdfast_client::Error::Overloaded(detail)) => detail,
         other => panic!("a new session on the overloaded node: {:?}", other.map(|s| s.id())),
     };
     assert!(refused.contains("overloaded") && refused.contains("--overload-delay"), "{refused}");
+    // `holdfast run` through it runs nothing and exits 69, as for a cluster it could not reach: try later.
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["run", "overloaded-run", "--endpoints", &cluster.client_addr(follower).to_string()])
+        .args(["--", "sh", "-c", "echo ran"])
+        .output()
+        .expect("holdfast run");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(69), "holdfast run on the overloaded node: {stderr}");
+    assert!(stderr.contains("overloaded") && run.stdout.is_empty(), "{stderr}");
 
     // The session's heartbeats go on through the overloaded node and are confirmed; it keeps its lock.
     let confirmed = async || cluster.metric(follower, "holdfast_heartbeat_duration_seconds_count").await.unwrap_or(0.0);
