@@ -162,6 +162,8 @@ pub struct Metrics {
     pub entry_commands: Histogram,
     pub held_back: Gauge,
     pub fsync: Histogram,
+    /// Appends this node synced on the log's own thread as a follower with many clients' writes waiting.
+    pub appends_synced_aside: Counter,
     pub snapshot_bytes: Gauge,
     pub snapshot_index: Gauge,
     /// The store's disk: its room and its syncs (set at scrape time).
@@ -227,6 +229,7 @@ impl Metrics {
             held_back: Gauge::default(),
             worker_threads: Gauge::default(),
             fsync: latency_histogram(),
+            appends_synced_aside: Counter::default(),
             snapshot_bytes: Gauge::default(),
             snapshot_index: Gauge::default(),
             disk_free: Gauge::default(),
@@ -319,6 +322,11 @@ impl Metrics {
             "Time of each sync (write and fdatasync or fsync) the log, vote or snapshot waited for",
             Unit::Seconds,
             self.fsync.clone(),
+        );
+        storage.register(
+            "appends_synced_aside",
+            "Appends this node synced on the log's own thread, not its worker's, as a follower with many clients' writes waiting",
+            self.appends_synced_aside.clone(),
         );
         storage.register_with_unit(
             "snapshot",
@@ -488,6 +496,7 @@ mod tests {
             "holdfast_raft_entry_commands_sum 3.0",
             "holdfast_requests_total{api=\"http\",endpoint=\"POST /v1/locks/{name}\",code=\"200\"} 1",
             "holdfast_storage_fsync_duration_seconds_count 1",
+            "holdfast_storage_appends_synced_aside_total 0",
             "holdfast_raft_apply_lag_entries 0",
             "holdfast_storage_snapshot_bytes 0",
             "holdfast_storage_snapshot_index 0",

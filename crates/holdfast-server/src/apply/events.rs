@@ -635,7 +635,11 @@ impl ApplyObserver for Events {
     }
 
     fn sync_aside(&self) -> bool {
-        self.waiting.many()
+        let aside = self.waiting.many();
+        if aside {
+            self.metrics.appends_synced_aside.inc();
+        }
+        aside
     }
 
     fn snapshot_stored(&self, index: u64, bytes: u64) {
@@ -988,5 +992,19 @@ mod tests {
         assert!(due_waiters(&events, &state).is_empty());
         tokio::time::advance(WAITER_LEASE - lease).await;
         assert_eq!(due_waiters(&events, &state), [Token(8)]);
+    }
+
+    #[test]
+    fn a_follower_syncs_aside_while_many_writes_wait_and_counts_each() {
+        let events = Events::default();
+        let mut waiting: Vec<_> =
+            (0..crate::apply::waiting::SYNC_ASIDE_WAITING - 1).map(|_| events.waiting().count()).collect();
+        assert!(!events.sync_aside(), "in place under the threshold");
+        waiting.push(events.waiting().count());
+        assert!(events.sync_aside() && events.sync_aside());
+        assert_eq!(events.metrics().appends_synced_aside.get(), 2);
+        drop(waiting);
+        assert!(!events.sync_aside());
+        assert_eq!(events.metrics().appends_synced_aside.get(), 2);
     }
 }
