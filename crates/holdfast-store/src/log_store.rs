@@ -160,9 +160,9 @@ impl LogStore {
             return Ok(Appended::Acknowledged);
         }
         // A follower's. openraft's core, the only caller, waits for the sync in any case.
-        if let (true, Some(last)) = (self.observer.sync_aside(), entries.last()) {
-            // Many clients' calls wait on this node: written now and synced by the log's own thread, the worker
-            // meanwhile passing their answers on; acknowledged once durable.
+        if let Some(last) = entries.last().filter(|_| self.observer.sync_aside()) {
+            // The node asks for it while many of its clients' calls wait on it: written now and synced by the
+            // log's own thread, the worker meanwhile passing their answers on; acknowledged once durable.
             self.wal.append_unsynced(entries, &self.observer)?;
             return Ok(Appended::OnceDurableThrough(last.log_id.index));
         }
