@@ -156,7 +156,7 @@ fn finish(result: Result<Out, ClientError>, as_json: bool) -> u8 {
             eprintln!("holdfast: {e}");
             match e {
                 ClientError::Busy { .. } => EXIT_BUSY,
-                ClientError::Unavailable(_) | ClientError::Overloaded(_) => EXIT_UNREACHABLE,
+                e if crate::run::passes(&e) => EXIT_UNREACHABLE,
                 ClientError::NotFound
                 | ClientError::NotHolder
                 | ClientError::Expired

@@ -199,8 +199,14 @@ fn exit_code(status: std::io::Result<ExitStatus>) -> u8 {
 
 fn report(e: &ClientError) -> u8 {
     eprintln!("holdfast: {e}");
-    match e {
-        ClientError::Unavailable(_) | ClientError::Overloaded(_) => EXIT_UNREACHABLE,
-        _ => EXIT_USAGE,
+    if passes(e) {
+        return EXIT_UNREACHABLE;
     }
+    EXIT_USAGE
+}
+
+/// Whether the same call may get past `e` later (`EXIT_UNREACHABLE`): no endpoint answered, or the node
+/// refused new load as overloaded.
+pub fn passes(e: &ClientError) -> bool {
+    matches!(e, ClientError::Unavailable(_) | ClientError::Overloaded(_))
 }

@@ -103,7 +103,7 @@ async fn open_session(client: &Client) -> Option<holdfast_client::Session> {
     loop {
         match client.session(Duration::from_secs(5)).await {
             Ok(session) => return Some(session),
-            Err(holdfast_client::Error::Overloaded(_)) if Instant::now() < give_up => {
+            Err(Error::Overloaded(_)) if Instant::now() < give_up => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => {
