@@ -55,6 +55,14 @@ var (
 	ErrProtocol = errors.New("protocol error")
 )
 
+// IsTransient reports whether err says the cluster could not serve the call at the time, rather than
+// answer it: ErrUnavailable or ErrOverloaded. The same call, unchanged, may succeed after a pause or through
+// another node; after ErrUnavailable a write's outcome is unknown, so send it again only if doing it twice is
+// harmless, or check first. Every other error is an answer about the request or the lock.
+func IsTransient(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOverloaded)
+}
+
 // problemMetadata is the gRPC metadata entry in which the server puts an error's problem type;
 // holderMetadata the binary entry naming the holder of a busy lock.
 const (

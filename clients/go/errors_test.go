@@ -66,6 +66,39 @@ func TestStatusesMapToErrorsAsInTheRustClient(t *testing.T) {
 	}
 }
 
+func TestOnlyUnavailableAndOverloadedAreTransient(t *testing.T) {
+	cases := []struct {
+		code      codes.Code
+		problem   string
+		transient bool
+	}{
+		{codes.Unavailable, "urn:holdfast:unavailable", true},
+		{codes.ResourceExhausted, "urn:holdfast:overloaded", true},
+		{codes.Unavailable, "", true},
+		{codes.ResourceExhausted, "urn:holdfast:queue-full", false},
+		{codes.AlreadyExists, "urn:holdfast:busy", false},
+		{codes.FailedPrecondition, "urn:holdfast:not-holder", false},
+		{codes.InvalidArgument, "urn:holdfast:invalid-name", false},
+		{codes.NotFound, "urn:holdfast:session-gone", false},
+		{codes.Internal, "urn:holdfast:internal", false},
+	}
+	for _, tc := range cases {
+		md := metadata.MD{}
+		if tc.problem != "" {
+			md.Set(problemMetadata, tc.problem)
+		}
+		if got := IsTransient(fromStatus(status.Error(tc.code, "detail"), md)); got != tc.transient {
+			t.Errorf("%v %q: transient %v, want %v", tc.code, tc.problem, got, tc.transient)
+		}
+	}
+	if !IsTransient(fromStatus(io.EOF, nil)) {
+		t.Error("a broken stream is transient")
+	}
+	if IsTransient(nil) {
+		t.Error("no error is not transient")
+	}
+}
+
 func TestABusyStatusNamesTheHolderFromItsBinaryMetadata(t *testing.T) {
 	bytes, err := proto.Marshal(&pb.Holder{Owner: "w1", Fence: 41, SessionId: 7})
 	if err != nil {

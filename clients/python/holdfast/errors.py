@@ -24,6 +24,12 @@ _PROBLEM_PREFIX = "urn:holdfast:"
 class HoldfastError(Exception):
     """Base of every error this client raises."""
 
+    #: Whether the cluster could not serve the call at the time, rather than answer it: true only for
+    #: `Unavailable` and `Overloaded`. The same call, unchanged, may succeed after a pause or through another
+    #: node; after `Unavailable` a write's outcome is unknown, so send it again only if doing it twice is
+    #: harmless, or check first. Every other error is an answer about the request or the lock.
+    transient: bool = False
+
 
 class LockBusy(HoldfastError):
     """The lock is held by someone else (a try-lock, or a one-shot acquire whose wait ran out)."""
@@ -68,6 +74,8 @@ class Overloaded(HoldfastError):
     it has late, or (a new session) while its workers had no room to spare; nothing changed. Unlike a limit,
     it passes: try again after a pause, or through another node. Not retried by this client."""
 
+    transient = True
+
 
 class LimitMismatch(HoldfastError):
     """The lock is held or waited for under another limit than the acquire gave; nothing changed."""
@@ -76,6 +84,8 @@ class LimitMismatch(HoldfastError):
 class Unavailable(HoldfastError):
     """No endpoint answered within the retry bounds, or the cluster had no leader in time. For a write the
     outcome is unknown: it may or may not have happened."""
+
+    transient = True
 
 
 class LockTimeout(HoldfastError):

@@ -61,3 +61,27 @@ def test_an_unknown_slug_falls_back_to_the_code() -> None:
 def test_session_errors_map_by_problem_type_alone() -> None:
     assert type(error_from_problem(None, "urn:holdfast:invalid-name", "bad")) is holdfast.InvalidArgument
     assert type(error_from_problem(None, "urn:holdfast:mystery", "what")) is holdfast.ProtocolError
+
+
+def test_only_unavailable_and_overloaded_are_transient() -> None:
+    transient = {
+        problem: error_from_problem(code, problem, "m").transient
+        for code, problem in [
+            (C.UNAVAILABLE, "urn:holdfast:unavailable"),
+            (C.RESOURCE_EXHAUSTED, "urn:holdfast:overloaded"),
+            (C.RESOURCE_EXHAUSTED, "urn:holdfast:watch-behind"),
+            (C.RESOURCE_EXHAUSTED, "urn:holdfast:queue-full"),
+            (C.ALREADY_EXISTS, "urn:holdfast:busy"),
+            (C.FAILED_PRECONDITION, "urn:holdfast:not-holder"),
+            (C.INVALID_ARGUMENT, "urn:holdfast:invalid-name"),
+            (C.NOT_FOUND, "urn:holdfast:session-gone"),
+            (C.INTERNAL, "urn:holdfast:internal"),
+        ]
+    }
+    assert {problem for problem, yes in transient.items() if yes} == {
+        "urn:holdfast:unavailable",
+        "urn:holdfast:overloaded",
+        "urn:holdfast:watch-behind",
+    }
+    assert error_from_problem(C.UNAVAILABLE, None, "connection refused").transient
+    assert not holdfast.LockTimeout().transient

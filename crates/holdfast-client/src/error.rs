@@ -132,6 +132,16 @@ impl Error {
         }
     }
 
+    /// Whether the cluster could not serve the call at the time, rather than answer it: no endpoint or no
+    /// leader answered within the retry bounds ([`Error::Unavailable`]), or a node refused new load
+    /// ([`Error::Overloaded`]). The same call, unchanged, may succeed after a pause or through another node.
+    /// After `Unavailable` a write's outcome is unknown: send it again only if doing it twice is harmless
+    /// (a release, a renew), or check first. Every other error is an answer about the request or the lock
+    /// (busy, not the holder, a limit, bad input) that sending it again would not change.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable(_) | Error::Overloaded(_))
+    }
+
     /// Whether a call that failed with this error may be sent again to another endpoint: the node did not
     /// answer, or answered that no leader could serve the request.
     pub(crate) fn is_retryable(&self) -> bool {
@@ -219,6 +229,29 @@ mod tests {
         for (code, problem, want) in cases {
             assert_eq!(Error::from(status(code, Some(problem), "bad")), want, "{problem}");
         }
+    }
+
+    #[test]
+    fn only_unavailable_and_overloaded_are_transient() {
+        let transient = |code, problem| Error::from(status(code, Some(problem), "x")).is_transient();
+        assert!(transient(Code::Unavailable, "urn:holdfast:unavailable"));
+        assert!(transient(Code::ResourceExhausted, "urn:holdfast:overloaded"));
+        // A watch that fell behind resumes: the node's pace, not the request.
+        assert!(transient(Code::Unavailable, "urn:holdfast:watch-behind"));
+        // A transport failure made on this side (no problem type) is unavailable too.
+        assert!(Error::from(Status::unavailable("connection refused")).is_transient());
+        for (code, problem) in [
+            (Code::ResourceExhausted, "urn:holdfast:queue-full"),
+            (Code::ResourceExhausted, "urn:holdfast:too-many-locks"),
+            (Code::AlreadyExists, "urn:holdfast:busy"),
+            (Code::FailedPrecondition, "urn:holdfast:not-holder"),
+            (Code::InvalidArgument, "urn:holdfast:invalid-name"),
+            (Code::NotFound, "urn:holdfast:session-gone"),
+            (Code::Internal, "urn:holdfast:internal"),
+        ] {
+            assert!(!transient(code, problem), "{problem}");
+        }
+        assert!(!Error::Timeout.is_transient(), "a wait that ran out is an answer about the lock");
     }
 
     #[test]

@@ -156,7 +156,7 @@ fn finish(result: Result<Out, ClientError>, as_json: bool) -> u8 {
             eprintln!("holdfast: {e}");
             match e {
                 ClientError::Busy { .. } => EXIT_BUSY,
-                e if crate::run::passes(&e) => EXIT_UNREACHABLE,
+                e if e.is_transient() => EXIT_UNREACHABLE,
                 ClientError::NotFound
                 | ClientError::NotHolder
                 | ClientError::Expired

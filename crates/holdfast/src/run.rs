@@ -199,14 +199,9 @@ fn exit_code(status: std::io::Result<ExitStatus>) -> u8 {
 
 fn report(e: &ClientError) -> u8 {
     eprintln!("holdfast: {e}");
-    if passes(e) {
+    // Unreachable or overloaded: the same call may get past it later.
+    if e.is_transient() {
         return EXIT_UNREACHABLE;
     }
     EXIT_USAGE
-}
-
-/// Whether the same call may get past `e` later (`EXIT_UNREACHABLE`): no endpoint answered, or the node
-/// refused new load as overloaded.
-pub fn passes(e: &ClientError) -> bool {
-    matches!(e, ClientError::Unavailable(_) | ClientError::Overloaded(_))
 }
