@@ -23,10 +23,11 @@
 # to the leader (contended-8@follower, contended-8@leader). etcd's: uncontended-1, uncontended-64 and
 # contended-8, its clients spread over its members.
 #
-# It prints each run's line as it goes, then two Markdown tables with a column per round: the rates (and
-# p50, and the nodes' and the generator's CPU an operation) of each workload, and a row per target, each
-# cell the ratio (or p50) and whether it meets the target. Every run's JSON line, with its round and system, goes
-# to results.jsonl.
+# It prints each run's line as it goes, then three Markdown tables with a column per round: the rates (and
+# p50, and the nodes' and the generator's CPU an operation) of each workload; a row per target, each cell
+# the ratio (or p50) and whether it meets the target; and what bounds them on this host, with no goal (the
+# leader alone's etcd multiples, and the cores each 64-client workload kept busy). Every run's JSON line,
+# with its round and system, goes to results.jsonl.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -118,6 +119,33 @@ TARGETS='
     ]
   }'
 
+# Per round, beside the targets: what bounds them on this host. The leader alone's etcd multiples (a spread,
+# which forwards two thirds of its writes, has no more cores to spread over on one host), and how many of
+# the host's cores each 64-client workload kept busy (the nodes' and the generator's CPU an operation times
+# the rate): near all of them, a workload is bound by CPU; well under, by latency.
+REFERENCES='
+  group_by(.round)[]
+  | . as $runs
+  | def run(system; workload): $runs | map(select(.system == system and .workload == workload)) | first;
+    def rate(system; workload): run(system; workload).rate // null;
+    def ratio(a; b): if a != null and b != null and b > 0 then a / b else null end;
+    def cores(system; workload): run(system; workload) as $r
+      | if $r == null or $r.cpu_us_per_op == null then null
+        else $r.rate * ($r.cpu_us_per_op + ($r.generator_us_per_op // 0)) / 1e6 end;
+  { round: .[0].round,
+    references: [
+      {name: "HTTP, 64 clients on the leader alone / etcd 64 clients",
+        value: ratio(rate("holdfast"; "uncontended-64@leader@http"); rate("etcd"; "uncontended-64"))},
+      {name: "gRPC, 64 clients through the leader / etcd 64 clients",
+        value: ratio(rate("holdfast"; "uncontended-64@leader"); rate("etcd"; "uncontended-64"))},
+      {name: "cores busy: HTTP, 64 clients spread", value: cores("holdfast"; "uncontended-64@http")},
+      {name: "cores busy: HTTP, 64 clients on the leader", value: cores("holdfast"; "uncontended-64@leader@http")},
+      {name: "cores busy: gRPC, 64 clients through a follower", value: cores("holdfast"; "uncontended-64@follower")},
+      {name: "cores busy: gRPC, 64 clients through the leader", value: cores("holdfast"; "uncontended-64@leader")},
+      {name: "cores busy: etcd, 64 clients", value: cores("etcd"; "uncontended-64")}
+    ]
+  }'
+
 rounds=$(jq -s 'map(.round) | unique | .[]' "$RESULTS/results.jsonl")
 header= rule=
 for round in $rounds; do
@@ -138,6 +166,13 @@ jq -rs "[$TARGETS]"' | (.[0].targets | length) as $n | range(0; $n) as $i
   | def cell: if .value == null then "— (not run)" else
       "\(.value * 100 | round / 100)\(if .met then ", met" else ", not met" end)" end;
   "| \(.[0].targets[$i].name) | \(.[0].targets[$i].goal) | " + (map(.targets[$i] | cell) | join(" | ")) + " |"' \
+    "$RESULTS/results.jsonl"
+echo
+echo "| what bounds them (no goal) |$header"
+echo "|---|$rule"
+jq -rs "[$REFERENCES]"' | (.[0].references | length) as $n | range(0; $n) as $i
+  | def cell: if .value == null then "— (not run)" else "\(.value * 100 | round / 100)" end;
+  "| \(.[0].references[$i].name) | " + (map(.references[$i] | cell) | join(" | ")) + " |"' \
     "$RESULTS/results.jsonl"
 echo
 etcd_build=$(jq -rs 'map(select(.system == "etcd"))[0].build // empty' "$RESULTS/results.jsonl")

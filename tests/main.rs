@@ -13,6 +13,7 @@ mod common;
 
 mod admin_access;
 mod auth;
+mod bench_report;
 mod cli_run;
 mod containers;
 mod disk_damage;
