@@ -11,7 +11,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use holdfast_server::{Bugs, Config, Storage, Transport, WallClock};
 use holdfast_server::{FrontLimits, Node};
-use holdfast_store::testing::{open_on_crash_fs, CrashFs};
+use holdfast_store::testing::{open_on_crash_fs_flushing, CrashFs};
 use holdfast_store::{open_memory, MemDisk};
 use openraft::ServerState;
 use rand::rngs::StdRng;
@@ -135,6 +135,10 @@ pub struct Plan {
     pub broken_disks: bool,
     /// The nodes' storage.
     pub store: Store,
+    /// On [`Store::Files`], how long of the simulation's time each sync by a node's log task takes there (a
+    /// leader's own entries, a follower's synced aside), during which a crash may take what it syncs. A node
+    /// not named syncs at once, as every node of a random plan does.
+    pub flush: BTreeMap<NodeId, Duration>,
     /// Faults and when they happen, in order.
     pub faults: Vec<(At, Fault)>,
     /// The clients.
@@ -269,6 +273,7 @@ impl Plan {
             max_clock_skew: None,
             broken_disks: false,
             store: random_store(seed),
+            flush: BTreeMap::new(),
             faults,
             roles,
             scripts: Vec::new(),
@@ -290,6 +295,7 @@ impl Plan {
             max_clock_skew: None,
             broken_disks: false,
             store: Store::Memory,
+            flush: BTreeMap::new(),
             faults: Vec::new(),
             roles: Vec::new(),
             scripts: Vec::new(),
@@ -545,8 +551,8 @@ fn start_node(sim: &mut turmoil::Sim<'_>, plan: &Plan, world: &World, id: NodeId
 #[derive(Clone)]
 enum Disk {
     Memory(MemDisk),
-    /// The disk store's files, under [`FILES_DIR`].
-    Files(Arc<CrashFs>),
+    /// The disk store's files, under [`FILES_DIR`], and how long its log task's syncs take ([`Plan::flush`]).
+    Files(Arc<CrashFs>, Duration),
 }
 
 /// Where a node on [`Store::Files`] keeps its files.
@@ -560,7 +566,8 @@ impl Disk {
             (Store::Memory, false) => Disk::Memory(MemDisk::new()),
             (Store::Memory, true) => Disk::Memory(MemDisk::acking_before_flush()),
             (Store::Files, lying) => {
-                Disk::Files(Arc::new(CrashFs::new(plan.seed.wrapping_mul(31).wrapping_add(id), lying)))
+                let flush = plan.flush.get(&id).copied().unwrap_or_default();
+                Disk::Files(Arc::new(CrashFs::new(plan.seed.wrapping_mul(31).wrapping_add(id), lying)), flush)
             }
         }
     }
@@ -569,7 +576,7 @@ impl Disk {
     fn crash(&self) {
         match self {
             Disk::Memory(disk) => disk.crash(),
-            Disk::Files(fs) => fs.crash(),
+            Disk::Files(fs, _) => fs.crash(),
         }
     }
 
@@ -609,9 +616,10 @@ async fn serve_node(config: Config, disk: Disk, registry: Registry) -> turmoil::
             };
             holdfast_server::serve(config, storage, transport, std::future::pending()).await?;
         }
-        Disk::Files(fs) => {
+        Disk::Files(fs, flush) => {
             let storage = move |observer| {
-                let (log, machine) = open_on_crash_fs(fs.clone(), std::path::Path::new(FILES_DIR), observer)?;
+                let dir = std::path::Path::new(FILES_DIR);
+                let (log, machine) = open_on_crash_fs_flushing(fs.clone(), dir, observer, flush)?;
                 let log = log.acknowledge_own_appends(id);
                 let (state, committed_index, durable) = (machine.state(), log.committed_index(), log.durable());
                 Ok(Storage::unwatched(log, machine, state, committed_index, durable))

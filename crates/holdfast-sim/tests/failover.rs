@@ -8,7 +8,7 @@ use holdfast_server::Bugs;
 use holdfast_sim::history::{At, Outcome};
 use holdfast_sim::isolated::test_in_own_process;
 use holdfast_sim::record::now;
-use holdfast_sim::sim::{run, script, Fault, Plan, Report};
+use holdfast_sim::sim::{run, script, Fault, Plan, Report, Store};
 use holdfast_sim::workload::{
     http_acquire, leader_of, session_hold, until, Ctx, KEPT_PREFIX, MODEL_TTL_MS, SESSION_LEASE,
 };
@@ -917,5 +917,96 @@ fn a_follower_catches_up_while_its_leader_snapshots_faster_than_it_installs() {
         // By a snapshot (the leader had purged past the follower), and one install, not one after another.
         assert!(caught_up >= secs(HEAL + INSTALL), "caught up at {caught_up:?}, without a snapshot");
         assert!(caught_up < secs(HEAL + 1.5 * INSTALL), "caught up only at {caught_up:?}");
+    });
+}
+
+/// What the clients of the follower-sync scenario saw.
+#[derive(Debug, Default)]
+struct Aside {
+    old: u64,
+    /// The follower the writers talk to, and the one cut off from the leader.
+    busy: u64,
+    cut: u64,
+    /// Grants through the busy follower before the crash, over all writers.
+    granted: usize,
+    /// The busy follower's `holdfast_storage_appends_synced_aside_total` just before the crash.
+    aside: Option<u64>,
+}
+
+/// Writers through one follower, each acquiring kept locks one after another.
+const ASIDE_WRITERS: usize = 40;
+/// The seed's first leader, the follower the writers talk to (its first follower) and the other one: the
+/// schedule names them, and the test checks that the run agrees.
+const ASIDE_LEADER: u64 = 3;
+const ASIDE_BUSY: u64 = 1;
+const ASIDE_CUT: u64 = 2;
+
+/// A follower with 32 or more of its clients' writes waiting syncs its appends on the log's own thread (a
+/// task of the runtime in the simulation) and acknowledges each only once durable (`Events::sync_aside`,
+/// holdfast-store's `LogStore::append_now`). Here 40 writers talk to one follower, on the disk store whose
+/// syncs by the log's task take 50 ms there (longer than a grant takes from the leader back to its writer,
+/// 1-5 ms a message) and none on the leader, while the other follower is cut off from the leader, so that
+/// every commit counts the busy follower's acknowledgement. The leader and the busy
+/// follower crash together, keeping only what their disks synced; the follower starts again first and,
+/// with the other follower, elects a leader before the old leader is back. Had the busy follower
+/// acknowledged an append before its sync, the grants it carried, answered to their writers, would live on
+/// in the old leader's log alone, and the new leader would overwrite them: the checkers report each.
+#[test]
+fn a_follower_that_syncs_aside_and_crashes_with_its_leader_loses_no_acknowledged_write() {
+    test_in_own_process("a_follower_that_syncs_aside_and_crashes_with_its_leader_loses_no_acknowledged_write", || {
+        holdfast_sim::record::log_if_asked();
+        let mut plan = Plan::quiet(23, 3, secs(8.0));
+        plan.store = Store::Files;
+        plan.flush.insert(ASIDE_BUSY, Duration::from_millis(50));
+        let seen = client(&mut plan, |_ctx, old, seen: Arc<Mutex<Aside>>| async move {
+            let (busy, cut) = (follower(old, 0)?, follower(old, 1)?);
+            until(secs(2.45)).await;
+            let aside = metric(busy, "holdfast_storage_appends_synced_aside_total").await;
+            let mut seen = seen.lock().expect("poisoned");
+            (seen.old, seen.busy, seen.cut, seen.aside) = (old, busy, cut, aside);
+            Ok(())
+        });
+        for _ in 0..ASIDE_WRITERS {
+            let seen = seen.clone();
+            client(&mut plan, move |ctx, old, _: Arc<Mutex<()>>| {
+                let seen = seen.clone();
+                async move {
+                    let node = format!("n{}:7070", follower(old, 0)?);
+                    until(secs(1.1)).await;
+                    let mut k = 0;
+                    while now() < secs(2.5) {
+                        let lock = format!("{KEPT_PREFIX}aside-c{}-{k}", ctx.client);
+                        if let (Outcome::Granted { .. }, _) = http_acquire(&ctx, &node, &lock, MODEL_TTL_MS).await {
+                            seen.lock().expect("poisoned").granted += 1;
+                        }
+                        k += 1;
+                    }
+                    Ok(())
+                }
+            });
+        }
+        schedule(
+            &mut plan,
+            vec![
+                (1.0, Fault::CutFollower(1)),
+                (2.5, Fault::Crash(ASIDE_BUSY)),
+                (2.5, Fault::Crash(ASIDE_LEADER)),
+                (2.6, Fault::Restart(ASIDE_BUSY)),
+                (4.5, Fault::Restart(ASIDE_LEADER)),
+                (6.0, Fault::Heal),
+            ],
+        );
+        let report = run_clean(&plan);
+        let seen = seen.lock().expect("poisoned");
+        println!("{seen:?}");
+        let Aside { old, busy, cut, granted, aside } = &*seen;
+        assert_eq!(
+            (*old, *busy, *cut),
+            (ASIDE_LEADER, ASIDE_BUSY, ASIDE_CUT),
+            "the seed's roles moved: name them anew"
+        );
+        assert!(applied(&report, &format!("CutFollower(1) (n{cut}, led by n{old})")), "{:?}", report.trace);
+        assert!(*granted >= 200, "only {granted} grants through n{busy} before the crash");
+        assert!(aside.is_some_and(|n| n > 0), "n{busy} synced no append aside: {aside:?}");
     });
 }

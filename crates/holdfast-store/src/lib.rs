@@ -257,6 +257,7 @@ pub mod decoders {
 pub mod testing {
     use std::path::Path;
     use std::sync::Arc;
+    use std::time::Duration;
 
     pub use crate::fs::CrashFs;
     use crate::{ApplyObserver, Disk, LogStore, StateMachineStore, StoreError};
@@ -271,11 +272,23 @@ pub mod testing {
         dir: &Path,
         observer: Arc<dyn ApplyObserver>,
     ) -> Result<(LogStore, StateMachineStore), StoreError> {
+        open_on_crash_fs_flushing(fs, dir, observer, Duration::ZERO)
+    }
+
+    /// [`open_on_crash_fs`] with each sync of the log's task taking `flush` of the runtime's time (a
+    /// simulation's), as a disk's flush does: what the task syncs stays at risk from a crash meanwhile.
+    /// The syncs that block their caller (a follower's append in place) still take none.
+    pub fn open_on_crash_fs_flushing(
+        fs: Arc<CrashFs>,
+        dir: &Path,
+        observer: Arc<dyn ApplyObserver>,
+        flush: Duration,
+    ) -> Result<(LogStore, StateMachineStore), StoreError> {
         let new = |_: &Path| {
             let records = crate::records::Records { format: crate::FORMAT, ..Default::default() };
             Ok(crate::convert::Converted { records, committed: None })
         };
-        crate::open_on(fs, 16 * 1024, true, dir, observer, Disk::unwatched(dir, 0, None), new)
+        crate::open_on(fs, 16 * 1024, Some(flush), dir, observer, Disk::unwatched(dir, 0, None), new)
     }
 }
 
@@ -333,17 +346,17 @@ pub fn open_with(
     // Before sled (which a first open still writes): a disk already full gives the reserve back.
     let disk = Disk::watch(dir, options.disk_reserve, options.disk_stall)?;
     let older = |dir: &Path| convert::from_sled(dir, options.cache_bytes);
-    open_on(Arc::new(fs::RealFs), wal::SEGMENT_BYTES, false, dir, observer, disk, older)
+    open_on(Arc::new(fs::RealFs), wal::SEGMENT_BYTES, None, dir, observer, disk, older)
 }
 
 /// [`open_with`] on the file system `fs`, with log segments of `segment_bytes` and `disk` watching it; `older`
 /// reads a directory that has no `records` (see the `convert` module: a new directory, or one of an older
-/// format). `sync_in_a_task`: a leader's own entries are synced by a tokio task, not a thread (see
-/// `Wal::syncing_in_a_task`).
+/// format). `sync_in_a_task`: a leader's own entries (and a follower's synced aside) are synced by a tokio
+/// task, not a thread, each sync taking that long of the runtime's time (see `Wal::syncing_in_a_task`).
 pub(crate) fn open_on(
     fs: Arc<dyn fs::Fs>,
     segment_bytes: u64,
-    sync_in_a_task: bool,
+    sync_in_a_task: Option<std::time::Duration>,
     dir: &Path,
     observer: Arc<dyn ApplyObserver>,
     disk: Disk,
@@ -378,7 +391,10 @@ pub(crate) fn open_on(
     let committed_index = committed.map_or(0, |committed| committed.index);
     let purged = records.get().purged;
     let wal = wal::Wal::open_on(fs.clone(), segment_bytes, &dir.join(wal::DIR), purged, committed_index)?;
-    let wal = if sync_in_a_task { wal.syncing_in_a_task() } else { wal };
+    let wal = match sync_in_a_task {
+        Some(flush) => wal.syncing_in_a_task(flush),
+        None => wal,
+    };
     let vote = vote::read(fs.as_ref(), dir)?;
     let (covered_sender, covered) = covered::covered();
     let log_store =

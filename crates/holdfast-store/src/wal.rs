@@ -43,7 +43,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use openraft::{Entry, LogId};
 
@@ -102,8 +102,9 @@ pub(crate) struct Wal {
     synced: SyncedSender,
     /// Wakes the thread (or task) that syncs appends made by [`Wal::append_unsynced`]; started with the first.
     syncer: OnceLock<Syncer>,
-    /// Whether that sync runs in a tokio task instead of a thread of its own ([`Wal::syncing_in_a_task`]).
-    sync_in_a_task: bool,
+    /// Whether that sync runs in a tokio task instead of a thread of its own, and how long the task's flush
+    /// takes ([`Wal::syncing_in_a_task`]).
+    sync_in_a_task: Option<Duration>,
 }
 
 /// How [`Wal::append_unsynced`] wakes what syncs its writes.
@@ -413,7 +414,7 @@ impl Wal {
             syncing: Mutex::new(()),
             synced: SyncedSender::new(Synced { last, pending: false, failed: None }),
             syncer: OnceLock::new(),
-            sync_in_a_task: false,
+            sync_in_a_task: None,
         };
         let mut inner = wal.inner();
         let segments = &mut inner.segments;
@@ -484,8 +485,8 @@ impl Wal {
         // Published as pending before the append returns: an apply of these entries waits for their sync.
         self.write(entries, true)?;
         let syncer = self.syncer.get_or_init(|| match self.sync_in_a_task {
-            true => self.start_sync_task(observer.clone()),
-            false => self.start_syncer(observer.clone()),
+            Some(flush) => self.start_sync_task(observer.clone(), flush),
+            None => self.start_syncer(observer.clone()),
         });
         // Full: the syncer is woken already, and syncs whatever is written when it runs.
         let stopped = match syncer {
@@ -500,9 +501,11 @@ impl Wal {
 
     /// Has [`Wal::append_unsynced`]'s writes synced by a tokio task instead of a thread of its own: for a
     /// log on a test file system under a single-threaded runtime (a simulation's), where a thread would run
-    /// outside the runtime's schedule. The task's syncs block its runtime for as long as they take.
-    pub(crate) fn syncing_in_a_task(mut self) -> Self {
-        self.sync_in_a_task = true;
+    /// outside the runtime's schedule. The task's syncs block its runtime for as long as they take, and each
+    /// waits `flush` of the runtime's time first: a simulation's file system syncs at once, where a disk's
+    /// flush takes a while, during which what was written is not yet durable.
+    pub(crate) fn syncing_in_a_task(mut self, flush: Duration) -> Self {
+        self.sync_in_a_task = Some(flush);
         self
     }
 
@@ -521,11 +524,14 @@ impl Wal {
     }
 
     /// [`Wal::start_syncer`] in a tokio task of the current runtime (see [`Wal::syncing_in_a_task`]).
-    fn start_sync_task(self: &Arc<Self>, observer: Arc<dyn ApplyObserver>) -> Syncer {
+    fn start_sync_task(self: &Arc<Self>, observer: Arc<dyn ApplyObserver>, flush: Duration) -> Syncer {
         let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(1);
         let wal: Weak<Wal> = Arc::downgrade(self);
         tokio::spawn(async move {
             while woken.recv().await.is_some() {
+                if !flush.is_zero() {
+                    tokio::time::sleep(flush).await;
+                }
                 let Some(wal) = wal.upgrade() else { return };
                 if !wal.sync_once(&observer) {
                     return;
