@@ -88,13 +88,17 @@ collect() {
     fi
 done
 
-# Per round: each target's figure and whether it is met (null when its side did not run).
-TARGETS='
+# The JSON lines of each round in turn, as $runs, with a workload's line, its rate and a ratio of two rates
+# (null where a side did not run).
+ROUNDS_OF_RUNS='
   group_by(.round)[]
   | . as $runs
   | def run(system; workload): $runs | map(select(.system == system and .workload == workload)) | first;
     def rate(system; workload): run(system; workload).rate // null;
-    def ratio(a; b): if a != null and b != null and b > 0 then a / b else null end;
+    def ratio(a; b): if a != null and b != null and b > 0 then a / b else null end;'
+
+# Per round: each target's figure and whether it is met (null when its side did not run).
+TARGETS=$ROUNDS_OF_RUNS'
     def target(name; value; goal; met): value as $v
       | {name: name, value: $v, goal: goal, met: (if $v == null then null else ($v | met) end)};
   { round: .[0].round,
@@ -123,12 +127,7 @@ TARGETS='
 # which forwards two thirds of its writes, has no more cores to spread over on one host), and how many of
 # the host's cores each 64-client workload kept busy (the nodes' and the generator's CPU an operation times
 # the rate): near all of them, a workload is bound by CPU; well under, by latency.
-REFERENCES='
-  group_by(.round)[]
-  | . as $runs
-  | def run(system; workload): $runs | map(select(.system == system and .workload == workload)) | first;
-    def rate(system; workload): run(system; workload).rate // null;
-    def ratio(a; b): if a != null and b != null and b > 0 then a / b else null end;
+REFERENCES=$ROUNDS_OF_RUNS'
     def cores(system; workload): run(system; workload) as $r
       | if $r == null or $r.cpu_us_per_op == null then null
         else $r.rate * ($r.cpu_us_per_op + ($r.generator_us_per_op // 0)) / 1e6 end;
