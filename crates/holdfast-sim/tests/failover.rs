@@ -946,11 +946,11 @@ const ASIDE_CUT: u64 = 2;
 /// holdfast-store's `LogStore::append_now`). Here 40 writers talk to one follower, on the disk store whose
 /// syncs by the log's task take 50 ms there (longer than a grant takes from the leader back to its writer,
 /// 1-5 ms a message) and none on the leader, while the other follower is cut off from the leader, so that
-/// every commit counts the busy follower's acknowledgement. The leader and the busy
-/// follower crash together, keeping only what their disks synced; the follower starts again first and,
-/// with the other follower, elects a leader before the old leader is back. Had the busy follower
-/// acknowledged an append before its sync, the grants it carried, answered to their writers, would live on
-/// in the old leader's log alone, and the new leader would overwrite them: the checkers report each.
+/// every commit counts the busy follower's acknowledgement. The leader and the busy follower crash
+/// together, keeping only what their disks synced; the follower starts again first and, with the other
+/// follower, elects a leader before the old leader is back. Had the busy follower acknowledged an append
+/// before its sync, the grants it carried, answered to their writers, would live on in the old leader's log
+/// alone, and the new leader would overwrite them: the checkers report each (shown by hand).
 #[test]
 fn a_follower_that_syncs_aside_and_crashes_with_its_leader_loses_no_acknowledged_write() {
     test_in_own_process("a_follower_that_syncs_aside_and_crashes_with_its_leader_loses_no_acknowledged_write", || {
