@@ -20,8 +20,9 @@
 # same on the leader alone (uncontended-64@leader@http); 8 HTTP clients on one lock with `wait=`, spread
 # (contended-8@http); 64 gRPC clients (the Rust client's `Calls` stream) on a follower and on the leader
 # (uncontended-64@follower, uncontended-64@leader); 8 gRPC sessions on one lock attached to a follower and
-# to the leader (contended-8@follower, contended-8@leader). etcd's: uncontended-1, uncontended-64 and
-# contended-8, its clients spread over its members.
+# to the leader (contended-8@follower, contended-8@leader); one gRPC client through a follower and through
+# the leader (uncontended-1@follower, uncontended-1@leader), for what a follower's hop costs. etcd's:
+# uncontended-1, uncontended-64 and contended-8, its clients spread over its members.
 #
 # It prints each run's line as it goes, then three Markdown tables with a column per round: the rates (and
 # p50, and the nodes' and the generator's CPU an operation) of each workload; a row per target, each cell
@@ -38,7 +39,8 @@ DURATION=${DURATION:-5s}
 ETCD=${ETCD:-1}
 RESULTS=$ANY_NODE_DIR/results-$(date -u +%Y%m%dT%H%M%SZ)
 HOLDFAST_WORKLOADS="uncontended-1@follower@http uncontended-64@http uncontended-64@leader@http contended-8@http
-    uncontended-64@follower uncontended-64@leader contended-8@follower contended-8@leader"
+    uncontended-64@follower uncontended-64@leader contended-8@follower contended-8@leader uncontended-1@follower
+    uncontended-1@leader"
 ETCD_WORKLOADS="uncontended-1 uncontended-64 contended-8"
 
 die() {
@@ -124,10 +126,15 @@ TARGETS=$ROUNDS_OF_RUNS'
   }'
 
 # Per round, beside the targets: what bounds them on this host. The leader alone's etcd multiples (a spread,
-# which forwards two thirds of its writes, has no more cores to spread over on one host), and how many of
-# the host's cores each 64-client workload kept busy (the nodes' and the generator's CPU an operation times
-# the rate): near all of them, a workload is bound by CPU; well under, by latency.
+# which forwards two thirds of its writes, has no more cores to spread over on one host); what a follower's
+# hop adds to one client's cycle of two writes (its p50 through a follower less through the leader), against
+# the leader's hand-over p50 (a hand-over through a follower makes two such hops, the release in and the
+# grant out); and how many of the host's cores each 64-client workload kept busy (the nodes' and the
+# generator's CPU an operation times the rate): near all of them, a workload is bound by CPU; well under,
+# by latency.
 REFERENCES=$ROUNDS_OF_RUNS'
+    def p50(system; workload): run(system; workload).p50_ms // null;
+    def minus(a; b): if a != null and b != null then a - b else null end;
     def cores(system; workload): run(system; workload) as $r
       | if $r == null or $r.cpu_us_per_op == null then null
         else $r.rate * ($r.cpu_us_per_op + ($r.generator_us_per_op // 0)) / 1e6 end;
@@ -137,6 +144,10 @@ REFERENCES=$ROUNDS_OF_RUNS'
         value: ratio(rate("holdfast"; "uncontended-64@leader@http"); rate("etcd"; "uncontended-64"))},
       {name: "gRPC, 64 clients through the leader / etcd 64 clients",
         value: ratio(rate("holdfast"; "uncontended-64@leader"); rate("etcd"; "uncontended-64"))},
+      {name: "gRPC, one client: p50 through a follower less through the leader (ms)",
+        value: minus(p50("holdfast"; "uncontended-1@follower"); p50("holdfast"; "uncontended-1@leader"))},
+      {name: "gRPC, 8 on one lock through the leader, hand-over p50 (ms)",
+        value: p50("holdfast"; "contended-8@leader")},
       {name: "cores busy: HTTP, 64 clients spread", value: cores("holdfast"; "uncontended-64@http")},
       {name: "cores busy: HTTP, 64 clients on the leader", value: cores("holdfast"; "uncontended-64@leader@http")},
       {name: "cores busy: gRPC, 64 clients through a follower", value: cores("holdfast"; "uncontended-64@follower")},

@@ -1,6 +1,6 @@
 //! `cluster/any-node.sh --report`: the tables it prints from a run's JSON lines, judged on figures made
 //! up for the test so that each cell's value is known: the targets' ratios and verdicts, what bounds them,
-//! and "not run" where etcd's side is missing.
+//! and "not run" where a side is missing.
 
 use std::path::Path;
 use std::process::Command;
@@ -43,6 +43,8 @@ fn the_report_judges_each_target_and_shows_what_bounds_them() {
         line("holdfast", "uncontended-64@leader", 1, 20_000.0, 2.7, 50.0, 7.0),
         line("holdfast", "contended-8@follower", 1, 1_500.0, 0.66, 690.0, 75.0),
         line("holdfast", "contended-8@leader", 1, 1_600.0, 0.55, 510.0, 65.0),
+        line("holdfast", "uncontended-1@follower", 1, 700.0, 1.3, 1250.0, 110.0),
+        line("holdfast", "uncontended-1@leader", 1, 950.0, 1.0, 900.0, 100.0),
         line("etcd", "uncontended-1", 1, 500.0, 2.0, 2600.0, 270.0),
         line("etcd", "uncontended-64", 1, 3_000.0, 19.0, 540.0, 60.0),
         line("etcd", "contended-8", 1, 80.0, 2.5, 4800.0, 320.0),
@@ -65,6 +67,9 @@ fn the_report_judges_each_target_and_shows_what_bounds_them() {
     let bounds = [
         ("HTTP, 64 clients on the leader alone / etcd 64 clients", "5"),
         ("gRPC, 64 clients through the leader / etcd 64 clients", "6.67"),
+        // 1.3 ms a cycle through a follower, 1.0 through the leader.
+        ("gRPC, one client: p50 through a follower less through the leader (ms)", "0.3"),
+        ("gRPC, 8 on one lock through the leader, hand-over p50 (ms)", "0.55"),
         // 12,000 a second at 110 + 15 µs each: 1.5 cores.
         ("cores busy: HTTP, 64 clients spread", "1.5"),
         ("cores busy: HTTP, 64 clients on the leader", "1.5"),
@@ -93,6 +98,8 @@ fn without_etcd_its_ratios_are_not_run_and_the_rest_is_judged() {
     let name = "HTTP, 64 clients spread / etcd 64 clients";
     assert_eq!(row(&report, name), format!("| {name} | ≥ 6 | — (not run) |"));
     let name = "gRPC, 64 clients through the leader / etcd 64 clients";
+    assert_eq!(row(&report, name), format!("| {name} | — (not run) |"));
+    let name = "gRPC, one client: p50 through a follower less through the leader (ms)";
     assert_eq!(row(&report, name), format!("| {name} | — (not run) |"));
     let name = "cores busy: gRPC, 64 clients through the leader";
     assert_eq!(row(&report, name), format!("| {name} | 1.14 |"));
